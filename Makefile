@@ -1,0 +1,47 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Each creates .venv when missing and installs what it needs.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_VERSION := 2.13.0
+# On a machine without an NVIDIA driver, install the CPU build of torch first so that
+# nothing later resolves a multi-GB CUDA wheel. With a GPU, the default build is wanted.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: demo test lint install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.torch: $(BIN)/python
+ifeq ($(HAS_GPU),yes)
+	$(BIN)/pip install --quiet torch
+else
+	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+endif
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(BIN)/meshminer demo $(DEMO_ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
