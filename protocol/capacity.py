@@ -1,0 +1,104 @@
+"""`CapacityAd`: what a node offers the network, gossiped on `meshminer/capacity/1`.
+
+Ads are small on purpose: py-libp2p's GossipSub costs ~9 ms of CPU per delivered
+message per node, and every byte is relayed by every peer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.codec import Limits
+from protocol.errors import DecodeError
+
+#: capacity ads are a few hundred bytes; anything near this is not an ad
+AD_LIMITS = Limits(max_bytes=4096, max_depth=5, max_container_len=32, max_str_len=256,
+                   max_bin_len=2048)
+
+MAX_ADDRS = 16
+MAX_GPUS = 16
+
+
+def _require(ok: bool, path: str, rule: str) -> None:
+    if not ok:
+        raise DecodeError(f"{path} {rule}")
+
+
+def _finite_nonneg(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One accelerator (or, on a CPU-only node, the CPU: ``kind = "cpu"``)."""
+
+    name: str
+    kind: str = "cuda"  # "cuda" | "cpu"
+    memory_total_mb: int = 0
+    memory_free_mb: int = 0
+    compute_capability: str = ""
+
+    def check(self, path: str) -> None:
+        _require(self.kind in ("cuda", "cpu"), f"{path}.kind", "must be 'cuda' or 'cpu'")
+        _require(self.memory_total_mb >= 0, f"{path}.memory_total_mb", "must be >= 0")
+        _require(
+            0 <= self.memory_free_mb <= max(self.memory_total_mb, 0),
+            f"{path}.memory_free_mb",
+            "must be between 0 and memory_total_mb",
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The node owner's terms for accepting work."""
+
+    accepting: bool = True
+    load_limit_pct: int = 100
+    max_job_hours: float = 24.0
+    max_gpu_memory_share: float = 0.9
+
+    def check(self, path: str) -> None:
+        _require(0 <= self.load_limit_pct <= 100, f"{path}.load_limit_pct", "must be 0..100")
+        _require(
+            _finite_nonneg(self.max_job_hours) and self.max_job_hours > 0,
+            f"{path}.max_job_hours",
+            "must be > 0",
+        )
+        _require(
+            0 < self.max_gpu_memory_share <= 1,
+            f"{path}.max_gpu_memory_share",
+            "must be in (0, 1]",
+        )
+
+
+@dataclass(frozen=True)
+class CapacityAd:
+    TYPE: ClassVar[str] = "capacity_ad"
+    VERSION: ClassVar[int] = 1
+
+    peer_id: str
+    addrs: list[str]
+    gpus: list[GpuInfo]
+    tflops: float
+    torch_version: str
+    cuda_version: str  # "" when torch has no CUDA
+    policy: Policy
+    load_pct: int
+    seq: int
+    timestamp: float  # unix seconds
+    version: str = ""  # meshminer version of the advertising node
+
+    def check(self, path: str) -> None:
+        _require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
+        _require(len(self.addrs) <= MAX_ADDRS, f"{path}.addrs", f"has more than {MAX_ADDRS}")
+        _require(len(self.gpus) <= MAX_GPUS, f"{path}.gpus", f"has more than {MAX_GPUS}")
+        _require(_finite_nonneg(self.tflops), f"{path}.tflops", "must be a finite number >= 0")
+        _require(0 <= self.load_pct <= 100, f"{path}.load_pct", "must be 0..100")
+        _require(self.seq >= 0, f"{path}.seq", "must be >= 0")
+        _require(
+            math.isfinite(self.timestamp) and self.timestamp > 0,
+            f"{path}.timestamp",
+            "must be a positive unix time",
+        )

@@ -1,0 +1,11 @@
+"""Topic and stream protocol identifiers: the only strings two nodes must agree on."""
+
+CAPACITY_TOPIC = "meshminer/capacity/1"
+RECEIPTS_TOPIC = "meshminer/receipts/1"
+
+# request/response streams
+ADS_PROTOCOL = "/meshminer/ads/1"  # fetch a peer's current ad table when a connection opens
+TASK_PROTOCOL = "/meshminer/task/1"
+BLOB_PROTOCOL = "/meshminer/blob/1"
+PROGRESS_PROTOCOL = "/meshminer/progress/1"
+RESULT_PROTOCOL = "/meshminer/result/1"
