@@ -1,1 +1,1 @@
-"""The hash-chained, signed ledger of completed work. (Arrives with the ledger issue.)"""
+"""The hash-chained, signed ledger of completed work."""

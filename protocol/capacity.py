@@ -14,8 +14,9 @@ from protocol.codec import Limits
 from protocol.errors import DecodeError
 
 #: capacity ads are a few hundred bytes; anything near this is not an ad
-AD_LIMITS = Limits(max_bytes=4096, max_depth=5, max_container_len=32, max_str_len=256,
-                   max_bin_len=2048)
+AD_LIMITS = Limits(
+    max_bytes=4096, max_depth=5, max_container_len=32, max_str_len=256, max_bin_len=2048
+)
 
 MAX_ADDRS = 16
 MAX_GPUS = 16

@@ -58,7 +58,11 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
             max_array_len=limits.max_container_len,
             max_map_len=limits.max_container_len,
             max_ext_len=0,
+            ext_hook=_reject_ext,  # max_ext_len=0 still lets zero-length ext values through
         )
+    except (msgpack.StackError, RecursionError) as exc:
+        # msgpack's own nesting bound (~1024) trips before our max_depth check can run
+        raise TooLarge("message nests too deeply") from exc
     except ValueError as exc:
         # msgpack reports exceeded limits as ValueError("... exceeds max_..._len(...)")
         if "exceeds max" in str(exc):
@@ -68,6 +72,10 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         raise DecodeError(f"not valid msgpack: {type(exc).__name__}: {exc}") from exc
     _check_depth(value, limits.max_depth)
     return value
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
 
 
 def _check_depth(value: Any, max_depth: int) -> None:

@@ -94,9 +94,6 @@ def open_envelope(
         raise SignatureError(f"{cls.TYPE} signature does not verify") from exc
     signer = peer_id_from_public_key(key)
     if expected_signer is not None and signer != expected_signer:
-        raise SignerMismatch(
-            f"{cls.TYPE} is signed by {signer}, but was sent by {expected_signer}"
-        )
+        raise SignerMismatch(f"{cls.TYPE} is signed by {signer}, but was sent by {expected_signer}")
     message = from_plain(cls, decode(payload, limits))
     return Signed(message=message, signer_key=key, signer=signer, raw=bytes(data))
-

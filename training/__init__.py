@@ -1,1 +1,1 @@
-"""Training: job spec -> model, optimizer, data; the train loop. (Arrives with the work-package issue.)"""
+"""Training: job spec -> model, optimizer and data; the train loop."""

@@ -1,0 +1,227 @@
+"""The `meshminer` command line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from node import __version__
+from node.client import ApiError, NodeUnreachable, api_url, get_json
+
+app = typer.Typer(
+    help="meshminer: a peer-to-peer volunteer GPU compute network.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+node_app = typer.Typer(
+    help="Run and control the local node daemon.", no_args_is_help=True, rich_markup_mode=None
+)
+app.add_typer(node_app, name="node")
+
+console = Console()
+err = Console(stderr=True)
+
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api",
+        help="node API URL [env MESHMINER_API; default http://127.0.0.1:8470]",
+        show_default=False,
+    ),
+]
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="data dir [env MESHMINER_DATA_DIR; default ~/.local/share/meshminer]",
+        show_default=False,
+    ),
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="print the version")] = False,
+) -> None:
+    if version:
+        console.print(f"meshminer {__version__}")
+        raise typer.Exit()
+
+
+@node_app.command("run")
+def node_run(
+    data_dir: DataDirOption = None,
+    listen: Annotated[
+        str | None, typer.Option(help="libp2p listen multiaddr [default /ip4/0.0.0.0/tcp/4470]")
+    ] = None,
+    http: Annotated[
+        str | None, typer.Option(help="HTTP API HOST:PORT [default 127.0.0.1:8470]")
+    ] = None,
+    bootstrap: Annotated[
+        list[str] | None,
+        typer.Option(help="peer multiaddr ending in /p2p/<id> to join through (repeatable)"),
+    ] = None,
+    mdns: Annotated[
+        bool | None, typer.Option("--mdns/--no-mdns", help="LAN discovery [default on]")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error")] = None,
+    publish_interval: Annotated[
+        float | None, typer.Option(help="seconds between capacity ad refreshes [default 30]")
+    ] = None,
+    peer_ttl: Annotated[
+        float | None,
+        typer.Option(help="seconds before a silent peer is dropped [default 3 x publish interval]"),
+    ] = None,
+    gossip_rate_limit: Annotated[
+        float | None, typer.Option(help="gossip msgs/s accepted per peer and topic [default 20]")
+    ] = None,
+    target_peers: Annotated[
+        int | None, typer.Option(help="connections to keep open [default 8]")
+    ] = None,
+    accepting: Annotated[
+        bool | None,
+        typer.Option("--accepting/--not-accepting", help="accept work from peers [default yes]"),
+    ] = None,
+    load_limit: Annotated[
+        int | None, typer.Option(help="refuse work above this load percent [default 100]")
+    ] = None,
+    max_job_hours: Annotated[
+        float | None, typer.Option(help="longest job accepted, hours [default 24]")
+    ] = None,
+    max_gpu_memory_share: Annotated[
+        float | None, typer.Option(help="largest GPU memory share per job (0-1] [default 0.9]")
+    ] = None,
+    rebenchmark: Annotated[
+        bool, typer.Option(help="re-measure TFLOP/s instead of using the cached figure")
+    ] = False,
+) -> None:
+    """Run the node daemon in the foreground (Ctrl-C or SIGTERM stops it).
+
+    Settings come from meshminer.toml in the data dir; flags override them.
+    """
+    import trio
+
+    from node.config import ConfigError, data_dir_from, load_settings
+    from node.daemon import run_node
+    from node.identity import IdentityError, load_or_create_identity
+    from node.logs import setup_logging
+
+    directory = data_dir_from(data_dir)
+    overrides: dict[str, Any] = {
+        "listen": listen,
+        "http": http,
+        "bootstrap": bootstrap or None,
+        "mdns": mdns,
+        "log_level": log_level,
+        "publish_interval_s": publish_interval,
+        "peer_ttl_s": peer_ttl,
+        "gossip_rate_limit": gossip_rate_limit,
+        "target_peers": target_peers,
+        "accepting": accepting,
+        "load_limit_pct": load_limit,
+        "max_job_hours": max_job_hours,
+        "max_gpu_memory_share": max_gpu_memory_share,
+    }
+    try:
+        settings = load_settings(directory, overrides)
+        identity = load_or_create_identity(directory)
+    except (ConfigError, IdentityError) as exc:
+        raise _fail(f"{exc}\nThe node did not start.", 2) from None
+    log_file = setup_logging(settings.log_level, directory)
+    err.print(f"meshminer {__version__}: data dir {directory}, log {log_file}", highlight=False)
+    try:
+        trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
+    except OSError as exc:
+        raise _fail(
+            f"{exc}\nIs another node using this port? Pick another with --http or --listen."
+        ) from None
+
+
+def _get(api: str | None, path: str) -> Any:
+    url = api_url(api)
+    try:
+        return get_json(url, path)
+    except (NodeUnreachable, ApiError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command()
+def status(api: ApiOption = None) -> None:
+    """Show this node: identity, addresses, capacity, policy."""
+    s = _get(api, "/api/v1/status")
+    table = Table(show_header=False, box=None)
+    table.add_row("peer id", s["peer_id"])
+    table.add_row("addresses", "\n".join(s["addrs"]))
+    gpus = s["capacity"]["gpus"]
+    table.add_row("devices", "\n".join(_device(g) for g in gpus))
+    table.add_row("throughput", f"{s['capacity']['tflops']:.3f} TFLOP/s")
+    table.add_row(
+        "torch",
+        f"{s['capacity']['torch_version']} (CUDA {s['capacity']['cuda_version'] or 'none'})",
+    )
+    table.add_row("policy", _policy(s["policy"]))
+    table.add_row("load", f"{s['load']}%")
+    table.add_row("peers", f"{s['peers']} known, {s['connections']} connected")
+    table.add_row("uptime", f"{s['uptime_s']:.0f} s")
+    table.add_row("version", s["version"])
+    console.print(table)
+
+
+@app.command()
+def peers(api: ApiOption = None) -> None:
+    """List the peers this node knows, from their signed capacity ads."""
+    rows = _get(api, "/api/v1/peers")
+    table = Table(title=f"{len(rows)} peers")
+    for column in ("peer", "GPUs", "TFLOP/s", "load", "policy", "last seen"):
+        table.add_column(column, justify="right" if column in ("TFLOP/s", "load") else "left")
+    now = time.time()
+    for p in rows:
+        seen = f"{max(0.0, now - p['last_seen']):.0f} s ago" + (" (stale)" if p["stale"] else "")
+        table.add_row(
+            _short(p["peer_id"]),
+            "\n".join(_device(g) for g in p["gpus"]),
+            f"{p['tflops']:.3f}",
+            f"{p['load']}%",
+            _policy(p["policy"]),
+            seen,
+        )
+    console.print(table)
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="leave the network running until Ctrl-C")] = False,
+    nodes: Annotated[int, typer.Option(help="how many nodes to start")] = 3,
+) -> None:
+    """Start a local network on loopback and show the nodes finding each other."""
+    from node.demo import run_demo
+
+    sys.exit(run_demo(nodes=nodes, keep=keep, console=console))
+
+
+def _short(peer_id: str) -> str:
+    return f"{peer_id[:8]}…{peer_id[-6:]}"
+
+
+def _device(g: dict) -> str:
+    if g["kind"] == "cpu":
+        return f"CPU {g['name']}"
+    return f"{g['name']} {g['memory_total_mb'] / 1024:.0f} GiB (sm {g['compute_capability']})"
+
+
+def _policy(p: dict) -> str:
+    if not p["accepting"]:
+        return "paused"
+    return f"accepting ≤{p['load_limit_pct']}% load, ≤{p['max_job_hours']:g} h jobs"

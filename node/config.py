@@ -1,0 +1,186 @@
+"""Node settings: embedded defaults < `meshminer.toml` in the data dir < CLI flags.
+
+Every setting is declared once in `SETTINGS` with its type, default and meaning; the
+TOML loader, the CLI help and docs/operations.md all come from that table. A config
+file with an unknown key or a value of the wrong type stops the node with an error
+naming the key, because a silently ignored typo in a volunteer's policy is worse than
+a node that does not start.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "meshminer.toml"
+DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "meshminer"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key and what to do."""
+
+
+def _meta(help: str, section: str = "") -> dict[str, str]:
+    return {"help": help, "section": section}
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = field(
+        default="/ip4/0.0.0.0/tcp/4470",
+        metadata=_meta("libp2p listen multiaddr (TCP; Noise + Yamux)"),
+    )
+    http: str = field(
+        default="127.0.0.1:8470",
+        metadata=_meta("HOST:PORT of the local HTTP API and status page"),
+    )
+    bootstrap: list[str] = field(
+        default_factory=list,
+        metadata=_meta("multiaddrs (ending in /p2p/<peer id>) to connect to at start"),
+    )
+    mdns: bool = field(default=True, metadata=_meta("discover peers on the LAN with mDNS"))
+    log_level: str = field(default="info", metadata=_meta("debug | info | warning | error"))
+    publish_interval_s: float = field(
+        default=30.0,
+        metadata=_meta("seconds between capacity ad refreshes (ads also go out on change)"),
+    )
+    peer_ttl_s: float = field(
+        default=0.0,
+        metadata=_meta("seconds without an ad before a peer is dropped; 0 = 3 x publish interval"),
+    )
+    gossip_rate_limit: float = field(
+        default=20.0,
+        metadata=_meta("GossipSub messages per second accepted from one peer on one topic"),
+    )
+    target_peers: int = field(
+        default=8,
+        metadata=_meta("connect to peers learned from ads until this many are connected"),
+    )
+    # [policy]: the owner's terms, advertised in every capacity ad
+    accepting: bool = field(
+        default=True, metadata=_meta("accept work from peers", section="policy")
+    )
+    load_limit_pct: int = field(
+        default=100, metadata=_meta("refuse new work above this load (0-100)", section="policy")
+    )
+    max_job_hours: float = field(
+        default=24.0, metadata=_meta("longest job accepted, in hours", section="policy")
+    )
+    max_gpu_memory_share: float = field(
+        default=0.9,
+        metadata=_meta("largest share of GPU memory a job may use (0-1]", section="policy"),
+    )
+
+    @property
+    def ttl_s(self) -> float:
+        return self.peer_ttl_s if self.peer_ttl_s > 0 else 3 * self.publish_interval_s
+
+    def check(self) -> None:
+        _check_range(
+            "log_level",
+            self.log_level in ("debug", "info", "warning", "error"),
+            "must be one of debug, info, warning, error",
+        )
+        _check_range("publish_interval_s", self.publish_interval_s > 0, "must be > 0")
+        _check_range("peer_ttl_s", self.peer_ttl_s >= 0, "must be >= 0")
+        _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
+        _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
+        _check_range("load_limit_pct", 0 <= self.load_limit_pct <= 100, "must be 0..100")
+        _check_range("max_job_hours", self.max_job_hours > 0, "must be > 0")
+        _check_range(
+            "max_gpu_memory_share", 0 < self.max_gpu_memory_share <= 1, "must be in (0, 1]"
+        )
+        host, sep, port = self.http.rpartition(":")
+        _check_range("http", bool(sep and host and port.isdigit()), "must be HOST:PORT")
+
+
+def _check_range(key: str, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"setting '{key}' {rule}")
+
+
+def _type_name(tp: Any) -> str:
+    return {"list[str]": "a list of strings"}.get(str(tp), str(tp))
+
+
+def _coerce(key: str, tp: str, value: Any) -> Any:
+    """Check a TOML value against the declared type (ints are fine for floats)."""
+    ok = {
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+    }[tp]
+    if not ok:
+        raise ConfigError(
+            f"setting '{key}' must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
+        )
+    return float(value) if tp == "float" else value
+
+
+def parse_config(text: str, source: str = CONFIG_FILE) -> dict[str, Any]:
+    """Parse TOML text into validated overrides (key -> value)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    declared = {f.name: f for f in fields(Settings)}
+    overrides: dict[str, Any] = {}
+
+    def take(section: str, table: dict[str, Any]) -> None:
+        for key, value in table.items():
+            name = f"{section}.{key}" if section else key
+            f = declared.get(key)
+            if isinstance(value, dict) and not section and key == "policy":
+                take("policy", value)
+                continue
+            if f is not None and f.metadata["section"] != section:
+                where = (
+                    f"the [{f.metadata['section']}] table"
+                    if f.metadata["section"]
+                    else ("the top level")
+                )
+                raise ConfigError(f"setting '{name}' in {source} belongs in {where}")
+            if f is None:
+                raise ConfigError(
+                    f"unknown setting '{name}' in {source}; "
+                    "see `meshminer node run --help` for the settings"
+                )
+            overrides[key] = _coerce(name, str(f.type), value)
+
+    take("", raw)
+    return overrides
+
+
+def data_dir_from(cli_value: Path | None) -> Path:
+    """--data-dir, else $MESHMINER_DATA_DIR, else ~/.local/share/meshminer."""
+    if cli_value is not None:
+        return cli_value.expanduser()
+    env = os.environ.get("MESHMINER_DATA_DIR")
+    return Path(env).expanduser() if env else DEFAULT_DATA_DIR
+
+
+def load_settings(data_dir: Path, cli_overrides: dict[str, Any] | None = None) -> Settings:
+    """Defaults, then `meshminer.toml` in `data_dir` (if any), then CLI flags."""
+    settings = Settings()
+    path = data_dir / CONFIG_FILE
+    if path.exists():
+        settings = replace(settings, **parse_config(path.read_text(), str(path)))
+    overrides = {k: v for k, v in (cli_overrides or {}).items() if v is not None}
+    settings = replace(settings, **overrides)
+    settings.check()
+    return settings
+
+
+def settings_reference() -> list[tuple[str, str, Any, str]]:
+    """(TOML key, type, default, meaning) for every setting, for docs and help."""
+    rows = []
+    for f in fields(Settings):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        key = f"{f.metadata['section']}.{f.name}" if f.metadata["section"] else f.name
+        rows.append((key, str(f.type), default, f.metadata["help"]))
+    return rows

@@ -1,0 +1,37 @@
+"""Prometheus metrics of one node, in a registry of its own (served at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ads_rejected = Counter(
+            "meshminer_ads_rejected",
+            "Capacity ads rejected before delivery, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.ads_accepted = Counter(
+            "meshminer_ads_accepted",
+            "Capacity ads accepted into the peer table",
+            ["via"],
+            registry=self.registry,
+        )
+        self.ads_published = Counter(
+            "meshminer_ads_published",
+            "Capacity ads this node published",
+            registry=self.registry,
+        )
+        self.peers = Gauge("meshminer_peers", "Peers in the peer table", registry=self.registry)
+        self.connections = Gauge(
+            "meshminer_connections", "Open libp2p connections", registry=self.registry
+        )
+        self.uptime = Gauge(
+            "meshminer_uptime_seconds", "Seconds since the node started", registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

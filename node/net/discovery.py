@@ -1,0 +1,71 @@
+"""Staying connected: bootstrap peers with retry and backoff, then peers learned from
+ads and mDNS (both land in the peerstore) until `target_peers` are connected.
+
+py-libp2p's mDNS only fills the peerstore; connecting is up to us, and every
+`connect()` costs >= 250 ms, so dials are few and failures back off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from node.net.host import HostError, MeshHost
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+SCAN_INTERVAL_S = 2.0
+
+
+async def keep_connected(host: MeshHost, bootstrap: list[str], target_peers: int) -> None:
+    async with trio.open_nursery() as nursery:
+        for addr in bootstrap:
+            nursery.start_soon(_keep_bootstrap, host, addr)
+        nursery.start_soon(_fill_from_peerstore, host, target_peers)
+
+
+async def _keep_bootstrap(host: MeshHost, addr: str) -> None:
+    """Connect to one bootstrap address; retry with exponential backoff; reconnect."""
+    delay = BACKOFF_START_S
+    peer_id = addr.rsplit("/p2p/", 1)[-1]
+    while True:
+        if peer_id in host.connected_peers():
+            delay = BACKOFF_START_S
+            await trio.sleep(SCAN_INTERVAL_S)
+            continue
+        try:
+            await host.connect(addr)
+            log.info("connected to bootstrap peer %s", addr)
+            delay = BACKOFF_START_S
+        except HostError as exc:
+            log.warning("bootstrap %s: %s; retrying in %.0f s", addr, exc, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+
+async def _fill_from_peerstore(host: MeshHost, target_peers: int) -> None:
+    retry_at: dict[str, tuple[float, float]] = {}  # peer -> (next try, backoff)
+    while True:
+        await trio.sleep(SCAN_INTERVAL_S)
+        connected = host.connected_peers()
+        now = time.monotonic()
+        for peer_id in host.known_dialable_peers():
+            if len(connected) >= target_peers:
+                break
+            if peer_id in connected or retry_at.get(peer_id, (0.0, 0.0))[0] > now:
+                continue
+            try:
+                await host.connect_known(peer_id)
+                connected.add(peer_id)
+                retry_at.pop(peer_id, None)
+                log.debug("connected to discovered peer %s", peer_id)
+            except HostError as exc:
+                backoff = min(
+                    retry_at.get(peer_id, (0.0, BACKOFF_START_S / 2))[1] * 2, BACKOFF_MAX_S
+                )
+                retry_at[peer_id] = (now + backoff, backoff)
+                log.debug("dial %s failed: %s", peer_id, exc)

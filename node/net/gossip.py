@@ -1,0 +1,231 @@
+"""Capacity gossip on `meshminer/capacity/1`: validate, publish, exchange on connect.
+
+Every ad is checked before GossipSub delivers or forwards it: size, encoding,
+signature, signer = sending peer, ad's peer id = signer, freshness, and sequence
+number newer than the last one seen (replay). Rejections are counted per reason.
+
+Ads go out on change and on a slow refresh, because each delivered message costs
+every node ~9 ms of CPU. So that a joining node does not wait a refresh period,
+both ends of every new connection fetch each other's table over `/meshminer/ads/1`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from node.metrics import NodeMetrics
+from node.net.host import HostError, MeshHost
+from node.net.peers import PeerTable
+from protocol import (
+    AD_LIMITS,
+    CapacityAd,
+    Limits,
+    ProtocolError,
+    ReplayedMessage,
+    SignerMismatch,
+    StaleMessage,
+    TooLarge,
+    decode,
+    encode,
+    open_envelope,
+)
+from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC
+
+log = logging.getLogger(__name__)
+
+MAX_CLOCK_SKEW_S = 60.0
+MAX_TABLE_ADS = 1024
+_TABLE_LIMITS = Limits(
+    max_bytes=MAX_TABLE_ADS * AD_LIMITS.max_bytes,
+    max_depth=2,
+    max_container_len=MAX_TABLE_ADS,
+    max_bin_len=AD_LIMITS.max_bytes,
+)
+
+
+class PeerMismatch(SignerMismatch):
+    """The ad describes a peer other than the one that signed it."""
+
+    reason = "peer_mismatch"
+
+
+class DuplicateAd(ProtocolError):
+    """The very ad already in the table, arriving again by another path: harmless."""
+
+    reason = "duplicate"
+
+
+REJECT_REASONS = (
+    "oversized",
+    "malformed",
+    "bad_signature",
+    "signer_mismatch",
+    "peer_mismatch",
+    "stale",
+    "replay",
+)
+
+
+def check_ad(
+    data: bytes, sender: str | None, peers: PeerTable, max_age_s: float, now: float
+) -> tuple[CapacityAd, bytes]:
+    """Verify an ad envelope; `sender` is the gossip origin (None for relayed tables)."""
+    if len(data) > AD_LIMITS.max_bytes:
+        raise TooLarge(f"ad of {len(data)} bytes exceeds {AD_LIMITS.max_bytes}")
+    signed = open_envelope(data, CapacityAd, expected_signer=sender, limits=AD_LIMITS)
+    ad = signed.message
+    if ad.peer_id != signed.signer:
+        raise PeerMismatch(f"ad for {ad.peer_id[:60]} is signed by {signed.signer}")
+    if ad.timestamp < now - max_age_s or ad.timestamp > now + MAX_CLOCK_SKEW_S:
+        raise StaleMessage(f"ad from {ad.peer_id} is dated {now - ad.timestamp:+.0f} s ago")
+    current = peers.get(ad.peer_id)
+    if current is not None and ad.seq <= current.ad.seq:
+        if ad.seq == current.ad.seq and signed.raw == current.envelope:
+            raise DuplicateAd(f"ad {ad.seq} from {ad.peer_id} is already known")
+        raise ReplayedMessage(
+            f"ad from {ad.peer_id} has seq {ad.seq}, already saw {current.ad.seq}"
+        )
+    return ad, signed.raw
+
+
+class CapacityGossip:
+    def __init__(
+        self,
+        host: MeshHost,
+        peers: PeerTable,
+        metrics: NodeMetrics,
+        make_ad: Callable[[], bytes],
+        publish_interval_s: float,
+    ) -> None:
+        self.host = host
+        self.peers = peers
+        self.metrics = metrics
+        self._make_ad = make_ad
+        self.publish_interval_s = publish_interval_s
+        self._wake = trio.Event()
+        self._own_ad = make_ad()
+
+    @property
+    def max_age_s(self) -> float:
+        return self.peers.ttl_s + MAX_CLOCK_SKEW_S
+
+    def changed(self) -> None:
+        """The local ad changed (policy, load, capacity): publish it now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        await self.host.subscribe(CAPACITY_TOPIC, self._validate_gossip)
+        self.host.serve(ADS_PROTOCOL, self._serve_table, max_request=64)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_loop)
+            nursery.start_soon(self._publish_loop)
+            nursery.start_soon(self._connection_loop, nursery)
+            nursery.start_soon(self._expire_loop)
+
+    # -- inbound -------------------------------------------------------------------
+
+    def _validate_gossip(self, sender: str, data: bytes) -> bool:
+        if sender == self.host.peer_id:
+            return True
+        try:
+            check_ad(data, sender, self.peers, self.max_age_s, time.time())
+        except DuplicateAd:
+            return True  # let GossipSub forward it; the table already has it
+        except ProtocolError as exc:
+            self.metrics.ads_rejected.labels(exc.reason).inc()
+            log.info("ad rejected from %s: %s (%s)", sender, exc.reason, exc)
+            return False
+        return True
+
+    async def _receive_loop(self) -> None:
+        async for sender, data in self.host.messages(CAPACITY_TOPIC):
+            try:
+                # checked again: another ad from the same peer may have landed since
+                ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
+            except ProtocolError:
+                continue
+            self._ingest(ad, raw, via="gossip")
+
+    def _ingest(self, ad: CapacityAd, raw: bytes, via: str) -> None:
+        if ad.peer_id == self.host.peer_id:
+            return
+        change = self.peers.accept(ad, raw)
+        if change is None:
+            return
+        self.metrics.ads_accepted.labels(via).inc()
+        self.metrics.peers.set(len(self.peers))
+        self.host.remember(ad.peer_id, ad.addrs)
+        if change == "joined":
+            devices = ", ".join(g.name for g in ad.gpus) or "no devices"
+            log.info(
+                "peer joined: %s (%s, %.3f TFLOP/s, load %d%%)",
+                ad.peer_id,
+                devices,
+                ad.tflops,
+                ad.load_pct,
+            )
+
+    # -- ad exchange on connect ----------------------------------------------------
+
+    async def _serve_table(self, peer: str, request: bytes) -> bytes:
+        return encode([self._own_ad, *self.peers.envelopes()[: MAX_TABLE_ADS - 1]])
+
+    async def _connection_loop(self, nursery: trio.Nursery) -> None:
+        first = True
+        async for event, peer in self.host.connection_events:
+            self.metrics.connections.set(len(self.host.connected_peers()))
+            if event == "connected":
+                nursery.start_soon(self._fetch_table, peer, first)
+                first = False
+            else:
+                log.debug("connection to %s closed", peer)
+
+    async def _fetch_table(self, peer: str, publish_after: bool) -> None:
+        try:
+            raw = await self.host.request(peer, ADS_PROTOCOL, b"", _TABLE_LIMITS.max_bytes)
+            table = decode(raw, _TABLE_LIMITS)
+            if not isinstance(table, list):
+                raise ProtocolError("ad table is not a list")
+        except (HostError, ProtocolError) as exc:
+            log.debug("ad exchange with %s failed: %s", peer, exc)
+            return
+        now = time.time()
+        for item in table:
+            if not isinstance(item, bytes):
+                continue
+            try:
+                ad, env = check_ad(item, None, self.peers, self.max_age_s, now)
+            except ProtocolError as exc:
+                # relayed tables hold older copies of ads we may have: not an attack
+                if not isinstance(exc, ReplayedMessage | DuplicateAd):
+                    self.metrics.ads_rejected.labels(exc.reason).inc()
+                continue
+            self._ingest(ad, env, via="exchange")
+        if publish_after:
+            # our first connection: publish so peers beyond this one learn of us now
+            self.changed()
+
+    # -- outbound ------------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.publish_interval_s):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self._own_ad = self._make_ad()
+            try:
+                await self.host.publish(CAPACITY_TOPIC, self._own_ad)
+                self.metrics.ads_published.inc()
+            except Exception as exc:  # a failed publish must not stop the loop
+                log.warning("publishing capacity ad failed: %s", exc)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await trio.sleep(min(1.0, self.peers.ttl_s / 4))
+            for peer_id in self.peers.expire():
+                log.info("peer left: %s (no ad for %.0f s)", peer_id, self.peers.ttl_s)
+            self.metrics.peers.set(len(self.peers))

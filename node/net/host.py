@@ -1,0 +1,271 @@
+"""Our one wrapper around py-libp2p 0.8.1: lifecycle, pubsub and request/response.
+
+It owns the library's traps (docs/architecture.md, "py-libp2p traps"):
+- Pubsub and GossipSub run *before* any connect (a constructed but idle Pubsub
+  makes `connect()` hang).
+- Leaving `host.run()` does not close the TCP listener, so shutdown closes the host
+  and its network explicitly: a dial to a stopped node must fail.
+- GossipSub silently drops more than 10 msgs/s per peer and topic by default; the
+  limit is set from `gossip_rate_limit` on purpose. The heartbeat defaults to 120 s;
+  meshes form on a 1 s heartbeat here.
+- A node receives its own publishes: `messages()` filters them out.
+- Subscription queues hold 32 messages then drop: `messages()` is meant to be
+  consumed by a task that does no I/O per message beyond quick table updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import INetConn, INetStream, INotifee
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from node.identity import Identity
+from protocol import TooLarge
+
+log = logging.getLogger(__name__)
+
+GOSSIPSUB_PROTOCOLS = [TProtocol("/meshsub/1.1.0"), TProtocol("/meshsub/1.2.0")]
+_LEN = struct.Struct(">I")
+
+Handler = Callable[[str, bytes], Awaitable[bytes]]
+
+
+class HostError(Exception):
+    """A dial, stream or request failed; the message says which peer and why."""
+
+
+class _ConnectionWatcher(INotifee):
+    """Forwards connection events into a trio channel (notifees must not block)."""
+
+    def __init__(self, send: trio.MemorySendChannel[tuple[str, str]]) -> None:
+        self._send = send
+
+    def _emit(self, event: str, conn: INetConn) -> None:
+        with suppress(trio.WouldBlock, trio.ClosedResourceError, AttributeError):
+            self._send.send_nowait((event, conn.muxed_conn.peer_id.to_base58()))
+
+    async def connected(self, network, conn) -> None:  # type: ignore[override]
+        self._emit("connected", conn)
+
+    async def disconnected(self, network, conn) -> None:  # type: ignore[override]
+        self._emit("disconnected", conn)
+
+    async def opened_stream(self, network, stream) -> None:  # type: ignore[override]
+        pass
+
+    async def closed_stream(self, network, stream) -> None:  # type: ignore[override]
+        pass
+
+    async def listen(self, network, multiaddr) -> None:  # type: ignore[override]
+        pass
+
+    async def listen_close(self, network, multiaddr) -> None:  # type: ignore[override]
+        pass
+
+
+class MeshHost:
+    """A running libp2p host with GossipSub. Use `async with MeshHost.start(...)`."""
+
+    def __init__(
+        self, identity: Identity, listen: str, gossip_rate_limit: float, mdns: bool
+    ) -> None:
+        self.identity = identity
+        self._listen = multiaddr.Multiaddr(listen)
+        key_pair = create_new_key_pair(identity.seed)
+        self._host = new_host(key_pair=key_pair, listen_addrs=[self._listen], enable_mDNS=mdns)
+        self._gossipsub = GossipSub(
+            protocols=GOSSIPSUB_PROTOCOLS,
+            degree=6,
+            degree_low=4,
+            degree_high=12,
+            heartbeat_interval=1,
+            max_messages_per_topic_per_second=gossip_rate_limit,
+        )
+        self._pubsub = Pubsub(self._host, self._gossipsub, strict_signing=True)
+        self._events_send, self.connection_events = trio.open_memory_channel[tuple[str, str]](256)
+        self._host.get_network().register_notifee(_ConnectionWatcher(self._events_send))
+        self.peer_id = identity.peer_id
+        self._subscriptions: dict[str, object] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls, identity: Identity, listen: str, *, gossip_rate_limit: float = 20.0, mdns: bool = False
+    ) -> AsyncIterator[MeshHost]:
+        mesh = cls(identity, listen, gossip_rate_limit, mdns)
+        try:
+            async with (
+                mesh._host.run(listen_addrs=[mesh._listen]),
+                background_trio_service(mesh._pubsub),
+                background_trio_service(mesh._gossipsub),
+            ):
+                await mesh._pubsub.wait_until_ready()
+                yield mesh
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(3):
+                await mesh._close()
+
+    async def _close(self) -> None:
+        try:
+            await self._host.close()
+        except Exception as exc:  # closing must never mask the reason we are leaving
+            log.debug("host close: %s", exc)
+        await self._events_send.aclose()
+
+    # -- addresses and peers -------------------------------------------------------
+
+    def addrs(self) -> list[str]:
+        """Full multiaddrs others can dial, each ending in /p2p/<peer id>."""
+        out = []
+        for addr in self._host.get_addrs():
+            text = str(addr)
+            if "/p2p/" not in text:
+                text = f"{text}/p2p/{self.peer_id}"
+            out.append(text)
+        return out
+
+    def connected_peers(self) -> set[str]:
+        return {p.to_base58() for p in self._host.get_connected_peers()}
+
+    def known_dialable_peers(self) -> dict[str, list[str]]:
+        """Peers in the peerstore with addresses (filled by mDNS and by `remember`)."""
+        store = self._host.get_peerstore()
+        out = {}
+        for pid in store.peers_with_addrs():
+            if pid.to_base58() != self.peer_id:
+                out[pid.to_base58()] = [str(a) for a in store.addrs(pid)]
+        return out
+
+    def remember(self, peer_id: str, addrs: list[str]) -> None:
+        """Put a peer's addresses in the peerstore so it can be dialled later."""
+        maddrs = []
+        for text in addrs:
+            try:
+                maddr = multiaddr.Multiaddr(text.split("/p2p/")[0])
+            except Exception:
+                continue
+            maddrs.append(maddr)
+        if maddrs:
+            self._host.get_peerstore().add_addrs(ID.from_base58(peer_id), maddrs, 3600)
+
+    async def connect(self, addr: str) -> str:
+        """Dial a full multiaddr (with /p2p/<id>); returns the peer id."""
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:
+            raise HostError(
+                f"{addr!r} is not a dialable multiaddr ending in /p2p/<peer id>"
+            ) from exc
+        await self._dial(info, addr)
+        return info.peer_id.to_base58()
+
+    async def connect_known(self, peer_id: str) -> None:
+        """Dial a peer whose addresses are in the peerstore."""
+        pid = ID.from_base58(peer_id)
+        await self._dial(PeerInfo(pid, self._host.get_peerstore().addrs(pid)), peer_id)
+
+    async def _dial(self, info: PeerInfo, label: str) -> None:
+        try:
+            with trio.fail_after(10):
+                await self._host.connect(info)
+        except Exception as exc:
+            raise HostError(f"could not connect to {label}: {type(exc).__name__}: {exc}") from exc
+
+    # -- gossip ----------------------------------------------------------------------
+
+    async def subscribe(self, topic: str, validator: Callable[[str, bytes], bool]) -> None:
+        """Subscribe to `topic`; `validator(sender_peer_id, data)` runs before delivery."""
+
+        def _validate(forwarder: ID, msg) -> bool:
+            return validator(ID(msg.from_id).to_base58(), msg.data)
+
+        self._pubsub.set_topic_validator(topic, _validate, False)
+        self._subscriptions[topic] = await self._pubsub.subscribe(topic)
+
+    async def messages(self, topic: str) -> AsyncIterator[tuple[str, bytes]]:
+        """Validated messages on `topic` from other peers: (sender peer id, data)."""
+        subscription = self._subscriptions[topic]
+        while True:
+            msg = await subscription.get()  # type: ignore[attr-defined]
+            sender = ID(msg.from_id).to_base58()
+            if sender != self.peer_id:
+                yield sender, msg.data
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        await self._pubsub.publish(topic, data)
+
+    def topic_peers(self, topic: str) -> int:
+        return len(self._pubsub.peer_topics.get(topic, ()))
+
+    # -- request/response streams --------------------------------------------------
+
+    def serve(self, protocol: str, handler: Handler, max_request: int) -> None:
+        """Answer one length-prefixed request per stream on `protocol`."""
+
+        async def _on_stream(stream: INetStream) -> None:
+            peer = stream.muxed_conn.peer_id.to_base58()
+            try:
+                with trio.fail_after(30):
+                    request = await read_frame(stream, max_request)
+                    await write_frame(stream, await handler(peer, request))
+            except Exception as exc:
+                log.debug("%s from %s failed: %s", protocol, peer, exc)
+                await stream.reset()
+                return
+            await stream.close()
+
+        self._host.set_stream_handler(TProtocol(protocol), _on_stream)
+
+    async def request(
+        self, peer_id: str, protocol: str, data: bytes, max_response: int, timeout: float = 15.0
+    ) -> bytes:
+        """Open a stream, send one request, read one bounded response."""
+        try:
+            with trio.fail_after(timeout):
+                stream = await self._host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+                try:
+                    await write_frame(stream, data)
+                    return await read_frame(stream, max_response)
+                finally:
+                    await stream.close()
+        except TooLarge:
+            raise
+        except Exception as exc:
+            raise HostError(
+                f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+async def write_frame(stream: INetStream, data: bytes) -> None:
+    await stream.write(_LEN.pack(len(data)) + data)
+
+
+async def read_frame(stream: INetStream, limit: int) -> bytes:
+    """Read one length-prefixed frame, refusing (before reading it) one over `limit`."""
+    (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+    if length > limit:
+        raise TooLarge(f"frame of {length} bytes exceeds the {limit}-byte limit")
+    return await _read_exactly(stream, length)
+
+
+async def _read_exactly(stream: INetStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.read(n - len(buf))
+        if not chunk:
+            raise HostError(f"stream closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)

@@ -1,0 +1,37 @@
+"""`node.db`: the node's own SQLite database (jobs, tasks and peers seen).
+
+Only the trio thread touches it; the HTTP thread asks through the bridge.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlite_utils
+
+NODE_DB = "node.db"
+
+
+def open_node_db(data_dir: Path) -> sqlite_utils.Database:
+    db = sqlite_utils.Database(data_dir / NODE_DB)
+    db.enable_wal()
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db["peers"].create(
+        {"peer_id": str, "seq": int, "envelope": bytes, "last_seen": float},
+        pk="peer_id",
+        if_not_exists=True,
+    )
+    return db
+
+
+def next_counter(db: sqlite_utils.Database, name: str) -> int:
+    """Increment and return a persistent counter (e.g. the capacity ad sequence)."""
+    with db.conn:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", [name]).fetchone()
+        value = int(row[0]) + 1 if row else 1
+        db.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [name, str(value)],
+        )
+    return value

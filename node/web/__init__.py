@@ -1,0 +1,1 @@
+"""The node's HTTP surface: JSON API under /api/v1, Prometheus /metrics."""

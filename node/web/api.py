@@ -1,0 +1,99 @@
+"""The local HTTP API (aiohttp). Handlers ask the node for state through the bridge.
+
+Reads are open. Writes need the node's API token (``Authorization: Bearer ...``,
+from `api.token` in the data dir) unless the server is bound to loopback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from node.net.bridge import BridgeClosed, TrioBridge
+
+log = logging.getLogger(__name__)
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class NodeState(Protocol):
+    """What the API needs from the node; every method runs in the trio thread."""
+
+    def status(self) -> dict[str, Any]: ...
+    def peers(self) -> list[dict[str, Any]]: ...
+    def metrics(self) -> bytes: ...
+    async def refresh_capacity(self) -> dict[str, Any]: ...
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def json_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return json_error(exc.status, exc.text or exc.reason)
+    except BridgeClosed:
+        return json_error(503, "the node is shutting down")
+    except Exception:
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        return json_error(500, "internal error; see the node log")
+
+
+def make_app(node: NodeState, bridge: TrioBridge, *, token: str, bind_host: str) -> web.Application:
+    writes_open = is_loopback(bind_host)
+
+    def require_write(request: web.Request) -> None:
+        if writes_open:
+            return
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise web.HTTPUnauthorized(
+                text="this node's API is not bound to loopback: writes need "
+                "'Authorization: Bearer <token>' with the token from api.token in its data dir"
+            )
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(await bridge.call(node.status))
+
+    async def peers(request: web.Request) -> web.Response:
+        return web.json_response(await bridge.call(node.peers))
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = await bridge.call(node.metrics)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def refresh_capacity(request: web.Request) -> web.Response:
+        require_write(request)
+        return web.json_response(await bridge.call_async(node.refresh_capacity))
+
+    async def not_found(request: web.Request) -> web.Response:
+        return json_error(404, f"no such endpoint: {request.method} {request.path}")
+
+    app = web.Application(middlewares=[_errors], client_max_size=1 << 20)
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_get("/api/v1/peers", peers)
+    app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/api/{tail:.*}", not_found)
+    return app
