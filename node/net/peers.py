@@ -41,6 +41,7 @@ class PeerEntry:
             "cuda_version": ad.cuda_version,
             "version": ad.version,
             "seq": ad.seq,
+            "ad_timestamp": ad.timestamp,
             "last_seen": self.last_seen,
             "stale": self.stale,
         }
