@@ -1,0 +1,197 @@
+"""A network of real node processes on loopback: for `meshminer demo`, the tests and
+the benchmarks. Each node is `python -m node node run` with its own data dir and ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from node.client import ApiError, NodeUnreachable, get_json
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll `condition` until it returns something truthy; TimeoutError names `what`."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except (NodeUnreachable, ApiError) as exc:
+            last_error = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+@dataclass
+class LocalNode:
+    name: str
+    data_dir: Path
+    p2p_port: int
+    http_port: int
+    args: list[str]
+    proc: subprocess.Popen | None = None
+    peer_id: str = ""
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.data_dir / "stderr.log"
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def multiaddr(self) -> str:
+        return f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
+
+    def get(self, path: str) -> Any:
+        return get_json(self.api, path, timeout=5)
+
+    def peer_ids(self) -> set[str]:
+        return {p["peer_id"] for p in self.get("/api/v1/peers")}
+
+    def start(self, ready_timeout: float = 60) -> LocalNode:
+        self.launch()
+        return self.wait_ready(ready_timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (see `wait_ready`)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "node",
+            "node",
+            "run",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            f"/ip4/127.0.0.1/tcp/{self.p2p_port}",
+            "--http",
+            f"127.0.0.1:{self.http_port}",
+            "--no-mdns",
+            *self.args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def wait_ready(self, timeout: float = 60) -> LocalNode:
+        status = wait_for(self._ready, timeout, f"node {self.name} to answer on {self.api}")
+        self.peer_id = status["peer_id"]
+        return self
+
+    def _ready(self) -> dict | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(
+                f"node {self.name} exited with {self.proc.returncode}; log:\n{self.log_tail()}"
+            )
+        try:
+            return self.get("/api/v1/status")
+        except NodeUnreachable:
+            return None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
+        """Send `sig` and wait for exit (SIGKILL after `timeout`); returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class LocalNetwork:
+    """Nodes on 127.0.0.1 under `root`; the first one is everybody's bootstrap peer."""
+
+    def __init__(self, root: Path, node_args: list[str] | None = None) -> None:
+        self.root = root
+        self.node_args = list(node_args or [])
+        self.nodes: list[LocalNode] = []
+
+    def add(self, extra_args: list[str] | None = None, bootstrap: bool = True) -> LocalNode:
+        """Start one more node (joining through the first) and wait until it answers."""
+        return self.add_many(1, extra_args, bootstrap)[0]
+
+    def add_many(
+        self,
+        count: int,
+        extra_args: list[str] | None = None,
+        bootstrap: bool = True,
+        ready_timeout: float = 90,
+    ) -> list[LocalNode]:
+        """Start `count` nodes at once (they boot in parallel), then wait for all."""
+        new = []
+        for _ in range(count):
+            name = f"node{len(self.nodes) + 1}"
+            args = [*self.node_args, *(extra_args or [])]
+            if bootstrap and self.nodes and self.nodes[0].peer_id:
+                args += ["--bootstrap", self.nodes[0].multiaddr]
+            node = LocalNode(name, self.root / name, free_port(), free_port(), args)
+            self.nodes.append(node)
+            node.launch()
+            new.append(node)
+        for node in new:
+            node.wait_ready(ready_timeout)
+        return new
+
+    def start(self, count: int) -> list[LocalNode]:
+        """The first node, then the rest in parallel, all bootstrapping from the first."""
+        self.add()
+        if count > 1:
+            self.add_many(count - 1)
+        return self.nodes
+
+    def wait_all_see_each_other(self, timeout: float) -> None:
+        def complete() -> bool:
+            running = [n for n in self.nodes if n.proc and n.proc.poll() is None]
+            ids = {n.peer_id for n in running}
+            return all(ids - {n.peer_id} <= n.peer_ids() for n in running)
+
+        wait_for(complete, timeout, f"{len(self.nodes)} nodes to discover each other", 0.25)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> LocalNetwork:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,33 @@
+"""Shared fixtures: real node processes on loopback, torn down after each test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.localnet import LocalNetwork
+
+# short refresh and TTL so that joins and departures show within seconds
+FAST_GOSSIP = ["--publish-interval", "1", "--peer-ttl", "3"]
+
+
+@pytest.fixture
+def localnet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalNetwork]:
+    net = LocalNetwork(tmp_path / "net", FAST_GOSSIP)
+    try:
+        yield net
+    finally:
+        net.stop()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            for node in net.nodes:
+                print(f"--- {node.name} ({node.peer_id}) log ---\n{node.log_tail(60)}")
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ARG001
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

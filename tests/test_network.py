@@ -1,0 +1,82 @@
+"""Five real nodes on loopback: discovery, departures (SIGTERM, SIGKILL), restarts."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+import pytest
+
+from node.localnet import LocalNetwork, wait_for
+
+pytestmark = pytest.mark.slow
+
+TTL_S = 3.0
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_five_nodes_find_each_other_and_notice_departures(localnet: LocalNetwork) -> None:
+    nodes = localnet.start(5)
+    started = time.monotonic()
+    localnet.wait_all_see_each_other(timeout=15)
+    discovery_s = time.monotonic() - started
+    print(f"5 nodes discovered each other {discovery_s:.1f} s after all were up")
+
+    # every peer entry carries the measured figures from the peer's own ad
+    for node in nodes:
+        for peer in node.get("/api/v1/peers"):
+            assert peer["tflops"] > 0
+            assert peer["gpus"] and peer["gpus"][0]["kind"] in ("cpu", "cuda")
+            assert peer["policy"]["accepting"] is True
+            assert all(a.endswith("/p2p/" + peer["peer_id"]) for a in peer["addrs"])
+            assert peer["stale"] is False
+
+    # SIGTERM: clean exit, listener closed, others drop it within the TTL
+    leaver = nodes[4]
+    assert leaver.stop(signal.SIGTERM, timeout=5) == 0
+    assert _refused(leaver.p2p_port), "libp2p port still accepts dials after shutdown"
+    gone = time.monotonic()
+    wait_for(
+        lambda: all(leaver.peer_id not in n.peer_ids() for n in nodes[:4]),
+        TTL_S + 4,
+        "SIGTERMed node to leave every peer table",
+    )
+    print(f"SIGTERM'd node dropped after {time.monotonic() - gone:.1f} s (TTL {TTL_S} s)")
+
+    # SIGKILL: no goodbye at all; the TTL still removes it
+    victim = nodes[3]
+    victim.stop(signal.SIGKILL)
+    gone = time.monotonic()
+    wait_for(
+        lambda: all(victim.peer_id not in n.peer_ids() for n in nodes[:3]),
+        TTL_S + 4,
+        "SIGKILLed node to leave every peer table",
+    )
+    print(f"SIGKILL'd node dropped after {time.monotonic() - gone:.1f} s")
+
+    # restart: same data dir, same peer id; it rejoins and is seen again
+    old_id = leaver.peer_id
+    leaver.start()
+    assert leaver.peer_id == old_id
+    wait_for(lambda: all(old_id in n.peer_ids() for n in nodes[:3]), 15, "restarted node to rejoin")
+
+
+def test_restarted_node_shows_what_it_knew_marked_stale(localnet: LocalNetwork) -> None:
+    first, second = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=15)
+    second.stop(signal.SIGTERM)
+    first.stop(signal.SIGTERM)
+    # restart the first alone (its bootstrap peer is gone): it remembers the second, stale.
+    # A long TTL keeps the stale entry listed while we look.
+    first.args += ["--peer-ttl", "60"]
+    first.start()
+    peers = first.get("/api/v1/peers")
+    assert [p["peer_id"] for p in peers] == [second.peer_id]
+    assert peers[0]["stale"] is True
+    assert peers[0]["tflops"] > 0
