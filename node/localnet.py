@@ -50,6 +50,7 @@ class LocalNode:
     p2p_port: int
     http_port: int
     args: list[str]
+    http_host: str = "127.0.0.1"  # what the API binds to; clients always use loopback
     proc: subprocess.Popen | None = None
     peer_id: str = ""
     log_path: Path = field(init=False)
@@ -89,7 +90,7 @@ class LocalNode:
             "--listen",
             f"/ip4/127.0.0.1/tcp/{self.p2p_port}",
             "--http",
-            f"127.0.0.1:{self.http_port}",
+            f"{self.http_host}:{self.http_port}",
             "--no-mdns",
             *self.args,
         ]
@@ -142,9 +143,14 @@ class LocalNetwork:
         self.node_args = list(node_args or [])
         self.nodes: list[LocalNode] = []
 
-    def add(self, extra_args: list[str] | None = None, bootstrap: bool = True) -> LocalNode:
+    def add(
+        self,
+        extra_args: list[str] | None = None,
+        bootstrap: bool = True,
+        http_host: str = "127.0.0.1",
+    ) -> LocalNode:
         """Start one more node (joining through the first) and wait until it answers."""
-        return self.add_many(1, extra_args, bootstrap)[0]
+        return self.add_many(1, extra_args, bootstrap, http_host=http_host)[0]
 
     def add_many(
         self,
@@ -152,6 +158,7 @@ class LocalNetwork:
         extra_args: list[str] | None = None,
         bootstrap: bool = True,
         ready_timeout: float = 90,
+        http_host: str = "127.0.0.1",
     ) -> list[LocalNode]:
         """Start `count` nodes at once (they boot in parallel), then wait for all."""
         new = []
@@ -160,7 +167,7 @@ class LocalNetwork:
             args = [*self.node_args, *(extra_args or [])]
             if bootstrap and self.nodes and self.nodes[0].peer_id:
                 args += ["--bootstrap", self.nodes[0].multiaddr]
-            node = LocalNode(name, self.root / name, free_port(), free_port(), args)
+            node = LocalNode(name, self.root / name, free_port(), free_port(), args, http_host)
             self.nodes.append(node)
             node.launch()
             new.append(node)

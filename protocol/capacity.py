@@ -13,9 +13,9 @@ from typing import ClassVar
 from protocol.codec import Limits
 from protocol.errors import DecodeError
 
-#: capacity ads are a few hundred bytes; anything near this is not an ad
+#: a typical ad is ~420 bytes; the largest valid one (16 GPUs, 16 addresses) ~3.5 KB
 AD_LIMITS = Limits(
-    max_bytes=4096, max_depth=5, max_container_len=32, max_str_len=256, max_bin_len=2048
+    max_bytes=6144, max_depth=5, max_container_len=32, max_str_len=256, max_bin_len=6144
 )
 
 MAX_ADDRS = 16

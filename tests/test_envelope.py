@@ -457,7 +457,10 @@ def test_non_map_envelope_is_a_decode_error(value):
 
 
 def test_oversized_envelope_is_too_large():
-    big = make_ad(addrs=["/ip4/203.0.113.7/tcp/4001/" + "x" * 200] * 12)
+    big = make_ad(
+        addrs=["/ip4/203.0.113.7/tcp/4001/" + "x" * 220] * 16,
+        gpus=[GpuInfo(name="g" * 250)] * 16,
+    )
     sealed = seal(big, KEY_A)
     assert open_envelope(sealed, CapacityAd).message == big  # fits the default limits
     with pytest.raises(TooLarge):

@@ -23,7 +23,7 @@ from nacl.signing import SigningKey
 
 from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import GOSSIPSUB_PROTOCOLS
-from protocol import CapacityAd, GpuInfo, Policy, encode, peer_id_from_public_key, seal
+from protocol import AD_LIMITS, CapacityAd, GpuInfo, Policy, encode, peer_id_from_public_key, seal
 from protocol.envelope import signing_bytes
 from protocol.names import CAPACITY_TOPIC
 from protocol.schema import to_plain
@@ -105,7 +105,7 @@ async def _attack(nodes: list[LocalNode], attacker_seed: bytes, other: SigningKe
             "signer_mismatch": seal(_ad(other_id, seq=1, tflops=999.0), other),
             "peer_mismatch": seal(_ad(other_id, seq=7, tflops=999.0), me),
             "stale": seal(_ad(my_id, seq=8, tflops=999.0, age_s=3600), me),
-            "oversized": os.urandom(5000),
+            "oversized": os.urandom(AD_LIMITS.max_bytes + 1),
             "malformed": os.urandom(200),
         }
         for data in bad.values():

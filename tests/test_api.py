@@ -1,0 +1,95 @@
+"""The HTTP API and the CLI against one real node process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from node.localnet import LocalNetwork, LocalNode, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _request(node: LocalNode, method: str, path: str, token: str | None = None):
+    req = urllib.request.Request(
+        f"{node.api}{path}", method=method, data=b"" if method != "GET" else None
+    )
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_status_peers_metrics_and_errors(localnet: LocalNetwork) -> None:
+    node = localnet.add()
+    status = node.get("/api/v1/status")
+    assert status["peer_id"] == node.peer_id
+    assert status["addrs"] == [f"/ip4/127.0.0.1/tcp/{node.p2p_port}/p2p/{node.peer_id}"]
+    assert status["capacity"]["tflops"] > 0
+    assert status["capacity"]["gpus"][0]["kind"] in ("cpu", "cuda")
+    assert status["capacity"]["torch_version"]
+    assert status["uptime_s"] >= 0 and status["version"]
+    assert node.get("/api/v1/peers") == []
+
+    code, body = _request(node, "GET", "/api/v1/nope")
+    assert code == 404
+    assert "no such endpoint" in json.loads(body)["error"]
+
+    code, body = _request(node, "GET", "/metrics")
+    assert code == 200 and b"meshminer_peers 0.0" in body
+
+    # loopback bind: writes need no token
+    code, body = _request(node, "POST", "/api/v1/capacity/refresh")
+    assert code == 200, body
+    assert json.loads(body)["tflops"] > 0
+
+
+def test_writes_need_the_token_when_not_bound_to_loopback(localnet: LocalNetwork) -> None:
+    node = localnet.add(http_host="0.0.0.0")
+    assert node.get("/api/v1/status")["peer_id"]  # reads stay open
+
+    code, body = _request(node, "POST", "/api/v1/capacity/refresh")
+    assert code == 401
+    assert "api.token" in json.loads(body)["error"]
+    code, _ = _request(node, "POST", "/api/v1/capacity/refresh", token="wrong")
+    assert code == 401
+
+    token = (node.data_dir / "api.token").read_text().strip()
+    code, body = _request(node, "POST", "/api/v1/capacity/refresh", token=token)
+    assert code == 200, body
+
+
+def test_cli_status_and_peers(localnet: LocalNetwork) -> None:
+    first, second = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=15)
+    out = _cli("status", "--api", first.api)
+    assert out.returncode == 0, out.stderr
+    assert first.peer_id in out.stdout and "TFLOP/s" in out.stdout
+    out = _cli("peers", "--api", first.api)
+    assert out.returncode == 0, out.stderr
+    assert "1 peers" in out.stdout and second.peer_id[:8] in out.stdout
+
+
+def test_cli_says_how_to_start_a_node_when_none_runs() -> None:
+    out = _cli("status", "--api", f"http://127.0.0.1:{free_port()}")
+    assert out.returncode == 1
+    assert "no meshminer node is answering" in out.stderr
+    assert "meshminer node run" in out.stderr

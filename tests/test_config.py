@@ -1,0 +1,108 @@
+"""Settings and identity: defaults, TOML overrides, clear errors, 0600 secrets."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.config import ConfigError, Settings, load_settings, parse_config, settings_reference
+from node.identity import (
+    KEY_FILE,
+    TOKEN_FILE,
+    IdentityError,
+    load_or_create_api_token,
+    load_or_create_identity,
+)
+
+
+def test_defaults_toml_and_flags_layer_in_that_order(tmp_path: Path) -> None:
+    (tmp_path / "meshminer.toml").write_text(
+        'http = "127.0.0.1:9000"\npublish_interval_s = 5\n[policy]\naccepting = false\n'
+    )
+    s = load_settings(tmp_path, {"http": "127.0.0.1:9100", "listen": None})
+    assert s.http == "127.0.0.1:9100"  # flag beats file
+    assert s.publish_interval_s == 5.0  # file beats default (int accepted for float)
+    assert s.accepting is False
+    assert s.listen == Settings().listen  # None flag = not given
+    assert s.ttl_s == 15.0  # 3 x publish interval when peer_ttl_s is 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("listne = '/ip4/1.2.3.4/tcp/1'", "unknown setting 'listne'"),
+        ("[policy]\nacepting = true", "unknown setting 'policy.acepting'"),
+        ("accepting = true", "setting 'accepting' in meshminer.toml belongs in the [policy]"),
+        ("publish_interval_s = 'fast'", "setting 'publish_interval_s' must be float"),
+        ("[policy]\nload_limit_pct = 50.5", "setting 'policy.load_limit_pct' must be int"),
+        ("bootstrap = '/ip4/1.2.3.4'", "setting 'bootstrap' must be a list of strings"),
+        ("mdns = 1", "setting 'mdns' must be bool"),
+        ("listen = ", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        parse_config(text)
+
+
+def test_out_of_range_values_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="load_limit_pct"):
+        load_settings(tmp_path, {"load_limit_pct": 150})
+    with pytest.raises(ConfigError, match="'http' must be HOST:PORT"):
+        load_settings(tmp_path, {"http": "localhost"})
+
+
+def test_every_setting_is_documented() -> None:
+    rows = settings_reference()
+    assert {r[0] for r in rows} >= {"listen", "http", "bootstrap", "policy.accepting"}
+    assert all(r[3] for r in rows)
+
+
+def test_node_with_bad_config_does_not_start(tmp_path: Path) -> None:
+    (tmp_path / "meshminer.toml").write_text("[policy]\nload_limit = 50\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "node", "node", "run", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown setting 'policy.load_limit'" in proc.stderr
+    assert "did not start" in proc.stderr
+    assert not (tmp_path / "node.db").exists()
+
+
+def test_identity_is_created_0600_and_kept(tmp_path: Path) -> None:
+    first = load_or_create_identity(tmp_path)
+    mode = stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode)
+    assert mode == 0o600
+    assert load_or_create_identity(tmp_path).peer_id == first.peer_id
+    assert first.peer_id.startswith("12D3KooW")
+
+
+def test_api_token_is_created_0600_and_kept(tmp_path: Path) -> None:
+    token = load_or_create_api_token(tmp_path)
+    assert len(token) >= 32
+    assert stat.S_IMODE((tmp_path / TOKEN_FILE).stat().st_mode) == 0o600
+    assert load_or_create_api_token(tmp_path) == token
+
+
+def test_key_readable_by_others_is_refused(tmp_path: Path) -> None:
+    load_or_create_identity(tmp_path)
+    os.chmod(tmp_path / KEY_FILE, 0o644)
+    with pytest.raises(IdentityError, match="chmod 600"):
+        load_or_create_identity(tmp_path)
+
+
+def test_truncated_key_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / KEY_FILE
+    path.write_bytes(b"short")
+    path.chmod(0o600)
+    with pytest.raises(IdentityError, match="32-byte"):
+        load_or_create_identity(tmp_path)
+    assert path.read_bytes() == b"short"
