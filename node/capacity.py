@@ -13,7 +13,7 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from protocol import GpuInfo
@@ -163,7 +163,3 @@ def _cached_tflops(cache: Path, fingerprint: str) -> float | None:
         return None
     tflops = data.get("tflops")
     return float(tflops) if isinstance(tflops, int | float) and tflops >= 0 else None
-
-
-def as_json(capacity: LocalCapacity) -> dict:
-    return asdict(capacity)

@@ -80,3 +80,18 @@ def test_restarted_node_shows_what_it_knew_marked_stale(localnet: LocalNetwork) 
     assert [p["peer_id"] for p in peers] == [second.peer_id]
     assert peers[0]["stale"] is True
     assert peers[0]["tflops"] > 0
+
+
+def test_sigint_stops_a_node_cleanly_within_5_s(localnet: LocalNetwork) -> None:
+    node = localnet.add()
+    started = time.monotonic()
+    assert node.stop(signal.SIGINT, timeout=5) == 0
+    print(f"SIGINT to exit: {time.monotonic() - started:.2f} s")
+    assert _refused(node.p2p_port) and _refused(node.http_port)
+    assert "node stopped" in node.log_tail()
+
+
+def test_mdns_finds_lan_peers_without_bootstrap(localnet: LocalNetwork) -> None:
+    localnet.add(["--mdns"], bootstrap=False)
+    localnet.add(["--mdns"], bootstrap=False)
+    localnet.wait_all_see_each_other(timeout=30)

@@ -1,0 +1,94 @@
+"""The peer table: newer ads win, silence expires, a restart restores entries as stale."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from node.net.peers import PeerTable
+from node.store import next_counter, open_node_db
+from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key, seal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ad(key: SigningKey, seq: int, tflops: float = 1.0) -> tuple[CapacityAd, bytes]:
+    ad = CapacityAd(
+        peer_id=peer_id_from_public_key(bytes(key.verify_key)),
+        addrs=[],
+        gpus=[GpuInfo(name="cpu", kind="cpu")],
+        tflops=tflops,
+        torch_version="2.13.0",
+        cuda_version="",
+        policy=Policy(),
+        load_pct=0,
+        seq=seq,
+        timestamp=time.time(),
+    )
+    return ad, seal(ad, key)
+
+
+def test_only_newer_ads_replace_older(tmp_path: Path) -> None:
+    table = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=Clock())
+    key = SigningKey.generate()
+    assert table.accept(*_ad(key, 2, tflops=2.0)) == "joined"
+    assert table.accept(*_ad(key, 1, tflops=9.0)) is None
+    assert table.accept(*_ad(key, 2, tflops=9.0)) is None
+    assert table.accept(*_ad(key, 3, tflops=3.0)) == "updated"
+    (entry,) = table.entries()
+    assert (entry.ad.seq, entry.ad.tflops) == (3, 3.0)
+
+
+def test_silent_peers_expire_after_the_ttl(tmp_path: Path) -> None:
+    clock = Clock()
+    table = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock)
+    quiet, chatty = SigningKey.generate(), SigningKey.generate()
+    table.accept(*_ad(quiet, 1))
+    table.accept(*_ad(chatty, 1))
+    clock.now += 8
+    table.accept(*_ad(chatty, 2))
+    clock.now += 3  # quiet: 11 s silent; chatty: 3 s
+    gone = table.expire()
+    assert gone == [peer_id_from_public_key(bytes(quiet.verify_key))]
+    assert [e.ad.peer_id for e in table.entries()] == [
+        peer_id_from_public_key(bytes(chatty.verify_key))
+    ]
+
+
+def test_restart_restores_entries_marked_stale_until_heard_from(tmp_path: Path) -> None:
+    clock = Clock()
+    key = SigningKey.generate()
+    first = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock)
+    first.accept(*_ad(key, 4, tflops=4.0))
+
+    restarted = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock)
+    (entry,) = restarted.entries()
+    assert entry.stale and entry.ad.tflops == 4.0
+    assert restarted.envelopes() == []  # stale ads are not handed to other peers
+    assert restarted.accept(*_ad(key, 5)) == "joined"
+    assert not restarted.entries()[0].stale
+
+    # never heard from again: dropped one TTL after the restart
+    again = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock)
+    clock.now += 11
+    assert len(again.expire()) == 1
+    assert PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock).entries() == []
+
+
+def test_corrupt_stored_ad_is_dropped_not_trusted(tmp_path: Path) -> None:
+    db = open_node_db(tmp_path)
+    db["peers"].insert({"peer_id": "x", "seq": 1, "envelope": b"garbage", "last_seen": 1.0})
+    assert PeerTable(db, ttl_s=10).entries() == []
+    assert db["peers"].count == 0
+
+
+def test_ad_sequence_counter_persists(tmp_path: Path) -> None:
+    assert [next_counter(open_node_db(tmp_path), "ad_seq") for _ in range(3)] == [1, 2, 3]
