@@ -7,12 +7,12 @@ every node keeps running.
 from __future__ import annotations
 
 import os
-import time
 import urllib.request
 
 import multiaddr
 import pytest
 import trio
+from factories import capacity_ad
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -23,7 +23,7 @@ from nacl.signing import SigningKey
 
 from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import GOSSIPSUB_PROTOCOLS
-from protocol import AD_LIMITS, CapacityAd, GpuInfo, Policy, encode, peer_id_from_public_key, seal
+from protocol import AD_LIMITS, CapacityAd, encode, peer_id_from_public_key, seal
 from protocol.envelope import signing_bytes
 from protocol.names import CAPACITY_TOPIC
 from protocol.schema import to_plain
@@ -32,18 +32,7 @@ pytestmark = pytest.mark.slow
 
 
 def _ad(peer_id: str, seq: int, tflops: float = 1.5, age_s: float = 0.0) -> CapacityAd:
-    return CapacityAd(
-        peer_id=peer_id,
-        addrs=[],
-        gpus=[GpuInfo(name="attacker cpu", kind="cpu")],
-        tflops=tflops,
-        torch_version="2.13.0",
-        cuda_version="",
-        policy=Policy(),
-        load_pct=0,
-        seq=seq,
-        timestamp=time.time() - age_s,
-    )
+    return capacity_ad(peer_id, seq, tflops=tflops, age_s=age_s)
 
 
 def _forged(ad: CapacityAd, claimed: SigningKey, actual: SigningKey) -> bytes:

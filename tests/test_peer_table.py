@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
+from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
 from node.net.peers import PeerTable
 from node.store import next_counter, open_node_db
-from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key, seal
+from protocol import CapacityAd, seal
 
 
 class Clock:
@@ -21,18 +21,7 @@ class Clock:
 
 
 def _ad(key: SigningKey, seq: int, tflops: float = 1.0) -> tuple[CapacityAd, bytes]:
-    ad = CapacityAd(
-        peer_id=peer_id_from_public_key(bytes(key.verify_key)),
-        addrs=[],
-        gpus=[GpuInfo(name="cpu", kind="cpu")],
-        tflops=tflops,
-        torch_version="2.13.0",
-        cuda_version="",
-        policy=Policy(),
-        load_pct=0,
-        seq=seq,
-        timestamp=time.time(),
-    )
+    ad = capacity_ad(peer_id_of(key), seq, tflops=tflops)
     return ad, seal(ad, key)
 
 
@@ -57,10 +46,8 @@ def test_silent_peers_expire_after_the_ttl(tmp_path: Path) -> None:
     table.accept(*_ad(chatty, 2))
     clock.now += 3  # quiet: 11 s silent; chatty: 3 s
     gone = table.expire()
-    assert gone == [peer_id_from_public_key(bytes(quiet.verify_key))]
-    assert [e.ad.peer_id for e in table.entries()] == [
-        peer_id_from_public_key(bytes(chatty.verify_key))
-    ]
+    assert gone == [peer_id_of(quiet)]
+    assert [e.ad.peer_id for e in table.entries()] == [peer_id_of(chatty)]
 
 
 def test_restart_restores_entries_marked_stale_until_heard_from(tmp_path: Path) -> None:
