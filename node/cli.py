@@ -117,6 +117,7 @@ def node_run(
     from node.daemon import run_node
     from node.identity import IdentityError, load_or_create_identity
     from node.logs import setup_logging
+    from node.net.host import HostError
 
     directory = data_dir_from(data_dir)
     overrides: dict[str, Any] = {
@@ -143,6 +144,8 @@ def node_run(
     err.print(f"meshminer {__version__}: data dir {directory}, log {log_file}", highlight=False)
     try:
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
+    except HostError as exc:
+        raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(
             f"{exc}\nIs another node using this port? Pick another with --http or --listen."

@@ -1,7 +1,7 @@
 """Node settings: embedded defaults < `meshminer.toml` in the data dir < CLI flags.
 
-Every setting is declared once in `SETTINGS` with its type, default and meaning; the
-TOML loader, the CLI help and docs/operations.md all come from that table. A config
+Every setting is declared once, as a field of `Settings` with its type, default and
+meaning; the TOML loader and the reference in docs/operations.md come from there. A config
 file with an unknown key or a value of the wrong type stops the node with an error
 naming the key, because a silently ignored typo in a volunteer's policy is worse than
 a node that does not start.
@@ -14,6 +14,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import multiaddr
 
 CONFIG_FILE = "meshminer.toml"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "meshminer"
@@ -35,7 +37,7 @@ class Settings:
     )
     http: str = field(
         default="127.0.0.1:8470",
-        metadata=_meta("HOST:PORT of the local HTTP API and status page"),
+        metadata=_meta("HOST:PORT of the local HTTP API"),
     )
     bootstrap: list[str] = field(
         default_factory=list,
@@ -95,6 +97,22 @@ class Settings:
         )
         host, sep, port = self.http.rpartition(":")
         _check_range("http", bool(sep and host and port.isdigit()), "must be HOST:PORT")
+        _check_multiaddr("listen", self.listen, "/tcp/", "e.g. /ip4/0.0.0.0/tcp/4470")
+        for addr in self.bootstrap:
+            _check_multiaddr(
+                "bootstrap", addr, "/p2p/", "e.g. /ip4/192.0.2.1/tcp/4470/p2p/12D3KooW..."
+            )
+
+
+def _check_multiaddr(key: str, value: str, must_have: str, example: str) -> None:
+    try:
+        multiaddr.Multiaddr(value)
+    except Exception:
+        raise ConfigError(f"setting '{key}': {value!r} is not a multiaddr ({example})") from None
+    if must_have not in value:
+        raise ConfigError(
+            f"setting '{key}': {value!r} has no {must_have.strip('/')} part ({example})"
+        )
 
 
 def _check_range(key: str, ok: bool, rule: str) -> None:
@@ -148,7 +166,7 @@ def parse_config(text: str, source: str = CONFIG_FILE) -> dict[str, Any]:
             if f is None:
                 raise ConfigError(
                     f"unknown setting '{name}' in {source}; "
-                    "see `meshminer node run --help` for the settings"
+                    "the settings are listed in docs/operations.md"
                 )
             overrides[key] = _coerce(name, str(f.type), value)
 

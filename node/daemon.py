@@ -162,6 +162,7 @@ async def _serve(
             http = HttpServerThread(app, http_host, int(http_port))
             await trio.to_thread.run_sync(http.start)
             try:
+                await node.gossip.start()
                 nursery.start_soon(node.gossip.run)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
                 log.info(

@@ -64,8 +64,9 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         # msgpack's own nesting bound (~1024) trips before our max_depth check can run
         raise TooLarge("message nests too deeply") from exc
     except ValueError as exc:
-        # msgpack reports exceeded limits as ValueError("... exceeds max_..._len(...)")
-        if "exceeds max" in str(exc):
+        # msgpack reports exceeded limits as ValueError("... exceeds max_..._len(...)");
+        # ext types are disallowed (max_ext_len=0), which is a shape error, not a size one
+        if "exceeds max" in str(exc) and "max_ext_len" not in str(exc):
             raise TooLarge(f"message exceeds a size limit: {exc}") from exc
         raise DecodeError(f"not valid msgpack: {exc}") from exc
     except Exception as exc:  # msgpack raises several unrelated types on garbage

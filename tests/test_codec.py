@@ -285,7 +285,7 @@ def test_ext_types_are_rejected(code, size):
     if code >= 0:
         assert data == msgpack.packb(msgpack.ExtType(code, b"\x00" * size))
     for wrapped in (data, b"\x91" + data, b"\x81\xa1k" + data):
-        with pytest.raises((DecodeError, TooLarge)):
+        with pytest.raises(DecodeError):
             decode(wrapped)
 
 
@@ -297,7 +297,7 @@ def test_zero_length_ext_is_rejected():
 
 def test_msgpack_timestamps_are_rejected():
     data = msgpack.packb(msgpack.Timestamp(1_700_000_000, 5))
-    with pytest.raises((DecodeError, TooLarge)):
+    with pytest.raises(DecodeError):
         decode(data)
 
 

@@ -106,3 +106,19 @@ def test_truncated_key_is_refused_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(IdentityError, match="32-byte"):
         load_or_create_identity(tmp_path)
     assert path.read_bytes() == b"short"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"listen": "garbage"}, "setting 'listen': 'garbage' is not a multiaddr"),
+        ({"listen": "/ip4/127.0.0.1/udp/1"}, "setting 'listen'.*has no tcp part"),
+        ({"bootstrap": ["/ip4/127.0.0.1/tcp/1"]}, "setting 'bootstrap'.*has no p2p part"),
+    ],
+)
+def test_bad_addresses_are_refused_before_anything_starts(
+    tmp_path: Path, overrides: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(tmp_path, overrides)
+    assert list(tmp_path.iterdir()) == []

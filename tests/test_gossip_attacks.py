@@ -95,7 +95,7 @@ async def _attack(nodes: list[LocalNode], attacker_seed: bytes, other: SigningKe
             "peer_mismatch": seal(_ad(other_id, seq=7, tflops=999.0), me),
             "stale": seal(_ad(my_id, seq=8, tflops=999.0, age_s=3600), me),
             "oversized": os.urandom(AD_LIMITS.max_bytes + 1),
-            "malformed": os.urandom(200),
+            "malformed": b"\xc1" * 200,  # 0xc1 is never valid msgpack
         }
         for data in bad.values():
             await pubsub.publish(CAPACITY_TOPIC, data)

@@ -10,6 +10,7 @@ that there are two loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -41,9 +42,9 @@ class TrioBridge:
             try:
                 result = fn(*args)
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                _reply(loop, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _reply(loop, future, result, None)
 
         self._schedule(run)
         return await future
@@ -57,11 +58,11 @@ class TrioBridge:
             try:
                 result = await fn(*args)
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                _reply(loop, future, None, exc)
                 if not isinstance(exc, Exception):
                     raise
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _reply(loop, future, result, None)
 
         self._schedule(lambda: self._nursery.start_soon(run))
         return await future
@@ -71,6 +72,14 @@ class TrioBridge:
             self._token.run_sync_soon(fn)
         except trio.RunFinishedError as exc:
             raise BridgeClosed("the node is shutting down") from exc
+
+
+def _reply(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any, exc: BaseException | None
+) -> None:
+    """Hand a result from the trio thread to the asyncio loop, unless it has closed."""
+    with contextlib.suppress(RuntimeError):  # the HTTP loop already shut down
+        loop.call_soon_threadsafe(_settle, future, result, exc)
 
 
 def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -118,9 +127,11 @@ class HttpServerThread:
         self._loop.close()
 
     async def _serve(self) -> None:
-        self._runner = web.AppRunner(self._app, access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self._app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port, shutdown_timeout=1.0).start()
+        await web.TCPSite(self._runner, self._host, self._port).start()
 
     def stop(self, timeout: float = 3.0) -> None:
         if self._loop is not None and self._loop.is_running():

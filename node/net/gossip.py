@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 MAX_CLOCK_SKEW_S = 60.0
 MAX_TABLE_ADS = 1024
 _TABLE_LIMITS = Limits(
-    max_bytes=MAX_TABLE_ADS * AD_LIMITS.max_bytes,
+    max_bytes=MAX_TABLE_ADS * (AD_LIMITS.max_bytes + 8) + 8,  # + msgpack bin/array headers
     max_depth=2,
     max_container_len=MAX_TABLE_ADS,
     max_bin_len=AD_LIMITS.max_bytes,
@@ -108,6 +108,8 @@ class CapacityGossip:
         self.publish_interval_s = publish_interval_s
         self._wake = trio.Event()
         self._own_ad = make_ad()
+        for reason in REJECT_REASONS:  # export every series from the start, at 0
+            metrics.ads_rejected.labels(reason)
 
     @property
     def max_age_s(self) -> float:
@@ -117,9 +119,12 @@ class CapacityGossip:
         """The local ad changed (policy, load, capacity): publish it now."""
         self._wake.set()
 
-    async def run(self) -> None:
-        await self.host.subscribe(CAPACITY_TOPIC, self._validate_gossip)
+    async def start(self) -> None:
+        """Register the ad exchange and the validated subscription (before any dial)."""
         self.host.serve(ADS_PROTOCOL, self._serve_table, max_request=64)
+        await self.host.subscribe(CAPACITY_TOPIC, self._validate_gossip)
+
+    async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop)
             nursery.start_soon(self._publish_loop)
@@ -185,6 +190,9 @@ class CapacityGossip:
                 log.debug("connection to %s closed", peer)
 
     async def _fetch_table(self, peer: str, publish_after: bool) -> None:
+        if publish_after:
+            # our first connection: publish so peers beyond this one learn of us now
+            self.changed()
         try:
             raw = await self.host.request(peer, ADS_PROTOCOL, b"", _TABLE_LIMITS.max_bytes)
             table = decode(raw, _TABLE_LIMITS)
@@ -205,9 +213,6 @@ class CapacityGossip:
                     self.metrics.ads_rejected.labels(exc.reason).inc()
                 continue
             self._ingest(ad, env, via="exchange")
-        if publish_after:
-            # our first connection: publish so peers beyond this one learn of us now
-            self.changed()
 
     # -- outbound ------------------------------------------------------------------
 

@@ -6,8 +6,10 @@ It owns the library's traps (docs/architecture.md, "py-libp2p traps"):
 - Leaving `host.run()` does not close the TCP listener, so shutdown closes the host
   and its network explicitly: a dial to a stopped node must fail.
 - GossipSub silently drops more than 10 msgs/s per peer and topic by default; the
-  limit is set from `gossip_rate_limit` on purpose. The heartbeat defaults to 120 s;
-  meshes form on a 1 s heartbeat here.
+  limit is set from `gossip_rate_limit` on purpose. The heartbeat defaults to 120 s
+  (and "adaptive gossip" stretches it to 30-60 s); meshes form on a fixed 1 s here.
+- The TCP listener sets SO_REUSEPORT, so a second node on the same port would start
+  and share the connections: `start` refuses a port that is already in use.
 - A node receives its own publishes: `messages()` filters them out.
 - Subscription queues hold 32 messages then drop: `messages()` is meant to be
   consumed by a task that does no I/O per message beyond quick table updates.
@@ -16,6 +18,7 @@ It owns the library's traps (docs/architecture.md, "py-libp2p traps"):
 from __future__ import annotations
 
 import logging
+import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -92,6 +95,10 @@ class MeshHost:
             degree_low=4,
             degree_high=12,
             heartbeat_interval=1,
+            # "adaptive gossip" re-scores network health every 30 s and, on small or
+            # quiet networks, stretches the heartbeat to 30-60 s: meshes would then
+            # repair only once a minute. Keep the 1 s heartbeat.
+            adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=gossip_rate_limit,
         )
         self._pubsub = Pubsub(self._host, self._gossipsub, strict_signing=True)
@@ -105,6 +112,7 @@ class MeshHost:
     async def start(
         cls, identity: Identity, listen: str, *, gossip_rate_limit: float = 20.0, mdns: bool = False
     ) -> AsyncIterator[MeshHost]:
+        _refuse_port_in_use(listen)
         mesh = cls(identity, listen, gossip_rate_limit, mdns)
         try:
             async with (
@@ -246,6 +254,29 @@ class MeshHost:
         except Exception as exc:
             raise HostError(
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _refuse_port_in_use(listen: str) -> None:
+    """Bind the TCP port once without SO_REUSEPORT: fails if any socket listens on it."""
+    maddr = multiaddr.Multiaddr(listen)
+    port = int(maddr.value_for_protocol("tcp") or 0)
+    if port == 0:
+        return
+    family, host = socket.AF_INET, "0.0.0.0"
+    for proto, value in (("ip4", socket.AF_INET), ("ip6", socket.AF_INET6)):
+        try:
+            host, family = maddr.value_for_protocol(proto), value
+            break
+        except Exception:
+            continue
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise HostError(
+                f"cannot listen on {listen}: {exc.strerror}. Is another node using this "
+                "port? Pick another with --listen."
             ) from exc
 
 

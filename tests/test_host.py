@@ -1,0 +1,49 @@
+"""The libp2p wrapper's lifecycle, in process: the listener really closes on shutdown."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.identity import load_or_create_identity
+from node.localnet import free_port
+from node.net.host import HostError, MeshHost
+
+
+def _dial(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_listener_is_closed_after_shutdown(tmp_path: Path) -> None:
+    identity = load_or_create_identity(tmp_path)
+    port = free_port()
+
+    async def main() -> list[str]:
+        async with MeshHost.start(identity, f"/ip4/127.0.0.1/tcp/{port}") as host:
+            assert await trio.to_thread.run_sync(_dial, port)
+            return host.addrs()
+
+    addrs = trio.run(main)
+    assert addrs == [f"/ip4/127.0.0.1/tcp/{port}/p2p/{identity.peer_id}"]
+    # py-libp2p leaves the listener open after host.run() exits; MeshHost closes it
+    assert not _dial(port), "a dial to a stopped host still connects"
+
+
+def test_port_already_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    identity = load_or_create_identity(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+
+        async def main() -> None:
+            async with MeshHost.start(identity, f"/ip4/127.0.0.1/tcp/{port}"):
+                pass
+
+        with pytest.raises(HostError, match="Is another node using this port"):
+            trio.run(main)
