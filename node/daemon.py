@@ -27,6 +27,7 @@ from node.net.peers import PeerTable
 from node.store import next_counter, open_node_db
 from node.web.api import make_app
 from protocol import CapacityAd, Policy, seal
+from protocol.capacity import MAX_ADDRS
 from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Node:
     def ad(self, seq: int = 0) -> CapacityAd:
         return CapacityAd(
             peer_id=self.identity.peer_id,
-            addrs=self.host.addrs(),
+            addrs=self.host.addrs()[:MAX_ADDRS],
             gpus=self.capacity.gpus,
             tflops=self.capacity.tflops,
             torch_version=self.capacity.torch_version,

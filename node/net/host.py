@@ -34,6 +34,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.address_validation import expand_wildcard_address
 
 from node.identity import Identity
 from protocol import TooLarge
@@ -138,11 +139,13 @@ class MeshHost:
     def addrs(self) -> list[str]:
         """Full multiaddrs others can dial, each ending in /p2p/<peer id>."""
         out = []
-        for addr in self._host.get_addrs():
-            text = str(addr)
-            if "/p2p/" not in text:
-                text = f"{text}/p2p/{self.peer_id}"
-            out.append(text)
+        for listen_addr in self._host.get_addrs():
+            # a wildcard listen (0.0.0.0, ::) is not dialable: advertise each interface
+            for addr in expand_wildcard_address(listen_addr):
+                text = str(addr)
+                if "/p2p/" not in text:
+                    text = f"{text}/p2p/{self.peer_id}"
+                out.append(text)
         return out
 
     def connected_peers(self) -> set[str]:

@@ -1,0 +1,206 @@
+"""Messages of the work-package flow: offer, reply, progress, result, receipt.
+
+Owner -> worker on `/meshminer/task/1`: a `WorkOffer`, signed by the owner, whose
+`sealed` field is a `WorkPackage` encrypted to the worker (crypto_box), so only the
+worker learns the spec, the blob grant and the job key. Worker -> owner: a signed
+`OfferReply`, then `Progress` heartbeats on `/meshminer/progress/1`, then a signed
+`Result` on `/meshminer/result/1`, answered by the owner's signed `Receipt`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from protocol.codec import Limits
+from protocol.errors import DecodeError
+
+#: offers carry a sealed spec and a grant; results carry metrics: small messages
+WORK_LIMITS = Limits(
+    max_bytes=256 * 1024,
+    max_depth=6,
+    max_container_len=1024,
+    max_str_len=4096,
+    max_bin_len=200 * 1024,
+)
+MAX_ID_LEN = 128
+
+
+def _require(ok: bool, path: str, rule: str) -> None:
+    if not ok:
+        raise DecodeError(f"{path} {rule}")
+
+
+def _check_ids(obj: object, path: str) -> None:
+    for name in ("job_id", "unit_id"):
+        value = getattr(obj, name)
+        _require(0 < len(value) <= MAX_ID_LEN, f"{path}.{name}", f"must be 1..{MAX_ID_LEN} chars")
+
+
+def _check_sha(value: str, path: str, allow_empty: bool = False) -> None:
+    if allow_empty and value == "":
+        return
+    _require(
+        len(value) == 64 and all(c in "0123456789abcdef" for c in value),
+        path,
+        "must be a lowercase sha256 hex digest",
+    )
+
+
+def _check_metrics(metrics: dict[str, float], path: str) -> None:
+    _require(len(metrics) <= 64, path, "has more than 64 entries")
+    for key, value in metrics.items():
+        _require(0 < len(key) <= 64, f"{path} key", "must be 1..64 chars")
+        _require(not math.isnan(value), f"{path}[{key!r}]", "must not be NaN")
+
+
+@dataclass(frozen=True)
+class WorkPackage:
+    """The plaintext inside a `WorkOffer` (never sent unencrypted)."""
+
+    TYPE: ClassVar[str] = "work_package"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    spec: bytes  # msgpack of the plain job spec (training.spec.spec_to_plain)
+    blobs: list[str]  # sha256 of every blob the unit needs (dataset)
+    blob_grant: bytes  # signed BlobGrant envelope for those blobs
+    job_key: bytes  # 32-byte key for secretstream-encrypted blob transfer
+    max_hours: float
+    lease_s: float  # heartbeat at least this often, or the owner re-offers the unit
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        for i, sha in enumerate(self.blobs):
+            _check_sha(sha, f"{path}.blobs[{i}]")
+        _require(len(self.job_key) == 32, f"{path}.job_key", "must be 32 bytes")
+        _require(0 < self.max_hours <= 24 * 365, f"{path}.max_hours", "must be in (0, 8760]")
+        _require(1 <= self.lease_s <= 3600, f"{path}.lease_s", "must be 1..3600 s")
+
+
+@dataclass(frozen=True)
+class WorkOffer:
+    TYPE: ClassVar[str] = "work_offer"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    worker: str  # peer id the package is sealed to
+    sealed: bytes  # crypto_box(WorkPackage envelope) to the worker
+    created_at: float
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        _require(0 < len(self.worker) <= MAX_ID_LEN, f"{path}.worker", "must be a peer id")
+
+
+@dataclass(frozen=True)
+class OfferReply:
+    TYPE: ClassVar[str] = "offer_reply"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    accepted: bool
+    reason: str = ""  # why not, when declined
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        _require(len(self.reason) <= 1000, f"{path}.reason", "must be <= 1000 chars")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Worker -> owner: where training stands; every one also renews the unit's lease."""
+
+    TYPE: ClassVar[str] = "progress"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    phase: str  # "fetching" | "training" | "uploading"
+    step: int
+    total_steps: int
+    loss: float | None
+    samples_per_s: float
+    samples: int
+    timestamp: float
+    val_loss: float | None = None
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        _require(
+            self.phase in ("fetching", "training", "uploading"),
+            f"{path}.phase",
+            "must be fetching, training or uploading",
+        )
+        _require(
+            0 <= self.step <= max(self.total_steps, 0), f"{path}.step", "must be 0..total_steps"
+        )
+        _require(self.samples >= 0 and self.samples_per_s >= 0, f"{path}.samples", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Result:
+    """Worker -> owner: the signed outcome of a unit."""
+
+    TYPE: ClassVar[str] = "result"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    ok: bool
+    error: str  # why the unit failed, when not ok
+    weights_sha256: str  # "" when not ok
+    weights_size: int
+    weights_grant: bytes  # signed BlobGrant from the worker for the weights blob
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    samples: int = 0
+    wall_time_s: float = 0.0
+    device: str = ""
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        _check_sha(self.weights_sha256, f"{path}.weights_sha256", allow_empty=not self.ok)
+        _require(self.weights_size >= 0, f"{path}.weights_size", "must be >= 0")
+        _require(len(self.error) <= 4000, f"{path}.error", "must be <= 4000 chars")
+        _check_metrics(self.metrics, f"{path}.metrics")
+        _require(self.steps >= 0 and self.samples >= 0, f"{path}.steps", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Owner -> worker: the owner verified the result and stored the weights."""
+
+    TYPE: ClassVar[str] = "receipt"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    unit_id: str
+    owner: str
+    worker: str
+    weights_sha256: str
+    steps: int
+    samples: int
+    metrics: dict[str, float]
+    issued_at: float
+
+    def check(self, path: str) -> None:
+        _check_ids(self, path)
+        _check_sha(self.weights_sha256, f"{path}.weights_sha256")
+        _check_metrics(self.metrics, f"{path}.metrics")
+
+
+@dataclass(frozen=True)
+class ReceiptReply:
+    """Result stream answer: a receipt, or the reason the result was rejected."""
+
+    TYPE: ClassVar[str] = "receipt_reply"
+    VERSION: ClassVar[int] = 1
+
+    accepted: bool
+    reason: str
+    receipt: bytes  # signed Receipt envelope when accepted, else b""
