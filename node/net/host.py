@@ -223,13 +223,15 @@ class MeshHost:
 
     # -- request/response streams --------------------------------------------------
 
-    def serve(self, protocol: str, handler: Handler, max_request: int) -> None:
+    def serve(
+        self, protocol: str, handler: Handler, max_request: int, timeout: float = 30.0
+    ) -> None:
         """Answer one length-prefixed request per stream on `protocol`."""
 
         async def _on_stream(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
             try:
-                with trio.fail_after(30):
+                with trio.fail_after(timeout):
                     request = await read_frame(stream, max_request)
                     await write_frame(stream, await handler(peer, request))
             except Exception as exc:
