@@ -46,3 +46,9 @@ class ReplayedMessage(ProtocolError):
     """A message's sequence number is not newer than one already seen."""
 
     reason = "replay"
+
+
+class DecryptError(ProtocolError):
+    """Ciphertext does not decrypt: wrong key, not meant for us, tampered or truncated."""
+
+    reason = "undecryptable"
