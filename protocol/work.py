@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from protocol.codec import Limits
+from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 
 #: offers carry a sealed spec and a grant; results carry metrics: small messages
@@ -204,3 +204,18 @@ class ReceiptReply:
     accepted: bool
     reason: str
     receipt: bytes  # signed Receipt envelope when accepted, else b""
+
+
+def encode_ack(ok: bool, reason: str = "") -> bytes:
+    """The owner's answer to a progress message: keep going, or stop (and why).
+
+    Unsigned: it travels on the libp2p stream the worker opened, whose peer is
+    authenticated by Noise."""
+    return encode({"ok": ok, "reason": reason[:1000]})
+
+
+def decode_ack(data: bytes) -> tuple[bool, str]:
+    value = decode(data, Limits(max_bytes=4096, max_depth=1, max_container_len=4))
+    if not isinstance(value, dict) or not isinstance(value.get("ok"), bool):
+        raise DecodeError("not a progress acknowledgement")
+    return value["ok"], str(value.get("reason", ""))[:1000]
