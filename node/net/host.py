@@ -45,6 +45,7 @@ GOSSIPSUB_PROTOCOLS = [TProtocol("/meshsub/1.1.0"), TProtocol("/meshsub/1.2.0")]
 _LEN = struct.Struct(">I")
 
 Handler = Callable[[str, bytes], Awaitable[bytes]]
+StreamHandler = Callable[[str, INetStream], Awaitable[None]]
 
 
 class HostError(Exception):
@@ -259,6 +260,48 @@ class MeshHost:
         except Exception as exc:
             raise HostError(
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def serve_stream(self, protocol: str, handler: StreamHandler) -> None:
+        """Hand each incoming stream on `protocol` to `handler(remote peer id, stream)`.
+
+        For exchanges that are more than one small request and response (bulk blob
+        transfer): the handler reads and writes the raw stream itself, with its own
+        size bounds and timeouts. The peer id is the one libp2p authenticated (Noise
+        handshake), so the handler may rely on it. When the handler returns, the stream
+        is closed; if it raises, the error is logged and the stream reset."""
+
+        async def _on_stream(stream: INetStream) -> None:
+            peer = stream.muxed_conn.peer_id.to_base58()
+            try:
+                await handler(peer, stream)
+            except Exception as exc:
+                log.info(
+                    "%s stream from %s failed: %s: %s", protocol, peer, type(exc).__name__, exc
+                )
+                with suppress(Exception):
+                    await stream.reset()
+                return
+            with suppress(Exception):
+                await stream.close()
+
+        self._host.set_stream_handler(TProtocol(protocol), _on_stream)
+
+    async def open_stream(
+        self, peer_id: str, protocol: str, *, timeout: float = 15.0
+    ) -> INetStream:
+        """Open a stream to `peer_id` on `protocol` (dialling it if needed) for the caller
+        to read and write; the caller closes or resets it. Raises `HostError`."""
+        try:
+            pid = ID.from_base58(peer_id)
+        except Exception as exc:
+            raise HostError(f"{peer_id[:80]!r} is not a peer id") from exc
+        try:
+            with trio.fail_after(timeout):
+                return await self._host.new_stream(pid, [TProtocol(protocol)])
+        except Exception as exc:
+            raise HostError(
+                f"could not open a {protocol} stream to {peer_id}: {type(exc).__name__}: {exc}"
             ) from exc
 
 

@@ -1,0 +1,1 @@
+"""Work: jobs, scheduling, leases, execution, blob storage and transfer."""
