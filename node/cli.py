@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from node import __version__
+from node import __version__, cli_jobs
 from node.client import ApiError, NodeUnreachable, api_url, get_json
 
 app = typer.Typer(
@@ -201,6 +201,9 @@ def peers(api: ApiOption = None) -> None:
             seen,
         )
     console.print(table)
+
+
+cli_jobs.register(app, node_app)
 
 
 @app.command()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 DEFAULT_API = "http://127.0.0.1:8470"
@@ -42,6 +45,11 @@ def request_json(
         req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    return _send(req, api, f"{method} {path}", timeout)
+
+
+def _send(req: urllib.request.Request, api: str, what: str, timeout: float) -> Any:
+    """Send `req`; the JSON answer, or ApiError with the node's message, or NodeUnreachable."""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
@@ -50,10 +58,51 @@ def request_json(
             message = json.loads(exc.read()).get("error", exc.reason)
         except ValueError:
             message = exc.reason
-        raise ApiError(f"{method} {path}: {exc.code} {message}") from exc
+        raise ApiError(f"{what}: {exc.code} {message}") from exc
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         raise NodeUnreachable(
             f"no meshminer node is answering at {api} ({getattr(exc, 'reason', exc)}).\n"
             "Start one with `meshminer node run`, or point at another with --api URL "
             "(or MESHMINER_API)."
         ) from exc
+
+
+def submit_job(
+    api: str, spec_text: str, data_file: Path | None, token: str | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """POST /api/v1/jobs as multipart/form-data: the spec TOML and, streamed, its data."""
+    boundary = f"meshminer-{secrets.token_hex(12)}"
+    spec_part = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="spec"; '
+            f'filename="spec.toml"\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n'
+        ).encode()
+        + spec_text.encode()
+        + b"\r\n"
+    )
+    tail = f"--{boundary}--\r\n".encode()
+    file_head = b""
+    length = len(spec_part) + len(tail)
+    if data_file is not None:
+        file_head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="data"; '
+            f'filename="{data_file.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        length += len(file_head) + data_file.stat().st_size + 2
+
+    def body() -> Iterator[bytes]:
+        yield spec_part
+        if data_file is not None:
+            yield file_head
+            with open(data_file, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+            yield b"\r\n"
+        yield tail
+
+    req = urllib.request.Request(f"{api}/api/v1/jobs", data=body(), method="POST")
+    req.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+    req.add_header("Content-Length", str(length))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    return _send(req, api, "submit", timeout)

@@ -61,6 +61,13 @@ class Settings:
         default=8,
         metadata=_meta("connect to peers learned from ads until this many are connected"),
     )
+    lease_s: float = field(
+        default=15.0,
+        metadata=_meta("seconds a worker may go without a heartbeat before its unit is re-offered"),
+    )
+    max_upload_mb: int = field(
+        default=1024, metadata=_meta("largest data file the API accepts with a job, in MiB")
+    )
     # [policy]: the owner's terms, advertised in every capacity ad
     accepting: bool = field(
         default=True, metadata=_meta("accept work from peers", section="policy")
@@ -74,6 +81,15 @@ class Settings:
     max_gpu_memory_share: float = field(
         default=0.9,
         metadata=_meta("largest share of GPU memory a job may use (0-1]", section="policy"),
+    )
+
+    allow_owners: list[str] = field(
+        default_factory=list,
+        metadata=_meta("if not empty, take work only from these peer ids", section="policy"),
+    )
+    deny_owners: list[str] = field(
+        default_factory=list,
+        metadata=_meta("never take work from these peer ids", section="policy"),
     )
 
     @property
@@ -90,6 +106,8 @@ class Settings:
         _check_range("peer_ttl_s", self.peer_ttl_s >= 0, "must be >= 0")
         _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
+        _check_range("lease_s", 3 <= self.lease_s <= 3600, "must be 3..3600")
+        _check_range("max_upload_mb", self.max_upload_mb > 0, "must be > 0")
         _check_range("load_limit_pct", 0 <= self.load_limit_pct <= 100, "must be 0..100")
         _check_range("max_job_hours", self.max_job_hours > 0, "must be > 0")
         _check_range(

@@ -7,8 +7,10 @@ listener included) and SQLite, within a few seconds.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,24 @@ from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.store import next_counter, open_node_db
-from node.web.api import make_app
-from protocol import CapacityAd, Policy, seal
+from node.web.api import WriteGuard, make_app
+from node.web.jobs_api import job_routes
+from node.work.blobs import BlobStore
+from node.work.context import WorkContext
+from node.work.jobs import JobStore
+from node.work.service import SubmitError, WorkService
+from protocol import CapacityAd, Policy, ProtocolError, seal
 from protocol.capacity import MAX_ADDRS
 from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
+
+
+POLICY_FIELDS = ("accepting", "load_limit_pct", "max_job_hours", "max_gpu_memory_share")
+
+
+class PolicyError(ValueError):
+    """A policy change was refused; the message names the field."""
 
 
 class Node:
@@ -64,6 +78,7 @@ class Node:
         self.load_pct = 0
         self.started = time.time()
         self.gossip: CapacityGossip | None = None
+        self.work: WorkService | None = None
 
     def ad(self, seq: int = 0) -> CapacityAd:
         return CapacityAd(
@@ -108,12 +123,53 @@ class Node:
         self.node_metrics.peers.set(len(self.peer_table))
         return self.node_metrics.render()
 
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change the policy at runtime (pause/resume, limits); the next ad says so.
+
+        `running`: "finish" (default) lets a running unit complete; "hand_back" stops
+        it and returns it to its owner, who re-offers it elsewhere.
+        """
+        changes = dict(changes)
+        running = changes.pop("running", "finish")
+        if running not in ("finish", "hand_back"):
+            raise PolicyError("'running' must be 'finish' or 'hand_back'")
+        fields = {f: type(getattr(self.policy, f)) for f in POLICY_FIELDS}
+        for key, value in changes.items():
+            if key not in fields:
+                raise PolicyError(f"unknown policy field {key!r}; known: {', '.join(fields)}")
+            expected = fields[key]
+            ok = (
+                isinstance(value, bool)
+                if expected is bool
+                else (isinstance(value, int | float) and not isinstance(value, bool))
+            )
+            if not ok:
+                raise PolicyError(f"policy field {key!r} must be {expected.__name__}")
+        policy = replace(self.policy, **{k: fields[k](v) for k, v in changes.items()})
+        try:
+            policy.check("policy")
+        except ProtocolError as exc:
+            raise PolicyError(str(exc)) from exc
+        self.policy = policy
+        log.info("policy changed: %s", to_plain(policy))
+        if self.work is not None and self.work.worker is not None and not policy.accepting:
+            self.work.worker.stop_current(hand_back=running == "hand_back")
+        self._ad_changed()
+        return to_plain(policy)
+
+    def set_load(self, load_pct: int) -> None:
+        self.load_pct = load_pct
+        self._ad_changed()
+
+    def _ad_changed(self) -> None:
+        if self.gossip is not None:
+            self.gossip.changed()
+
     async def refresh_capacity(self) -> dict[str, Any]:
         """Re-run the throughput benchmark and advertise the new figure."""
         self.capacity = await trio.to_thread.run_sync(local_capacity, self.data_dir, True)
         log.info("capacity refreshed: %.3f TFLOP/s", self.capacity.tflops)
-        if self.gossip is not None:
-            self.gossip.changed()
+        self._ad_changed()
         return self.status()["capacity"]
 
 
@@ -158,13 +214,35 @@ async def _serve(
             host, peers, metrics, node.signed_ad, settings.publish_interval_s
         )
         async with trio.open_nursery() as nursery:
+            node.work = work = WorkService(
+                WorkContext(
+                    identity=identity,
+                    host=host,
+                    peers=peers,
+                    jobs=JobStore(db),
+                    blobs=BlobStore(data_dir / "blobs"),
+                    data_dir=data_dir,
+                    own_ad=node.ad,
+                    policy=lambda: node.policy,
+                    allow_owners=settings.allow_owners,
+                    deny_owners=settings.deny_owners,
+                    lease_s=settings.lease_s,
+                ),
+                on_load=node.set_load,
+                memory_limit_mb=_memory_limit_mb(),
+            )
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)
-            app = make_app(node, bridge, token=token, bind_host=http_host)
+            guard = WriteGuard(token, http_host)
+            routes = job_routes(
+                work, bridge, guard, data_dir / "uploads", settings.max_upload_mb << 20, SubmitError
+            )
+            app = make_app(node, bridge, guard, routes)
             http = HttpServerThread(app, http_host, int(http_port))
             await trio.to_thread.run_sync(http.start)
             try:
                 await node.gossip.start()
                 nursery.start_soon(node.gossip.run)
+                nursery.start_soon(work.run)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
                 log.info(
                     "node %s up: libp2p %s, API http://%s",
@@ -179,3 +257,12 @@ async def _serve(
             finally:
                 await trio.to_thread.run_sync(http.stop)
                 nursery.cancel_scope.cancel()
+
+
+def _memory_limit_mb() -> int:
+    """Half this machine's memory for a training subprocess (0 when unknown)."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+    return int(pages * page_size / 2 / 2**20)

@@ -28,6 +28,7 @@ class NodeState(Protocol):
     def peers(self) -> list[dict[str, Any]]: ...
     def metrics(self) -> bytes: ...
     async def refresh_capacity(self) -> dict[str, Any]: ...
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def is_loopback(host: str) -> bool:
@@ -41,6 +42,17 @@ def is_loopback(host: str) -> bool:
 
 def json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body, or a 400 that says what is wrong with it."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return body
 
 
 @web.middleware
@@ -60,18 +72,31 @@ async def _errors(
         return json_error(500, "internal error; see the node log")
 
 
-def make_app(node: NodeState, bridge: TrioBridge, *, token: str, bind_host: str) -> web.Application:
-    writes_open = is_loopback(bind_host)
+class WriteGuard:
+    """Writes are open on a loopback bind; otherwise they need the node's API token."""
 
-    def require_write(request: web.Request) -> None:
-        if writes_open:
+    def __init__(self, token: str, bind_host: str) -> None:
+        self._token = token.encode()
+        self.open = is_loopback(bind_host)
+
+    def check(self, request: web.Request) -> None:
+        if self.open:
             return
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        if not hmac.compare_digest(given.encode(), self._token):
             raise web.HTTPUnauthorized(
                 text="this node's API is not bound to loopback: writes need "
                 "'Authorization: Bearer <token>' with the token from api.token in its data dir"
             )
+
+
+def make_app(
+    node: NodeState,
+    bridge: TrioBridge,
+    guard: WriteGuard,
+    extra_routes: Callable[[web.Application], None] | None = None,
+) -> web.Application:
+    """The node's HTTP app; `extra_routes` adds feature routes (jobs, ...)."""
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(await bridge.call(node.status))
@@ -84,8 +109,16 @@ def make_app(node: NodeState, bridge: TrioBridge, *, token: str, bind_host: str)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def refresh_capacity(request: web.Request) -> web.Response:
-        require_write(request)
+        guard.check(request)
         return web.json_response(await bridge.call_async(node.refresh_capacity))
+
+    async def set_policy(request: web.Request) -> web.Response:
+        guard.check(request)
+        body = await json_body(request)
+        try:
+            return web.json_response(await bridge.call(node.set_policy, body))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
 
     async def not_found(request: web.Request) -> web.Response:
         return json_error(404, f"no such endpoint: {request.method} {request.path}")
@@ -94,6 +127,9 @@ def make_app(node: NodeState, bridge: TrioBridge, *, token: str, bind_host: str)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/peers", peers)
     app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
+    app.router.add_put("/api/v1/policy", set_policy)
     app.router.add_get("/metrics", metrics)
+    if extra_routes is not None:
+        extra_routes(app)
     app.router.add_route("*", "/api/{tail:.*}", not_found)
     return app

@@ -1,0 +1,264 @@
+"""CLI commands about jobs: submit, jobs, jobs show, train-local; node pause/resume."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from node.client import ApiError, NodeUnreachable, api_url, get_json, request_json, submit_job
+
+console = Console()
+err = Console(stderr=True)
+
+FINAL = ("completed", "failed", "cancelled")
+
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api",
+        help="node API URL [env MESHMINER_API; default http://127.0.0.1:8470]",
+        show_default=False,
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        help="API token for a node not bound to loopback [env MESHMINER_TOKEN]",
+        show_default=False,
+    ),
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except (NodeUnreachable, ApiError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def register(app: typer.Typer, node_app: typer.Typer) -> None:
+    jobs_app = typer.Typer(
+        help="List jobs, or show one.", invoke_without_command=True, rich_markup_mode=None
+    )
+    app.add_typer(jobs_app, name="jobs")
+
+    @app.command()
+    def submit(
+        spec: Annotated[Path, typer.Argument(help="job spec (TOML)", exists=True, dir_okay=False)],
+        wait: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
+        api: ApiOption = None,
+        token: TokenOption = None,
+    ) -> None:
+        """Submit a training job to your node (data files are uploaded with it)."""
+        from training.spec import SpecError, load_spec, local_files
+
+        url = api_url(api)
+        try:
+            parsed = load_spec(spec)
+        except (SpecError, OSError) as exc:
+            raise _fail(f"{spec}: {exc}", 2) from None
+        files = local_files(parsed)
+        if len(files) > 1:
+            raise _fail("a job takes one data file", 2)
+        job = _call(
+            submit_job,
+            url,
+            spec.read_text(),
+            files[0] if files else None,
+            token or os.environ.get("MESHMINER_TOKEN"),
+        )
+        console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) submitted: {job['state']}")
+        if wait:
+            raise typer.Exit(_follow(url, job["id"]))
+
+    @jobs_app.callback()
+    def jobs(ctx: typer.Context, api: ApiOption = None) -> None:
+        """List this node's jobs: state, worker, progress, metrics."""
+        if ctx.invoked_subcommand is not None:
+            return
+        rows = _call(get_json, api_url(api), "/api/v1/jobs")
+        table = Table(title=f"{len(rows)} jobs")
+        for column in ("id", "name", "state", "worker", "progress", "metrics"):
+            table.add_column(column)
+        for job in rows:
+            table.add_row(
+                job["id"],
+                job["name"],
+                _state(job),
+                _short(job["worker"]),
+                _progress(job),
+                _metrics(job["metrics"]),
+            )
+        console.print(table)
+
+    @jobs_app.command("show")
+    def show(job_id: str, api: ApiOption = None) -> None:
+        """Everything about one job: spec, timeline, progress, result."""
+        url = api_url(api)
+        job = _call(get_json, url, f"/api/v1/jobs/{job_id}")
+        table = Table(show_header=False, box=None)
+        table.add_row("id", job["id"])
+        table.add_row("name", job["name"])
+        table.add_row("state", _state(job))
+        table.add_row("worker", job["worker"] or "-")
+        table.add_row("progress", _progress(job))
+        table.add_row("metrics", _metrics(job["metrics"]) or "-")
+        if job["weights_sha256"]:
+            table.add_row(
+                "weights",
+                f"{url}/api/v1/jobs/{job['id']}/weights (sha256 {job['weights_sha256'][:16]}…)",
+            )
+        table.add_row("model", str(job["spec"].get("model", {})))
+        table.add_row("data", str(job["spec"].get("data", {}).get("source", "")))
+        console.print(table)
+        timeline = Table(title="timeline")
+        timeline.add_column("time")
+        timeline.add_column("state")
+        timeline.add_column("what")
+        for entry in job["timeline"]:
+            timeline.add_row(
+                time.strftime("%H:%M:%S", time.localtime(entry["t"])), entry["state"], entry["note"]
+            )
+        console.print(timeline)
+
+    @app.command("train-local")
+    def train_local_cmd(
+        spec: Annotated[Path, typer.Argument(help="job spec (TOML)", exists=True, dir_okay=False)],
+        out: Annotated[Path, typer.Option("--out", help="where to write the weights")] = Path(
+            "weights.safetensors"
+        ),
+    ) -> None:
+        """Train a spec on this machine, no network: what a peer would return."""
+        from training.local import train_local
+
+        from training.spec import SpecError, load_spec
+
+        try:
+            parsed = load_spec(spec)
+        except (SpecError, OSError) as exc:
+            raise _fail(f"{spec}: {exc}", 2) from None
+        with _bar() as bar:
+            task = bar.add_task("training", total=None, loss="")
+
+            def emit(event: dict[str, Any]) -> None:
+                if event.get("event") == "progress":
+                    bar.update(
+                        task,
+                        total=event["total_steps"],
+                        completed=event["step"],
+                        loss=f"loss {event['loss']:.4f}",
+                    )
+
+            try:
+                result = train_local(parsed, out, emit=emit)
+            except (SpecError, ValueError, OSError) as exc:
+                raise _fail(str(exc)) from None
+        console.print(f"weights: {out} (sha256 {result['weights_sha256'][:16]}…)")
+        console.print(f"metrics: {_metrics(result.get('metrics', {}))}")
+
+    def _policy_change(api: str | None, token: str | None, body: dict[str, Any]) -> None:
+        url = api_url(api)
+        policy = _call(
+            request_json,
+            url,
+            "PUT",
+            "/api/v1/policy",
+            body,
+            token or os.environ.get("MESHMINER_TOKEN"),
+        )
+        console.print(f"accepting work: {policy['accepting']}")
+
+    @node_app.command("pause")
+    def pause(
+        hand_back: Annotated[
+            bool,
+            typer.Option(
+                help="stop the running unit and return it to its owner (default: finish it)"
+            ),
+        ] = False,
+        api: ApiOption = None,
+        token: TokenOption = None,
+    ) -> None:
+        """Stop accepting work; the next capacity ad says so."""
+        _policy_change(
+            api, token, {"accepting": False, "running": "hand_back" if hand_back else "finish"}
+        )
+
+    @node_app.command("resume")
+    def resume(api: ApiOption = None, token: TokenOption = None) -> None:
+        """Accept work again."""
+        _policy_change(api, token, {"accepting": True})
+
+
+def _follow(url: str, job_id: str) -> int:
+    """Show a live progress bar with the loss until the job ends; 0 if it completed."""
+    with _bar() as bar:
+        task = bar.add_task("queued", total=None, loss="")
+        while True:
+            job = _call(get_json, url, f"/api/v1/jobs/{job_id}")
+            p = job["progress"]
+            label = f"{job['state']}" + (f" on {_short(job['worker'])}" if job["worker"] else "")
+            loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else (job["reason"][:60])
+            bar.update(
+                task,
+                description=label,
+                total=p.get("total_steps") or None,
+                completed=p.get("step", 0),
+                loss=loss,
+            )
+            if job["state"] in FINAL:
+                break
+            time.sleep(0.5)
+    if job["state"] != "completed":
+        err.print(f"job {job_id} {job['state']}: {job['reason']}", highlight=False)
+        return 1
+    console.print(f"completed by {job['worker']}: {_metrics(job['metrics'])}")
+    console.print(f"weights: {url}/api/v1/jobs/{job_id}/weights")
+    return 0
+
+
+def _bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("{task.fields[loss]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _short(peer_id: str) -> str:
+    return f"{peer_id[:8]}…{peer_id[-6:]}" if peer_id else "-"
+
+
+def _state(job: dict[str, Any]) -> str:
+    return job["state"] + (
+        f" ({job['reason']})" if job["reason"] and job["state"] in ("queued", "failed") else ""
+    )
+
+
+def _progress(job: dict[str, Any]) -> str:
+    p = job["progress"]
+    if not p.get("total_steps"):
+        return "-"
+    loss = f", loss {p['loss']:.4f}" if p.get("loss") is not None else ""
+    return f"{p['step']}/{p['total_steps']}{loss}"
+
+
+def _metrics(metrics: dict[str, Any]) -> str:
+    keys = ("val_accuracy", "val_loss", "train_loss")
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if isinstance(metrics.get(k), float))

@@ -1,0 +1,144 @@
+"""Job routes: submit (spec + uploaded data), list, show, weights, cancel.
+
+Uploaded data is streamed to a temporary file in the data dir with a size cap, then
+handed to the work service, which stores it as a content-addressed blob. The API
+never opens a server path named by a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import BodyPartReader, web
+
+from node.net.bridge import TrioBridge
+from node.web.api import WriteGuard, json_body
+
+MAX_SPEC_BYTES = 64 * 1024
+JOB_ID = r"{job_id:[0-9a-f]{16}}"
+
+
+class Jobs(Protocol):
+    async def submit(self, spec_toml: str, upload: Path | None, filename: str) -> dict: ...
+    def jobs(self) -> list[dict[str, Any]]: ...
+    def job(self, job_id: str) -> dict[str, Any] | None: ...
+    def weights_path(self, job_id: str) -> Path | None: ...
+    def cancel(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+def job_routes(
+    jobs: Jobs,
+    bridge: TrioBridge,
+    guard: WriteGuard,
+    upload_dir: Path,
+    max_upload_bytes: int,
+    submit_error: type[Exception],
+):
+    """Returns a function that adds the job routes to an app."""
+
+    async def submit(request: web.Request) -> web.Response:
+        guard.check(request)
+        upload_dir.mkdir(parents=True, exist_ok=True)
+        upload = upload_dir / f"upload-{secrets.token_hex(8)}"
+        try:
+            spec, filename, has_file = await _read_submission(request, upload, max_upload_bytes)
+            try:
+                job = await bridge.call_async(
+                    jobs.submit, spec, upload if has_file else None, filename
+                )
+            except submit_error as exc:
+                raise web.HTTPBadRequest(text=str(exc)) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                upload.unlink()
+        return web.json_response(job, status=201)
+
+    async def list_jobs(request: web.Request) -> web.Response:
+        return web.json_response(await bridge.call(jobs.jobs))
+
+    async def show(request: web.Request) -> web.Response:
+        job = await bridge.call(jobs.job, request.match_info["job_id"])
+        if job is None:
+            raise web.HTTPNotFound(text=f"no job {request.match_info['job_id']} on this node")
+        return web.json_response(job)
+
+    async def weights(request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        path = await bridge.call(jobs.weights_path, job_id)
+        if path is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no weights (unknown or not completed)")
+        return web.FileResponse(
+            path,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Disposition": f'attachment; filename="{job_id}.safetensors"',
+            },
+        )
+
+    async def cancel(request: web.Request) -> web.Response:
+        guard.check(request)
+        job = await bridge.call(jobs.cancel, request.match_info["job_id"])
+        if job is None:
+            raise web.HTTPNotFound(text=f"no job {request.match_info['job_id']} on this node")
+        return web.json_response(job)
+
+    def add(app: web.Application) -> None:
+        app.router.add_post("/api/v1/jobs", submit)
+        app.router.add_get("/api/v1/jobs", list_jobs)
+        app.router.add_get(f"/api/v1/jobs/{JOB_ID}", show)
+        app.router.add_get(f"/api/v1/jobs/{JOB_ID}/weights", weights)
+        app.router.add_post(f"/api/v1/jobs/{JOB_ID}/cancel", cancel)
+
+    return add
+
+
+async def _read_submission(
+    request: web.Request, upload: Path, max_bytes: int
+) -> tuple[str, str, bool]:
+    """(spec TOML, data file name, whether a data file was uploaded to `upload`)."""
+    if request.content_type == "application/json":
+        body = await json_body(request)
+        spec = body.get("spec")
+        if not isinstance(spec, str):
+            raise web.HTTPBadRequest(text="'spec' must be the job spec as TOML text")
+        return spec, "", False
+    if request.content_type != "multipart/form-data":
+        raise web.HTTPUnsupportedMediaType(
+            text="send multipart/form-data (fields 'spec' and optional file 'data') or JSON "
+            '{"spec": "..."}'
+        )
+    reader = await request.multipart()
+    spec: str | None = None
+    filename, has_file = "", False
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise web.HTTPBadRequest(text="nested multipart is not accepted")
+        if part.name == "spec":
+            raw = await part.read(decode=False)
+            if len(raw) > MAX_SPEC_BYTES:
+                raise web.HTTPRequestEntityTooLarge(max_size=MAX_SPEC_BYTES, actual_size=len(raw))
+            spec = raw.decode("utf-8", errors="replace")
+        elif part.name == "data":
+            if has_file:
+                raise web.HTTPBadRequest(text="one data file per job")
+            filename = Path(part.filename or "data").name
+            await _save_part(part, upload, max_bytes)
+            has_file = True
+        else:
+            raise web.HTTPBadRequest(text=f"unexpected form field {part.name!r}")
+    if spec is None:
+        raise web.HTTPBadRequest(text="the form has no 'spec' field (the job spec as TOML)")
+    return spec, filename, has_file
+
+
+async def _save_part(part: BodyPartReader, path: Path, max_bytes: int) -> None:
+    size = 0
+    with open(path, "wb") as f:
+        while chunk := await part.read_chunk(1 << 20):
+            size += len(chunk)
+            if size > max_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size)
+            f.write(chunk)

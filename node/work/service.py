@@ -1,0 +1,187 @@
+"""The node's work service: stores, the blob server, the owner and worker roles, and
+the calls the HTTP API makes about jobs (all in the trio thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.work.context import WorkContext
+from node.work.jobs import Job
+from node.work.owner import OwnerRole
+from node.work.transfer import BlobServer, serve_blobs_libp2p
+from node.work.worker import WorkerRole
+from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.work import WORK_LIMITS
+
+log = logging.getLogger(__name__)
+
+#: the upload's suffix tells the owner what format a data file is in
+UPLOAD_FORMATS = {".csv": "csv", ".npz": "npz", ".safetensors": "safetensors", ".txt": "text"}
+
+
+class SubmitError(ValueError):
+    """A job could not be accepted; the message names the field and what to do."""
+
+
+def runner_request(
+    spec: dict[str, Any],
+    blobs: dict[str, str],
+    out: Path,
+    *,
+    gpu_memory_fraction: float,
+    memory_limit_mb: int,
+) -> dict[str, Any]:
+    device = "cpu" if spec.get("requirements", {}).get("gpu") == "none" else "auto"
+    return {
+        "spec": spec,
+        "blobs": blobs,
+        "out": str(out),
+        "device": device,
+        "gpu_memory_fraction": gpu_memory_fraction,
+        "memory_limit_mb": memory_limit_mb,
+    }
+
+
+def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
+    """A spec from a peer: parse and re-validate it here; returns its plain form."""
+    from training.spec import parse_spec, spec_to_plain
+
+    return spec_to_plain(parse_spec(plain))
+
+
+class WorkService:
+    def __init__(self, ctx: WorkContext, on_load: Any, memory_limit_mb: int) -> None:
+        self.ctx = ctx
+        self._memory_limit_mb = memory_limit_mb
+        self._on_load = on_load
+        self.blob_server = BlobServer(
+            ctx.blobs, ctx.identity, "0.0.0.0", 0, lambda job, unit: ctx.grant_keys.get((job, unit))
+        )
+        self.owner = OwnerRole(ctx, self._request)
+        self.worker: WorkerRole | None = None
+
+    def _request(self, spec: dict[str, Any], blobs: dict[str, str], out: Path) -> dict[str, Any]:
+        return runner_request(
+            spec,
+            blobs,
+            out,
+            gpu_memory_fraction=self.ctx.policy().max_gpu_memory_share,
+            memory_limit_mb=self._memory_limit_mb,
+        )
+
+    async def run(self) -> None:
+        self.ctx.data_port = await trio.to_thread.run_sync(self.blob_server.start)
+        try:
+            async with trio.open_nursery() as nursery:
+                self.worker = WorkerRole(
+                    self.ctx, self._request, validate_wire_spec, self._on_load, nursery
+                )
+                host = self.ctx.host
+                host.serve(TASK_PROTOCOL, self.worker.handle_offer, WORK_LIMITS.max_bytes)
+                host.serve(PROGRESS_PROTOCOL, self.owner.handle_progress, WORK_LIMITS.max_bytes)
+                host.serve(
+                    RESULT_PROTOCOL, self.owner.handle_result, WORK_LIMITS.max_bytes, timeout=900
+                )
+                serve_blobs_libp2p(
+                    host,
+                    self.ctx.blobs,
+                    self.ctx.identity,
+                    lambda job, unit: self.ctx.grant_keys.get((job, unit)),
+                )
+                log.info("blob data channel on port %d", self.ctx.data_port)
+                nursery.start_soon(self.owner.run)
+                await trio.sleep_forever()
+        finally:
+            await trio.to_thread.run_sync(self.blob_server.stop)
+
+    # -- the API's calls -------------------------------------------------------------
+
+    async def submit(self, spec_toml: str, upload: Path | None, filename: str) -> dict[str, Any]:
+        """Validate a spec (and its uploaded data), store both, queue the job."""
+        from training.spec import (
+            SpecError,
+            local_files,
+            parse_spec,
+            spec_to_plain,
+            validate_for_submit,
+            with_blob_source,
+        )
+
+        try:
+            spec = parse_spec(tomllib.loads(spec_toml))
+        except tomllib.TOMLDecodeError as exc:
+            raise SubmitError(f"the job spec is not valid TOML: {exc}") from exc
+        except SpecError as exc:
+            raise SubmitError(str(exc)) from exc
+        needs = local_files(spec)
+        blobs: list[str] = []
+        data_path: Path | None = None
+        if needs:
+            if upload is None:
+                raise SubmitError(
+                    f"data.source names a local file ({needs[0].name}): upload it with the "
+                    "spec (`meshminer submit` does this); the API never reads server paths"
+                )
+            fmt = (
+                "text"
+                if str(spec.data.source).startswith("builtin:text:")
+                else (UPLOAD_FORMATS.get(Path(filename).suffix.lower()))
+            )
+            if fmt is None:
+                raise SubmitError(
+                    f"data file {filename!r}: use .csv, .npz or .safetensors "
+                    "(pickle and .pt files are never accepted)"
+                )
+            sha = await trio.to_thread.run_sync(self.ctx.blobs.put_file, upload)
+            blobs.append(sha)
+            spec = with_blob_source(spec, sha, fmt)
+            data_path = self.ctx.blobs.path(sha)
+        try:
+            summary = await trio.to_thread.run_sync(validate_for_submit, spec, data_path)
+        except (SpecError, ValueError) as exc:
+            raise SubmitError(str(exc)) from exc
+        job = self.ctx.jobs.create(
+            spec.name, spec_to_plain(spec), spec.placement, _plain(summary), blobs
+        )
+        log.info("job %s (%s) submitted", job.id, job.name)
+        self.owner.wake()
+        return job.to_json()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return [_brief(job) for job in self.ctx.jobs.list()]
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        job = self.ctx.jobs.get(job_id)
+        return None if job is None else job.to_json()
+
+    def weights_path(self, job_id: str) -> Path | None:
+        job = self.ctx.jobs.get(job_id)
+        if job is None or not job.weights_sha256 or not self.ctx.blobs.has(job.weights_sha256):
+            return None
+        return self.ctx.blobs.path(job.weights_sha256)
+
+    def cancel(self, job_id: str) -> dict[str, Any] | None:
+        job = self.owner.cancel(job_id)
+        return None if job is None else job.to_json()
+
+
+def _brief(job: Job) -> dict[str, Any]:
+    out = job.to_json()
+    out["progress"] = {k: v for k, v in job.progress.items() if k != "history"}
+    out.pop("spec")
+    out.pop("timeline")
+    return out
+
+
+def _plain(summary: Any) -> dict[str, Any]:
+    if isinstance(summary, dict):
+        return summary
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(summary) if is_dataclass(summary) else {"summary": str(summary)}
