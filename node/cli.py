@@ -103,6 +103,22 @@ def node_run(
     max_gpu_memory_share: Annotated[
         float | None, typer.Option(help="largest GPU memory share per job (0-1] [default 0.9]")
     ] = None,
+    lease: Annotated[
+        float | None,
+        typer.Option(
+            help="seconds without a worker heartbeat before its unit is re-offered [default 15]"
+        ),
+    ] = None,
+    max_upload_mb: Annotated[
+        int | None, typer.Option(help="largest data file accepted with a job [default 1024]")
+    ] = None,
+    allow_owner: Annotated[
+        list[str] | None,
+        typer.Option(help="take work only from this peer id (repeatable)"),
+    ] = None,
+    deny_owner: Annotated[
+        list[str] | None, typer.Option(help="never take work from this peer id (repeatable)")
+    ] = None,
     rebenchmark: Annotated[
         bool, typer.Option(help="re-measure TFLOP/s instead of using the cached figure")
     ] = False,
@@ -134,6 +150,10 @@ def node_run(
         "load_limit_pct": load_limit,
         "max_job_hours": max_job_hours,
         "max_gpu_memory_share": max_gpu_memory_share,
+        "lease_s": lease,
+        "max_upload_mb": max_upload_mb,
+        "allow_owners": allow_owner or None,
+        "deny_owners": deny_owner or None,
     }
     try:
         settings = load_settings(directory, overrides)

@@ -1,0 +1,165 @@
+"""End to end on real node processes: submit on one node, a peer trains, signed weights
+come back; a vanished worker's unit is re-offered; a paused node gets no work."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from node.localnet import LocalNetwork, LocalNode, wait_for
+
+pytestmark = pytest.mark.slow
+
+DIGITS = """
+name = "digits-mlp"
+mode = "single"
+seed = 0
+[model]
+arch = "mlp"
+hidden = [32]
+activation = "relu"
+[data]
+source = "builtin:digits"
+batch_size = 64
+validation = 0.2
+[optim]
+name = "adamw"
+lr = 3e-3
+steps = {steps}
+[requirements]
+gpu = "preferred"
+"""
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def _spec(tmp_path: Path, steps: int, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(DIGITS.format(steps=steps))
+    return path
+
+
+def _job(node: LocalNode, job_id: str) -> dict:
+    return node.get(f"/api/v1/jobs/{job_id}")
+
+
+def _submit(node: LocalNode, spec: Path) -> str:
+    out = _cli("submit", str(spec), "--api", node.api)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+
+
+def test_a_peer_trains_the_job_and_signed_weights_come_back(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner, *workers = localnet.start(3)
+    localnet.wait_all_see_each_other(timeout=20)
+    spec = _spec(tmp_path, steps=150)
+    out = _cli("submit", str(spec), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = _job(owner, job_id)
+    assert job["state"] == "completed"
+    assert job["worker"] in {w.peer_id for w in workers}
+    assert job["metrics"]["val_accuracy"] > 0.6
+    assert [e["state"] for e in job["timeline"]][:2] == ["queued", "running"]
+
+    # the weights: safetensors, hash as recorded
+    weights = tmp_path / "w.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == job["weights_sha256"]
+    with safe_open(str(weights), framework="pt") as f:
+        assert len(list(f.keys())) >= 2
+
+    # "as if trained locally": bitwise equal to train-local of the same spec
+    local = tmp_path / "local.safetensors"
+    out = _cli("train-local", str(spec), "--out", str(local))
+    assert out.returncode == 0, out.stderr
+    assert local.read_bytes() == weights.read_bytes()
+
+    # both sides hold the signed receipt
+    worker = next(w for w in workers if w.peer_id == job["worker"])
+    for node, role in ((owner, "owner"), (worker, "worker")):
+        import sqlite3
+
+        with sqlite3.connect(node.data_dir / "node.db") as db:
+            rows = db.execute("select role from receipts where job_id = ?", [job_id]).fetchall()
+        assert rows == [(role,)]
+
+    listing = _cli("jobs", "--api", owner.api)
+    assert job_id in listing.stdout and "completed" in listing.stdout
+
+
+def test_vanished_worker_unit_is_reoffered(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner = localnet.add(["--lease", "4"])
+    workers = localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    job_id = _submit(owner, _spec(tmp_path, steps=3000))
+    job = wait_for(
+        lambda: (
+            (j := _job(owner, job_id))["state"] == "running"
+            and j["progress"].get("step", 0) > 0
+            and j
+        ),
+        60,
+        "training to start",
+    )
+    first = next(w for w in workers if w.peer_id == job["worker"])
+    first.stop(signal.SIGKILL)
+    killed = time.monotonic()
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["worker"] not in ("", first.peer_id) and j,
+        60,
+        "the unit to be re-offered",
+    )
+    print(f"re-offered {time.monotonic() - killed:.1f} s after SIGKILL")
+    assert any("vanished" in e["note"] for e in job["timeline"])
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
+        240,
+        "the job to finish",
+    )
+    assert job["state"] == "completed", job["reason"]
+
+
+def test_paused_node_gets_no_work(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner, worker = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    out = _cli("node", "pause", "--api", worker.api)
+    assert out.returncode == 0, out.stderr
+    wait_for(
+        lambda: any(
+            p["peer_id"] == worker.peer_id and not p["policy"]["accepting"]
+            for p in owner.get("/api/v1/peers")
+        ),
+        15,
+        "the pause to be advertised",
+    )
+    out = _cli("node", "pause", "--api", owner.api)
+    job_id = _submit(owner, _spec(tmp_path, steps=20))
+    job = wait_for(lambda: (j := _job(owner, job_id))["reason"] and j, 15, "a queue reason")
+    assert job["state"] == "queued"
+    assert "not accepting work" in job["reason"]
+    _cli("node", "resume", "--api", worker.api)
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["state"] == "completed" and j,
+        120,
+        "the job to run once the worker resumes",
+    )
+    assert job["worker"] == worker.peer_id
