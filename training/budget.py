@@ -1,0 +1,119 @@
+"""The budget: how big and how costly a job is, and the limits it must stay under.
+
+Checked twice, with the same code: by the owner at submit time and by the worker
+before it allocates anything. Everything is counted from the plan (`training.plan`),
+in Python integers, so a request for 10^12 parameters is refused in microseconds with
+the count in the message.
+
+The memory figure is a rough upper estimate for one device:
+parameters x 4 bytes x 4 (weights, gradients, two Adam moments)
++ activations per sample x batch x 4 bytes x 2 (kept for backward, and their gradients)
++ the data set in memory (4 bytes per feature value, 8 per token id).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.datainfo import DatasetInfo, probe
+from training.errors import SpecError
+from training.plan import ModelPlan, plan_model
+from training.spec import JobSpec
+
+MAX_PARAMETERS = 1_000_000_000
+MAX_MEMORY_BYTES = 256 * 2**30
+DEFAULT_LOSS = {"classification": "cross_entropy", "regression": "mse", "lm": "cross_entropy"}
+ALLOWED_LOSSES = {
+    "classification": ("cross_entropy",),
+    "regression": ("mse", "l1"),
+    "lm": ("cross_entropy",),
+}
+
+
+@dataclass(frozen=True)
+class SpecSummary:
+    """What a valid job will do; `training_flops` is the basis for credit."""
+
+    parameters: int
+    estimated_memory_bytes: int
+    flops_per_sample: int  # forward pass, one sample
+    task: str
+    loss: str
+    num_samples: int  # training + validation
+    num_train: int
+    num_val: int
+    batch_size: int  # effective: data.batch_size, capped at the training split's size
+    total_steps: int
+    training_flops: int  # flops_per_sample x samples trained x 3 (forward + backward)
+
+
+def schedule_length(spec: JobSpec, info: DatasetInfo) -> tuple[int, int]:
+    """(effective batch size, total optimizer steps).
+
+    An epoch is `num_train // batch` full batches; the remainder of each shuffled
+    epoch is not used, so every step sees a full batch.
+    """
+    batch = min(spec.data.batch_size, info.num_train)
+    if spec.optim.steps is not None:
+        return batch, spec.optim.steps
+    assert spec.optim.epochs is not None
+    return batch, spec.optim.epochs * (info.num_train // batch)
+
+
+def check_budget(spec: JobSpec, info: DatasetInfo) -> SpecSummary:
+    """Plan the model on this data and check it against the limits; `SpecError` if not."""
+    plan = plan_model(spec.model, info)
+    return summarize(spec, info, plan)
+
+
+def summarize(spec: JobSpec, info: DatasetInfo, plan: ModelPlan) -> SpecSummary:
+    """`check_budget` for an existing plan."""
+    if plan.parameters > MAX_PARAMETERS:
+        raise SpecError(
+            f"model: {plan.parameters:,} parameters is over the limit of {MAX_PARAMETERS:,}"
+        )
+    batch, steps = schedule_length(spec, info)
+    memory = plan.parameters * 4 * 4 + plan.activations_per_sample * batch * 4 * 2
+    bytes_per_value = 8 if info.task == "lm" else 4
+    memory += info.num_samples * math.prod(info.sample_shape) * bytes_per_value
+    if memory > MAX_MEMORY_BYTES:
+        raise SpecError(
+            f"model: the job needs an estimated {memory / 2**30:,.1f} GiB; the limit is "
+            f"{MAX_MEMORY_BYTES / 2**30:.0f} GiB (lower data.batch_size or the model size)"
+        )
+    loss = spec.optim.loss or DEFAULT_LOSS[info.task]
+    if loss not in ALLOWED_LOSSES[info.task]:
+        raise SpecError(
+            f"optim.loss {loss!r} does not fit {info.task}; use "
+            f"{' or '.join(ALLOWED_LOSSES[info.task])}"
+        )
+    warmup = spec.optim.warmup_steps
+    if spec.optim.schedule != "constant" and warmup >= steps and warmup > 0:
+        raise SpecError(f"optim.warmup_steps ({warmup}) must be less than the run's {steps} steps")
+    if batch < 2 and any(layer.type.startswith("BatchNorm") for layer in plan.layers):
+        raise SpecError("data.batch_size must be >= 2 for a model with BatchNorm layers")
+    return SpecSummary(
+        parameters=plan.parameters,
+        estimated_memory_bytes=memory,
+        flops_per_sample=plan.flops_per_sample,
+        task=info.task,
+        loss=loss,
+        num_samples=info.num_samples,
+        num_train=info.num_train,
+        num_val=info.num_val,
+        batch_size=batch,
+        total_steps=steps,
+        training_flops=plan.flops_per_sample * steps * batch * 3,
+    )
+
+
+def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSummary:
+    """Everything that can be checked before training: data, shapes, budget.
+
+    `data_file` is the data on this machine (the uploaded file, or a blob's file);
+    without it, built-in sources need nothing and file sources read the spec's path.
+    Features are not loaded for npz and safetensors files (labels are).
+    """
+    return check_budget(spec, probe(spec, data_file))

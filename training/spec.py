@@ -1,0 +1,371 @@
+"""The job spec: what to train, on which data, how, and what it needs.
+
+A spec is a TOML file (see docs/jobspec.md). `parse_spec` turns its plain data into
+frozen dataclasses, checking every key, type and range and naming the key path in any
+error; `spec_to_plain` turns it back into deterministic plain data, which is what is
+signed and sent to a worker. Models are declarative (`training.layers`), so a spec
+from a peer is data only.
+
+Nothing here imports torch: the owner validates at submit time, and the runner checks
+a request before it pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from training.errors import SpecError
+from training.fields import Section
+from training.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
+from training.sources import BLOB_FORMATS, Source, parse_source, resolve_path
+
+if TYPE_CHECKING:
+    from training.budget import SpecSummary
+
+MODES = ("single",)
+PLANNED_MODES = ("elastic", "sweep")
+ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
+TASKS = ("classification", "regression", "lm")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "warmup")
+LOSSES = ("cross_entropy", "mse", "l1")
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_STEPS = 10**9
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    hidden: tuple[int, ...] = (64,)
+    activation: str = "relu"
+    dropout: float = 0.0
+    arch: str = "mlp"
+
+
+@dataclass(frozen=True)
+class CnnSpec:
+    channels: tuple[int, ...] = (16, 32)
+    kernel_sizes: tuple[int, ...] = (3, 3)
+    activation: str = "relu"
+    dropout: float = 0.0
+    arch: str = "cnn"
+
+
+@dataclass(frozen=True)
+class CharTransformerSpec:
+    layers: int = 2
+    heads: int = 2
+    width: int = 64
+    context: int = 64
+    dropout: float = 0.0
+    arch: str = "char_transformer"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One entry of `model.layers`: a type from the allow-list and its arguments."""
+
+    type: str
+    args: tuple[tuple[str, int | float | bool], ...] = ()  # sorted by name
+
+
+@dataclass(frozen=True)
+class LayerStackSpec:
+    layers: tuple[LayerSpec, ...]
+    arch: str = "layers"
+
+
+ModelSpec = MlpSpec | CnnSpec | CharTransformerSpec | LayerStackSpec
+ARCHS = ("mlp", "cnn", "char_transformer", "layers")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str
+    format: str | None = None
+    label: str | None = None
+    batch_size: int = 32
+    validation: float = 0.1
+    task: str | None = None
+
+    @property
+    def parsed(self) -> Source:
+        return parse_source(self.source, self.format)
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    steps: int | None = None
+    epochs: int | None = None
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    loss: str | None = None
+    grad_clip: float | None = None
+
+
+@dataclass(frozen=True)
+class Requirements:
+    gpu: str = "preferred"
+    min_gpu_memory_gb: float = 0.0
+    max_hours: float = 1.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    model: ModelSpec
+    data: DataSpec
+    optim: OptimSpec
+    mode: str = "single"
+    seed: int = 0
+    placement: str = "auto"
+    requirements: Requirements = Requirements()
+
+
+def parse_spec(
+    raw: dict, base_dir: Path | None = None, *, allowed_root: Path | None = None
+) -> JobSpec:
+    """Check plain spec data and build a `JobSpec`, or raise `SpecError` naming the key.
+
+    Relative file sources are resolved against `base_dir` (when given); with
+    `allowed_root`, a source that resolves outside that folder is refused. Files are
+    not opened here.
+    """
+    top = Section(raw, "")
+    name = top.string("name", max_len=100)
+    if not name.isprintable():
+        raise SpecError("name must be printable text (no newlines or control characters)")
+    mode = top.get("mode", "single")
+    if mode in PLANNED_MODES:
+        raise SpecError(f"mode {mode!r} is planned but not available yet; modes: single")
+    mode = top.string("mode", "single", choices=MODES)
+    seed = top.integer("seed", 0, lo=0, hi=2**63 - 1)
+    placement = top.string("placement", "auto", choices=("auto", "local"))
+    model = _parse_model(top.table("model"))
+    data = _parse_data(top.table("data"), base_dir, allowed_root)
+    optim = _parse_optim(top.table("optim"))
+    requirements = _parse_requirements(top.table("requirements"))
+    top.finish()
+    if (model.arch == "char_transformer") != (data.parsed.kind == "text"):
+        raise SpecError(
+            "model.arch: char_transformer trains on text (data.source = builtin:text:<path> "
+            "or a text blob), and text data needs arch = char_transformer"
+        )
+    return JobSpec(name, model, data, optim, mode, seed, placement, requirements)
+
+
+def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
+    """Read a TOML spec file; file sources are resolved against its folder and must exist."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            blob = handle.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"cannot read spec {path}: {exc.strerror or exc}") from exc
+    if len(blob) > MAX_SPEC_BYTES:
+        raise SpecError(f"spec {path} is over {MAX_SPEC_BYTES} bytes")
+    try:
+        raw = tomllib.loads(blob.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"spec {path} is not UTF-8 text: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"spec {path} is not valid TOML: {exc}") from exc
+    spec = parse_spec(raw, path.resolve().parent, allowed_root=allowed_root)
+    for file in local_files(spec):
+        if not file.is_file():
+            raise SpecError(f"data.source: file not found: {file}")
+    return spec
+
+
+def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
+    """The spec as plain data (str/int/float/bool/list/dict) in a fixed key order.
+
+    Every default is written out, and keys that do not apply are left out, so
+    `parse_spec(spec_to_plain(s)) == s` and equal specs give equal bytes when encoded.
+    """
+    model = dataclasses.asdict(spec.model)
+    if isinstance(spec.model, LayerStackSpec):
+        model["layers"] = [{"type": layer.type, **dict(layer.args)} for layer in spec.model.layers]
+    model = {"arch": model.pop("arch"), **{k: _plain(v) for k, v in model.items()}}
+    optim = dataclasses.asdict(spec.optim)
+    if spec.optim.name != "sgd":
+        del optim["momentum"]
+    if spec.optim.schedule == "constant":
+        del optim["warmup_steps"]
+    return {
+        "name": spec.name,
+        "mode": spec.mode,
+        "seed": spec.seed,
+        "placement": spec.placement,
+        "model": model,
+        "data": _drop_none(dataclasses.asdict(spec.data)),
+        "optim": _drop_none(optim),
+        "requirements": dataclasses.asdict(spec.requirements),
+    }
+
+
+def local_files(spec: JobSpec) -> list[Path]:
+    """Files on this machine the spec reads: the ones the CLI must upload."""
+    source = spec.data.parsed
+    return [Path(source.path)] if source.path is not None else []
+
+
+def with_blob_source(spec: JobSpec, sha256: str, fmt: str) -> JobSpec:
+    """The same spec reading its data from the uploaded blob `sha256` in format `fmt`."""
+    if spec.data.parsed.origin not in ("file", "text"):
+        raise SpecError(f"data.source {spec.data.source!r} is not a local file; nothing to upload")
+    if fmt not in BLOB_FORMATS:
+        raise SpecError(f"data.format must be one of {', '.join(BLOB_FORMATS)}; got {fmt!r}")
+    data = dataclasses.replace(spec.data, source=f"blob:{sha256}", format=fmt)
+    parse_source(data.source, data.format)
+    return dataclasses.replace(spec, data=data)
+
+
+def validate_for_submit(spec: JobSpec, data_file: Path | None) -> SpecSummary:
+    """Check the spec against its data and the budget; see `training.budget`."""
+    from training.budget import validate_for_submit as validate
+
+    return validate(spec, data_file)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in table.items() if value is not None}
+
+
+def _parse_model(section: Section) -> ModelSpec:
+    arch = section.string("arch", choices=ARCHS)
+    model: ModelSpec
+    if arch == "mlp":
+        model = MlpSpec(
+            hidden=section.int_list("hidden", MlpSpec.hidden, lo=1, hi=SIZE_MAX, min_len=0),
+            activation=section.string("activation", "relu", choices=ACTIVATIONS),
+            dropout=section.number("dropout", 0.0, lo=0, hi=1, hi_open=True),
+        )
+    elif arch == "cnn":
+        channels = section.int_list("channels", CnnSpec.channels, lo=1, hi=SIZE_MAX, max_len=32)
+        kernels = section.int_list("kernel_sizes", None, lo=1, hi=2**16, max_len=32)
+        if kernels is None:
+            kernels = (3,) * len(channels)
+        if len(kernels) != len(channels):
+            raise SpecError(
+                f"model.kernel_sizes has {len(kernels)} entries; it needs one per channel "
+                f"entry ({len(channels)})"
+            )
+        model = CnnSpec(
+            channels=channels,
+            kernel_sizes=kernels,
+            activation=section.string("activation", "relu", choices=ACTIVATIONS),
+            dropout=section.number("dropout", 0.0, lo=0, hi=1, hi_open=True),
+        )
+    elif arch == "char_transformer":
+        model = CharTransformerSpec(
+            layers=section.integer("layers", 2, lo=1, hi=256),
+            heads=section.integer("heads", 2, lo=1, hi=1024),
+            width=section.integer("width", 64, lo=1, hi=2**16),
+            context=section.integer("context", 64, lo=1, hi=2**16),
+            dropout=section.number("dropout", 0.0, lo=0, hi=1, hi_open=True),
+        )
+        if model.width % model.heads:
+            raise SpecError(
+                f"model.width ({model.width}) must be divisible by model.heads ({model.heads})"
+            )
+    else:
+        model = LayerStackSpec(_parse_layers(section.get("layers")))
+    section.finish()
+    return model
+
+
+def _parse_layers(raw: Any) -> tuple[LayerSpec, ...]:
+    if not isinstance(raw, list | tuple) or not raw:
+        raise SpecError('model.layers must be a non-empty list of tables like {type = "Linear"}')
+    if len(raw) > MAX_LAYERS:
+        raise SpecError(f"model.layers has {len(raw)} entries; at most {MAX_LAYERS}")
+    layers = []
+    for i, item in enumerate(raw):
+        path = f"model.layers[{i}]"
+        table = Section(item, path)
+        type_name = table.string("type", max_len=64)
+        args = {key: value for key, value in table.raw.items() if key != "type"}
+        checked = check_layer_args(type_name, args, path)
+        layers.append(LayerSpec(type_name, tuple(sorted(checked.items()))))
+    return tuple(layers)
+
+
+def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | None) -> DataSpec:
+    source = section.string("source")
+    fmt = section.string("format", None, choices=BLOB_FORMATS)
+    parsed = parse_source(source, fmt)
+    if parsed.origin == "file":
+        source = resolve_path(source, base_dir, allowed_root, "data.source")
+    elif parsed.origin == "text":
+        source = "builtin:text:" + resolve_path(
+            parsed.path or "", base_dir, allowed_root, "data.source"
+        )
+    elif parsed.origin == "blob":
+        source = f"blob:{parsed.sha256}"
+    label = section.string("label", None, max_len=256)
+    if parsed.kind == "csv" and label is None:
+        raise SpecError("data.label is required for a csv source: name the label column")
+    task = section.string("task", None, choices=TASKS)
+    if task is not None and (task == "lm") != (parsed.kind == "text"):
+        raise SpecError(f"data.task {task!r} does not fit this source: task lm is for text data")
+    data = DataSpec(
+        source=source,
+        format=fmt,
+        label=label,
+        batch_size=section.integer("batch_size", 32, lo=1, hi=65536),
+        validation=section.number("validation", 0.1, lo=0, hi=0.9),
+        task=task,
+    )
+    section.finish()
+    return data
+
+
+def _parse_optim(section: Section) -> OptimSpec:
+    name = section.string("name", "adamw", choices=OPTIMIZERS)
+    if name != "sgd" and section.has("momentum"):
+        raise SpecError(f"optim.momentum applies only to sgd (optim.name is {name!r})")
+    schedule = section.string("schedule", "constant", choices=SCHEDULES)
+    if schedule == "constant" and section.has("warmup_steps"):
+        raise SpecError('optim.warmup_steps needs schedule = "warmup" or "cosine"')
+    steps = section.integer("steps", None, lo=1, hi=MAX_STEPS)
+    epochs = section.integer("epochs", None, lo=1, hi=10**6)
+    if (steps is None) == (epochs is None):
+        raise SpecError("optim needs exactly one of `steps` or `epochs` (integers > 0)")
+    optim = OptimSpec(
+        steps=steps,
+        epochs=epochs,
+        name=name,
+        lr=section.number("lr", 1e-3, lo=0, hi=100, lo_open=True),
+        weight_decay=section.number("weight_decay", 0.0, lo=0, hi=100),
+        momentum=section.number("momentum", 0.0, lo=0, hi=1, hi_open=True),
+        schedule=schedule,
+        warmup_steps=section.integer("warmup_steps", 0, lo=0, hi=MAX_STEPS),
+        loss=section.string("loss", None, choices=LOSSES),
+        grad_clip=section.number("grad_clip", None, lo=0, hi=1e9, lo_open=True),
+    )
+    section.finish()
+    return optim
+
+
+def _parse_requirements(section: Section) -> Requirements:
+    requirements = Requirements(
+        gpu=section.string("gpu", "preferred", choices=("required", "preferred", "none")),
+        min_gpu_memory_gb=section.number("min_gpu_memory_gb", 0.0, lo=0, hi=1e6),
+        max_hours=section.number("max_hours", 1.0, lo=0, hi=24 * 365, lo_open=True),
+    )
+    section.finish()
+    return requirements
