@@ -1,0 +1,138 @@
+"""One job from spec to weights file: the path shared by the runner and `train_local`.
+
+Order matters: the data is probed and the budget checked before torch allocates
+anything, and everything random is seeded from the spec, so the same spec and the
+same data bytes give bitwise-identical weights on the same device type and torch
+build (CPU: also the same thread count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.budget import summarize
+from training.data import load_dataset
+from training.datainfo import data_ref, probe
+from training.errors import SpecError, TrainingError
+from training.loop import Emit, train
+from training.models import build_model
+from training.plan import plan_model
+from training.spec import JobSpec
+from training.weights import write_weights
+
+WEIGHTS_FORMAT = "meshminer.weights/1"
+
+
+def resolve_device(name: str) -> torch.device:
+    """ "auto" is CUDA when available, else CPU; "cuda" without a GPU is an error."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise SpecError(f"device must be auto, cpu or cuda; got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("device cuda was asked for, but torch sees no CUDA device")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+@contextlib.contextmanager
+def deterministic(seed: int) -> Iterator[None]:
+    """Seed torch and demand deterministic kernels; restore the old setting afterwards."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def run_job(
+    spec: JobSpec,
+    data_file: Path | None,
+    out: Path,
+    *,
+    device: str = "cpu",
+    emit: Emit | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
+
+    Emits `started`, `progress` and `result` events; returns the result (the `result`
+    event without its "event" key). Raises `SpecError` or `TrainingError`.
+    """
+    emit = emit or (lambda event: None)
+    began = time.monotonic()
+    info = probe(spec, data_file)
+    plan = plan_model(spec.model, info)
+    summary = summarize(spec, info, plan)
+    target = resolve_device(device)
+    with deterministic(spec.seed):
+        data = load_dataset(spec, data_ref(spec, data_file), plan.token_input)
+        if data.info != info:
+            raise TrainingError(f"the data read differently on load ({data.info}) than on probe")
+        if plan.token_input and plan.layers:
+            for split in (data.train, data.val):
+                _check_token_range(split, plan.layers[0].kwargs["num_embeddings"])
+        model = build_model(plan).to(target)
+        started: dict[str, Any] = {
+            "event": "started",
+            "device": target.type,
+            "total_steps": summary.total_steps,
+            "parameters": summary.parameters,
+        }
+        if notes:
+            started["notes"] = notes
+        emit(started)
+        outcome = train(
+            model,
+            data,
+            spec,
+            loss_name=summary.loss,
+            batch=summary.batch_size,
+            total_steps=summary.total_steps,
+            device=target,
+            emit=emit,
+        )
+        metadata = {
+            "format": WEIGHTS_FORMAT,
+            "name": spec.name,
+            "arch": plan.arch,
+            "seed": str(spec.seed),
+            "task": info.task,
+        }
+        if data.vocab:
+            metadata["vocab"] = json.dumps(data.vocab)
+        sha256 = write_weights(Path(out), model.state_dict(), metadata)
+    result = {
+        "steps": outcome.steps,
+        "samples": outcome.samples,
+        "wall_time_s": time.monotonic() - began,
+        "device": target.type,
+        "metrics": outcome.metrics,
+        "weights_sha256": sha256,
+    }
+    emit({"event": "result", **result})
+    return result
+
+
+def _check_token_range(split: Any, num_embeddings: int) -> None:
+    if split is None or not split.x.numel():
+        return
+    top = int(split.x.max())
+    if top >= num_embeddings:
+        raise SpecError(
+            f"model.layers[0].num_embeddings is {num_embeddings}, but x holds token id {top}"
+        )

@@ -1,0 +1,27 @@
+"""Train a spec on this machine, with no network: `meshminer train-local JOB.toml`.
+
+Files are read where the spec names them (no blobs). The code path is the runner's
+(`training.execute`), so the weights are bitwise equal to what a worker's runner
+produces for the same spec and data bytes on the same kind of device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from training.loop import Emit
+from training.spec import JobSpec
+
+
+def train_local(
+    spec: JobSpec, out: Path, emit: Emit | None = None, device: str = "cpu"
+) -> dict[str, Any]:
+    """Train `spec` here and write its weights to `out`; returns the result.
+
+    `emit` receives the runner's events (`started`, `progress`, `result`). The device
+    defaults to CPU, which is what makes the result reproducible by any CPU worker.
+    """
+    from training.execute import run_job
+
+    return run_job(spec, None, Path(out), device=device, emit=emit)

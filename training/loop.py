@@ -1,0 +1,138 @@
+"""The train loop: seeded, deterministic, throttled progress, one evaluation at the end.
+
+Batches come from a `torch.Generator` seeded from the job's seed: each epoch is a
+fresh permutation of the training split cut into full batches (the remainder is
+skipped), so the sequence of batches depends on nothing but the seed and the data.
+Reported figures:
+- `train_loss`: the mean training-batch loss over the last 10% of steps (at least 1);
+- `val_loss` (and `val_accuracy` for classification): one pass over the validation
+  split in eval mode after the last step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.data import Dataset, Split
+from training.errors import TrainingError
+from training.optim import LossFn, make_loss, make_optimizer, make_schedule
+from training.spec import JobSpec
+
+Emit = Callable[[dict[str, Any]], None]
+PROGRESS_INTERVAL_S = 0.25
+SHUFFLE_SEED_OFFSET = 1  # the split uses the seed itself; shuffling the next one
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    steps: int
+    samples: int
+    metrics: dict[str, float]
+
+
+def batches(n: int, batch: int, seed: int) -> Any:
+    """Endless index batches: a seeded permutation per epoch, cut into full batches."""
+    generator = torch.Generator().manual_seed(seed + SHUFFLE_SEED_OFFSET)
+    per_epoch = n // batch
+    while True:
+        order = torch.randperm(n, generator=generator)
+        for i in range(per_epoch):
+            yield order[i * batch : (i + 1) * batch]
+
+
+def train(
+    model: nn.Module,
+    data: Dataset,
+    spec: JobSpec,
+    *,
+    loss_name: str,
+    batch: int,
+    total_steps: int,
+    device: torch.device,
+    emit: Emit,
+) -> LoopResult:
+    """Train `model` in place for `total_steps` steps; emits `progress` events."""
+    loss_fn = make_loss(loss_name, data.info.task)
+    optimizer = make_optimizer(spec.optim, model.parameters())
+    schedule = make_schedule(spec.optim, optimizer, total_steps)
+    deadline = time.monotonic() + spec.requirements.max_hours * 3600
+    tail_from = total_steps - max(1, total_steps // 10)
+    tail_sum = torch.zeros((), device=device)
+    start = last_report = time.monotonic()
+    model.train()
+    index_batches = batches(len(data.train), batch, spec.seed)
+    for step in range(1, total_steps + 1):
+        x, y = data.train.batch(next(index_batches))
+        x, y = x.to(device), y.to(device)
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if spec.optim.grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), spec.optim.grad_clip)
+        optimizer.step()
+        schedule.step()
+        if step > tail_from:
+            tail_sum += loss.detach()
+        now = time.monotonic()
+        if now - last_report >= PROGRESS_INTERVAL_S or step == total_steps:
+            last_report = now
+            value = _finite(loss.item(), step)
+            emit(
+                {
+                    "event": "progress",
+                    "step": step,
+                    "total_steps": total_steps,
+                    "loss": value,
+                    "samples_per_s": step * batch / max(now - start, 1e-9),
+                    "samples": step * batch,
+                }
+            )
+        if now > deadline:
+            raise TrainingError(
+                f"stopped at step {step} of {total_steps}: the job ran past "
+                f"requirements.max_hours ({spec.requirements.max_hours:g})"
+            )
+    metrics = {"train_loss": _finite(tail_sum.item() / (total_steps - tail_from), total_steps)}
+    if data.val is not None:
+        metrics.update(evaluate(model, data.val, loss_fn, batch, device, data.info.task))
+    return LoopResult(total_steps, total_steps * batch, metrics)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, split: Split, loss_fn: LossFn, batch: int, device: torch.device, task: str
+) -> dict[str, float]:
+    """Mean loss (and accuracy for classification) over `split`, in eval mode."""
+    model.eval()
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    n = len(split)
+    for begin in range(0, n, batch):
+        index = torch.arange(begin, min(begin + batch, n))
+        x, y = split.batch(index)
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        total_loss += loss_fn(out, y).double() * index.shape[0]
+        if task == "classification":
+            correct += (out.argmax(dim=-1) == y).sum()
+    model.train()
+    metrics = {"val_loss": _finite(total_loss.item() / n, -1)}
+    if task == "classification":
+        metrics["val_accuracy"] = correct.item() / n
+    return metrics
+
+
+def _finite(value: float, step: int) -> float:
+    if not math.isfinite(value):
+        where = f"by step {step}" if step >= 0 else "on the validation split"
+        raise TrainingError(
+            f"the loss became {value} {where}; lower optim.lr or set optim.grad_clip"
+        )
+    return value

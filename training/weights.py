@@ -1,0 +1,83 @@
+"""Trained weights as safetensors with deterministic bytes.
+
+The result a worker signs is the sha256 of this file, and a replayed spot check must
+reproduce it, so equal tensors and metadata must give equal bytes. The safetensors
+library writes its metadata map in hash order (it differs between processes), so the
+file is written here: the 8-byte little-endian header length, a JSON header with
+sorted keys (`__metadata__` first, then tensors by name, data laid out in that
+order), padded with spaces to a multiple of 8, then the raw little-endian tensor
+bytes. Any safetensors reader loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def weights_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+    """The safetensors encoding of `tensors` and `metadata`, byte-for-byte reproducible."""
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    chunks = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {
+            "dtype": DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
+def write_weights(
+    path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
+) -> str:
+    """Write the weights file atomically (a reader never sees half a file); return its sha256."""
+    blob = weights_bytes(tensors, metadata)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(blob)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(blob).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
