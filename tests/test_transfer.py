@@ -22,6 +22,7 @@ from nacl.signing import SigningKey
 from node.identity import Identity
 from node.localnet import free_port
 from node.net.host import MeshHost
+from node.work import transfer
 from node.work.blobs import BlobStore
 from node.work.transfer import (
     CHUNK_SIZE,
@@ -252,6 +253,15 @@ def test_oversized_request_frame_is_refused(setup: Setup) -> None:
         sock.sendall(_LEN.pack(10**9))  # refused from the length alone
         (n,) = _LEN.unpack(sock.recv(4, socket.MSG_WAITALL))
         assert decode(sock.recv(n, socket.MSG_WAITALL))["error"] == "oversized"
+
+
+def test_a_trickled_request_is_cut_off(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer, "REQUEST_TIMEOUT_S", 0.3)
+    with socket.create_connection(("127.0.0.1", setup.port), timeout=5) as sock:
+        sock.sendall(b"\x00\x00")  # half a length, then nothing
+        t0 = time.monotonic()
+        assert sock.recv(1) == b""  # the server hangs up once the whole-request deadline passes
+        assert time.monotonic() - t0 < 4
 
 
 def test_server_announcing_more_than_max_bytes(setup: Setup) -> None:

@@ -445,10 +445,45 @@ def _read_sock_frame(rfile: BinaryIO, limit: int, what: str) -> bytes | None:
     return _read_exactly(rfile, length, what)
 
 
+def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
+    """The request frame, which must arrive whole before `deadline` (a peer trickling
+    bytes cannot hold a connection slot); None if the peer left without sending one."""
+    buf = bytearray()
+    need = _LEN.size
+    while len(buf) < need:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no complete request within {REQUEST_TIMEOUT_S:.0f} s")
+        conn.settimeout(remaining)
+        data = conn.recv(min(need - len(buf), 65536))
+        if not data:
+            if not buf:
+                return None
+            raise TransferCorrupt(f"connection closed inside the request ({len(buf)} bytes)")
+        buf += data
+        if need == _LEN.size and len(buf) >= _LEN.size:
+            (length,) = _LEN.unpack(buf[: _LEN.size])
+            if length > REQUEST_LIMITS.max_bytes:
+                raise TooLarge(
+                    f"request of {length} bytes exceeds the {REQUEST_LIMITS.max_bytes}-byte limit"
+                )
+            need = _LEN.size + length
+    return bytes(buf[_LEN.size :])
+
+
 def _chunk_frames(rfile: BinaryIO) -> Iterator[bytes]:
     """The chunk frames of a response, until the connection ends."""
     while (frame := _read_sock_frame(rfile, MAX_CHUNK_FRAME, "chunk")) is not None:
         yield frame
+
+
+def _decrypted(receiver: _Receiver, frames: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """Plaintext chunks and whether each is the last; stops after the FINAL one."""
+    for ciphertext in frames:
+        plain, final = receiver.decrypt(ciphertext)
+        yield plain, final
+        if final:
+            return
 
 
 class _Ahead(Generic[T]):
@@ -626,11 +661,9 @@ class BlobServer:
             conn.close()
 
     def _serve_one(self, conn: socket.socket, addr: tuple[Any, ...]) -> None:
-        rfile = conn.makefile("rb")
         try:
-            conn.settimeout(REQUEST_TIMEOUT_S)
             try:
-                request = _read_sock_frame(rfile, REQUEST_LIMITS.max_bytes, "request")
+                request = _read_request(conn, time.monotonic() + REQUEST_TIMEOUT_S)
             except TooLarge as exc:
                 raise Refusal("oversized", str(exc)) from exc
             if request is None:
@@ -646,8 +679,6 @@ class BlobServer:
         except Refusal as refusal:
             self._refuse(conn, addr, refusal)
             return
-        finally:
-            rfile.close()
         conn.settimeout(self._io_timeout)
         _send_frame(conn, _header_frame(auth.size, source.header))
         chunks: Iterator[bytes] = iter(source)
@@ -707,12 +738,21 @@ def fetch_blob_direct(
             raise TransferCorrupt(f"{peer} closed the connection without answering", "truncated")
         receiver.start(header)
         frames: Iterator[bytes] = _chunk_frames(rfile)
-        if pipeline:  # receive in a helper thread while this one decrypts, hashes, writes
+        if pipeline:
+            # three stages in three threads: receive | decrypt | hash and write
             ahead = _Ahead(frames, PIPELINE_DEPTH, "blob-receive")
-            frames = iter(ahead)
-        for ciphertext in frames:
-            if receiver.chunk(ciphertext):
-                break
+            decrypting = _Ahead(_decrypted(receiver, iter(ahead)), PIPELINE_DEPTH, "blob-decrypt")
+            try:
+                for plain, final in decrypting:
+                    receiver.store(plain)
+                    if final:
+                        break
+            finally:
+                decrypting.close()
+        else:
+            for ciphertext in frames:
+                if receiver.chunk(ciphertext):
+                    break
         return receiver.commit()
     except TooLarge as exc:
         raise TransferCorrupt(f"{peer}: {exc}", "oversized") from exc
