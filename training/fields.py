@@ -55,8 +55,10 @@ def check_int(value: Any, path: str, lo: int | None = None, hi: int | None = Non
     rule = int_rule(lo, hi)
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{path} must be an integer {rule}, got {kind(value)}".rstrip())
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise SpecError(f"{path} must be {rule}, got {value}")
+    if lo is not None and value < lo:
+        raise SpecError(f"{path} must be {int_rule(lo, None)}, got {value}")
+    if hi is not None and value > hi:
+        raise SpecError(f"{path} must be {int_rule(None, hi)}, got {value}")
     return value
 
 
@@ -70,12 +72,9 @@ def check_number(
     hi_open: bool = False,
 ) -> float:
     """`value` as a finite float within the bounds; ints are accepted as numbers."""
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
-    if hi is not None:
-        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
-    rule = " and ".join(parts)
+    low = f"{'>' if lo_open else '>='} {lo:g}" if lo is not None else ""
+    high = f"{'<' if hi_open else '<='} {hi:g}" if hi is not None else ""
+    rule = " and ".join(part for part in (low, high) if part)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{path} must be a number {rule}, got {kind(value)}".rstrip())
     if isinstance(value, int) and abs(value) > 2**63:
@@ -83,10 +82,10 @@ def check_number(
     number = float(value)
     if not math.isfinite(number):
         raise SpecError(f"{path} must be a finite number, got {number}")
-    too_low = lo is not None and (number <= lo if lo_open else number < lo)
-    too_high = hi is not None and (number >= hi if hi_open else number > hi)
-    if too_low or too_high:
-        raise SpecError(f"{path} must be {rule}, got {number:g}")
+    if lo is not None and (number <= lo if lo_open else number < lo):
+        raise SpecError(f"{path} must be {low}, got {number:g}")
+    if hi is not None and (number >= hi if hi_open else number > hi):
+        raise SpecError(f"{path} must be {high}, got {number:g}")
     return number
 
 

@@ -171,8 +171,9 @@ def read_csv(path: Path, label: str, load_x: bool) -> Arrays:
                         f"the header has {len(header)}"
                     )
                 labels.append(row[at])
+                values = _floats(row[:at] + row[at + 1 :], path, line)  # checked either way
                 if load_x:
-                    features.append(_floats(row[:at] + row[at + 1 :], path, line))
+                    features.append(values)
     except SpecError:
         raise
     except UnicodeDecodeError as exc:

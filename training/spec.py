@@ -349,7 +349,7 @@ def _parse_optim(section: Section) -> OptimSpec:
         steps=steps,
         epochs=epochs,
         name=name,
-        lr=section.number("lr", 1e-3, lo=0, hi=100, lo_open=True),
+        lr=section.number("lr", 1e-3, lo=0, lo_open=True),
         weight_decay=section.number("weight_decay", 0.0, lo=0, hi=100),
         momentum=section.number("momentum", 0.0, lo=0, hi=1, hi_open=True),
         schedule=schedule,
