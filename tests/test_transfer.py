@@ -409,6 +409,15 @@ def test_liar_sends_a_huge_chunk_frame(tmp_path: Path) -> None:
     assert error.reason == "oversized"
 
 
+def test_liar_refuses_with_an_unknown_reason(tmp_path: Path) -> None:
+    def script(conn: socket.socket) -> None:
+        conn.sendall(frame(encode({"error": "x" * 300, "detail": "made up"})))
+
+    error = fetch_from_liar(tmp_path, script, _sha(b"x"))
+    assert isinstance(error, TransferRefused)
+    assert error.reason == "refused"  # a peer's words never become a metrics label
+
+
 def test_silent_server_times_out(tmp_path: Path) -> None:
     release = threading.Event()
     error = fetch_from_liar(tmp_path, lambda conn: release.wait(10), _sha(b"x"), 0.3, release)

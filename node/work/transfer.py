@@ -97,6 +97,27 @@ REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 16
 #: chunks a pipeline stage may run ahead of the next one
 PIPELINE_DEPTH = 4
+#: every reason a server may give for refusing a request (see the module docstring)
+REFUSAL_REASONS = frozenset(
+    {
+        "invalid",
+        "oversized",
+        "malformed",
+        "bad_signature",
+        "signer_mismatch",
+        "stale",
+        "bad_grant",
+        "foreign_grant",
+        "expired",
+        "not_granted",
+        "not_grantee",
+        "replay",
+        "unknown_job",
+        "not_found",
+        "too_large",
+        "busy",
+    }
+)
 #: nonces remembered by a direct server (each for REQUEST_MAX_AGE_S + CLOCK_SKEW_S)
 MAX_REMEMBERED_NONCES = 65536
 
@@ -322,8 +343,9 @@ class _Receiver:
         if not isinstance(info, dict):
             raise TransferCorrupt(f"{self._peer} sent a malformed header", "malformed")
         if "error" in info:
-            reason, detail = info.get("error"), info.get("detail", "")
-            reason = reason if isinstance(reason, str) and reason else "refused"
+            reason, detail = info.get("error"), str(info.get("detail", ""))[:400]
+            # a peer's word becomes a metrics label only if it is one of ours
+            reason = reason if reason in REFUSAL_REASONS else "refused"
             raise TransferRefused(f"{self._peer} refused blob {self._sha256}: {detail}", reason)
         size, stream_header = info.get("size"), info.get("stream")
         if type(size) is not int or size < 0 or not isinstance(stream_header, bytes):
@@ -339,7 +361,10 @@ class _Receiver:
         except DecryptError as exc:
             raise TransferCorrupt(f"{self._peer}: {exc}", exc.reason) from exc
         self.size = size
-        self._writer = self._store.begin(self._sha256, size)
+        try:
+            self._writer = self._store.begin(self._sha256, size)
+        except OSError as exc:
+            raise TransferError(f"cannot store blob {self._sha256}: {exc}", "store") from exc
 
     def decrypt(self, ciphertext: bytes) -> tuple[bytes, bool]:
         """One chunk's plaintext, and whether it was the last."""
@@ -360,6 +385,8 @@ class _Receiver:
             raise TransferCorrupt(
                 f"{self._peer} sent more than the {self.size} bytes it announced", "oversized"
             ) from None
+        except OSError as exc:  # disk full, say: not the peer's fault
+            raise TransferError(f"cannot store blob {self._sha256}: {exc}", "store") from exc
 
     def chunk(self, ciphertext: bytes) -> bool:
         """Decrypt and store one chunk; True once the FINAL chunk is in."""
@@ -384,6 +411,8 @@ class _Receiver:
             return self._writer.commit()
         except BlobHashMismatch as exc:
             raise TransferCorrupt(f"from {self._peer}: {exc}", "hash_mismatch") from exc
+        except OSError as exc:
+            raise TransferError(f"cannot store blob {self._sha256}: {exc}", "store") from exc
 
     def discard(self) -> None:
         if self._writer is not None:
