@@ -302,6 +302,8 @@ def test_file_sources_resolve_against_the_spec_folder(tmp_path: Path) -> None:
     assert validate_for_submit(blob, tmp_path / "data" / "train.csv") == summary
     with pytest.raises(SpecError, match="its file must be given"):
         validate_for_submit(blob, None)
+    with pytest.raises(SpecError, match="data.format 'npz' does not match the source's csv"):
+        with_blob_source(spec, "ab" * 32, "npz")
     with pytest.raises(SpecError, match="not a local file"):
         with_blob_source(parse_spec(example()), "ab" * 32, "csv")
 

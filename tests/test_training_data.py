@@ -3,8 +3,10 @@ predicts; pickles are refused unopened; missing and escaping files are clear err
 
 from __future__ import annotations
 
+import io
 import pickle
 import tomllib
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,21 @@ def test_npz_with_images(tmp_path: Path) -> None:
     data = load(spec_for(str(path), validation=0.25))
     assert data.info.sample_shape == (2, 6, 6) and data.info.num_classes == 4
     assert data.train.x.shape == (30, 2, 6, 6)
+
+
+def test_an_npz_that_declares_more_than_it_holds_is_refused(tmp_path: Path) -> None:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (10**9, 10)}
+    )
+    path = tmp_path / "liar.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
+        buffer = io.BytesIO()
+        np.save(buffer, np.zeros(3, dtype=np.int64))
+        archive.writestr("y.npy", buffer.getvalue())
+    with pytest.raises(SpecError, match=r"declares shape \(1000000000, 10\) but holds only"):
+        probe(spec_for(str(path)))
 
 
 def test_safetensors_regression_with_two_targets(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ the count in the message.
 The memory figure is a rough upper estimate for one device:
 parameters x 4 bytes x 4 (weights, gradients, two Adam moments)
 + activations per sample x batch x 4 bytes x 2 (kept for backward, and their gradients)
-+ the data set in memory (4 bytes per feature value, 8 per token id).
++ the data set in memory (4 bytes per feature value, 8 per character of text)
++ the per-epoch shuffle (8 bytes per training sample or window).
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def summarize(spec: JobSpec, info: DatasetInfo, plan: ModelPlan) -> SpecSummary:
         )
     batch, steps = schedule_length(spec, info)
     memory = plan.parameters * 4 * 4 + plan.activations_per_sample * batch * 4 * 2
-    bytes_per_value = 8 if info.task == "lm" else 4
-    memory += info.num_samples * math.prod(info.sample_shape) * bytes_per_value
+    if info.task == "lm":  # the text as int64 ids, and a per-epoch permutation of windows
+        memory += (info.num_samples + info.sample_shape[0]) * 8 + info.num_train * 8
+    else:
+        memory += info.num_samples * math.prod(info.sample_shape) * 4 + info.num_train * 8
     if memory > MAX_MEMORY_BYTES:
         raise SpecError(
             f"model: the job needs an estimated {memory / 2**30:,.1f} GiB; the limit is "

@@ -47,6 +47,10 @@ class Split:
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def eval_index(self) -> torch.Tensor:
+        """The samples an evaluation pass visits: all of them."""
+        return torch.arange(len(self))
+
 
 @dataclass
 class TensorSplit(Split):
@@ -73,6 +77,10 @@ class WindowSplit(Split):
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         positions = index[:, None] + torch.arange(self.context)
         return self.ids[positions], self.ids[positions + 1]
+
+    def eval_index(self) -> torch.Tensor:
+        """Non-overlapping windows, so each character is scored once, not `context` times."""
+        return torch.arange(0, len(self), self.context)
 
 
 @dataclass

@@ -51,9 +51,10 @@ def deterministic(seed: int) -> Iterator[None]:
     benchmark = torch.backends.cudnn.benchmark
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
-    torch.manual_seed(seed)
     try:
-        yield
+        with torch.random.fork_rng(devices=[]):  # the caller's CPU RNG state comes back
+            torch.manual_seed(seed)
+            yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.backends.cudnn.benchmark = benchmark

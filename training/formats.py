@@ -14,6 +14,7 @@ is what submit-time validation needs without loading the features.
 from __future__ import annotations
 
 import csv
+import math
 import re
 import zipfile
 from dataclasses import dataclass
@@ -54,15 +55,25 @@ def read_npz(path: Path, load_x: bool) -> Arrays:
                         f"data.source: {path.name} has no array {key!r} (found: {found}); "
                         "an npz data file holds features `x` and labels `y`"
                     )
+            shapes = {}
+            for key in ("x", "y"):  # headers first: refuse sizes the file cannot hold
+                member = archive.getinfo(f"{key}.npy")
+                with archive.open(member) as handle:
+                    shape, dtype = _npy_header(handle, path)
+                _check_dtype(dtype, key, path)
+                if math.prod(shape) * dtype.itemsize > member.file_size:
+                    raise SpecError(
+                        f"data.source: array {key!r} in {path.name} declares shape {shape} "
+                        f"but holds only {member.file_size} bytes"
+                    )
+                shapes[key] = (shape, dtype)
             with archive.open("y.npy") as handle:
                 y = _read_npy(handle, "y", path)
+            if not load_x:
+                return Arrays(*shapes["x"], y)
             with archive.open("x.npy") as handle:
-                if load_x:
-                    x = _read_npy(handle, "x", path)
-                    return Arrays(x.shape, x.dtype, y, x)
-                shape, dtype = _npy_header(handle, path)
-                _check_dtype(dtype, "x", path)
-                return Arrays(tuple(shape), dtype, y)
+                x = _read_npy(handle, "x", path)
+            return Arrays(x.shape, x.dtype, y, x)
     except SpecError:
         raise
     except zipfile.BadZipFile as exc:

@@ -6,7 +6,7 @@ skipped), so the sequence of batches depends on nothing but the seed and the dat
 Reported figures:
 - `train_loss`: the mean training-batch loss over the last 10% of steps (at least 1);
 - `val_loss` (and `val_accuracy` for classification): one pass over the validation
-  split in eval mode after the last step.
+  split in eval mode after the last step (for text: its non-overlapping windows).
 """
 
 from __future__ import annotations
@@ -113,9 +113,10 @@ def evaluate(
     model.eval()
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    n = len(split)
+    order = split.eval_index()
+    n = order.shape[0]
     for begin in range(0, n, batch):
-        index = torch.arange(begin, min(begin + batch, n))
+        index = order[begin : begin + batch]
         x, y = split.batch(index)
         x, y = x.to(device), y.to(device)
         out = model(x)

@@ -223,6 +223,8 @@ def with_blob_source(spec: JobSpec, sha256: str, fmt: str) -> JobSpec:
         raise SpecError(f"data.source {spec.data.source!r} is not a local file; nothing to upload")
     if fmt not in BLOB_FORMATS:
         raise SpecError(f"data.format must be one of {', '.join(BLOB_FORMATS)}; got {fmt!r}")
+    if fmt != spec.data.parsed.kind:
+        raise SpecError(f"data.format {fmt!r} does not match the source's {spec.data.parsed.kind}")
     data = dataclasses.replace(spec.data, source=f"blob:{sha256}", format=fmt)
     parse_source(data.source, data.format)
     return dataclasses.replace(spec, data=data)
