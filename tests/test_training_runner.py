@@ -183,3 +183,13 @@ def test_invalid_requests_fail_with_an_error_event_and_write_nothing(tmp_path: P
             run_request(request, lambda event: None)
         assert expected in str(info.value)
     assert list(tmp_path.iterdir()) == [tmp_path / "wrong"]  # no weights, no temp files
+
+
+def test_the_memory_limit_binds_and_fails_cleanly(tmp_path: Path) -> None:
+    spec = tomllib.loads(DIGITS_JOB)
+    spec["model"] = {"arch": "mlp", "hidden": [4096, 4096]}  # 67 MB for one weight matrix
+    request = _request(tmp_path, spec=spec, memory_limit_mb=16, device="cpu")
+    code, events, _ = runner(msgpack.packb(request))
+    assert code == 1 and events[-1]["event"] == "error"
+    assert "ran out of memory" in events[-1]["message"]
+    assert not (tmp_path / "w.safetensors").exists()

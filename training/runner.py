@@ -161,8 +161,9 @@ def main() -> int:
         return 1
     except Exception as exc:  # a bug or an unforeseen library error: report, never hang
         traceback.print_exc()
-        if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower():
-            emit({"event": "error", "message": f"ran out of device memory: {exc}"})
+        text = str(exc).lower()
+        if isinstance(exc, RuntimeError) and ("out of memory" in text or "allocate memory" in text):
+            emit({"event": "error", "message": f"ran out of memory: {str(exc)[:500]}"})
         else:
             emit({"event": "error", "message": f"internal error: {type(exc).__name__}: {exc}"})
         return 1

@@ -5,7 +5,8 @@ whole process, and in a daemon they would bind the daemon.
 
 - Memory: `RLIMIT_AS` (address space). Importing torch alone maps a few hundred MiB to
   a few GiB of address space that is never touched, so the limit is set to the
-  address space in use after torch and its thread pool have started, plus
+  address space in use after torch, the parts of it training imports lazily, and its
+  thread pool have started, plus
   `memory_limit_mb`. On CUDA it is skipped (the driver reserves far more address
   space than any useful limit), and a note says so; the executor should watch RSS.
 - GPU memory: `torch.cuda.set_per_process_memory_fraction` on the training device.
@@ -32,6 +33,8 @@ def limit_memory(memory_limit_mb: int, device_type: str) -> str | None:
         return "memory_limit_mb not applied: RLIMIT_AS breaks CUDA; watch the RSS instead"
     try:
         import torch
+        import torch._dynamo  # noqa: F401 - optimizers import it on first use
+        import torch._inductor.config  # noqa: F401 - use_deterministic_algorithms does
 
         torch.ones(256, 256) @ torch.ones(256, 256)  # start the intra-op thread pool first
         limit = address_space_bytes() + memory_limit_mb * 2**20
