@@ -10,8 +10,13 @@ from node.net.peers import PeerEntry
 from node.work.scheduler import SELF, choose_worker
 from protocol import GpuInfo, Policy
 
-GPU = GpuInfo(name="NVIDIA H100", kind="cuda", memory_total_mb=81920, memory_free_mb=80000,
-              compute_capability="9.0")
+GPU = GpuInfo(
+    name="NVIDIA H100",
+    kind="cuda",
+    memory_total_mb=81920,
+    memory_free_mb=80000,
+    compute_capability="9.0",
+)
 OWN = capacity_ad("12D3KooWown", 1, tflops=0.2)
 
 
@@ -20,8 +25,11 @@ def _peer(name: str, stale: bool = False, **changes) -> PeerEntry:
 
 
 def test_fastest_least_loaded_fitting_peer_wins() -> None:
-    peers = [_peer("slow", tflops=1.0), _peer("fast", tflops=5.0),
-             _peer("busy", tflops=9.0, load_pct=90)]
+    peers = [
+        _peer("slow", tflops=1.0),
+        _peer("fast", tflops=5.0),
+        _peer("busy", tflops=9.0, load_pct=90),
+    ]
     choice = choose_worker({}, "auto", peers, OWN, set())
     assert choice.worker == "12D3KooWfast"
 
@@ -37,8 +45,14 @@ def test_policy_and_requirements_rule_peers_out_with_reasons() -> None:
     own = replace(OWN, policy=Policy(accepting=False))
     choice = choose_worker({"gpu": "required", "max_hours": 2}, "auto", peers, own, set())
     assert choice.worker is None
-    for why in ("not accepting work", "load limit", "up to 0.5 h", "no GPU", "stale",
-                "this node: not accepting work"):
+    for why in (
+        "not accepting work",
+        "load limit",
+        "up to 0.5 h",
+        "no GPU",
+        "stale",
+        "this node: not accepting work",
+    ):
         assert why in choice.reason
 
 
@@ -46,10 +60,16 @@ def test_gpu_peer_preferred_and_required_memory_checked() -> None:
     big = _peer("big", gpus=[GPU], tflops=1.0)
     cpu = _peer("cpu", tflops=50.0)
     assert choose_worker({"gpu": "preferred"}, "auto", [big, cpu], OWN, set()).worker == (
-        "12D3KooWbig")
+        "12D3KooWbig"
+    )
     small = _peer("small", gpus=[replace(GPU, memory_total_mb=8192)])
-    choice = choose_worker({"gpu": "required", "min_gpu_memory_gb": 16}, "auto", [small],
-                           replace(OWN, policy=Policy(accepting=False)), set())
+    choice = choose_worker(
+        {"gpu": "required", "min_gpu_memory_gb": 16},
+        "auto",
+        [small],
+        replace(OWN, policy=Policy(accepting=False)),
+        set(),
+    )
     assert choice.worker is None and "no GPU with >= 16 GB" in choice.reason
 
 
