@@ -142,8 +142,8 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         ),
     ) -> None:
         """Train a spec on this machine, no network: what a peer would return."""
+        from training.errors import TrainingError
         from training.local import train_local
-
         from training.spec import SpecError, load_spec
 
         try:
@@ -164,7 +164,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
 
             try:
                 result = train_local(parsed, out, emit=emit)
-            except (SpecError, ValueError, OSError) as exc:
+            except (SpecError, TrainingError, ValueError, OSError) as exc:
                 raise _fail(str(exc)) from None
         console.print(f"weights: {out} (sha256 {result['weights_sha256'][:16]}…)")
         console.print(f"metrics: {_metrics(result.get('metrics', {}))}")

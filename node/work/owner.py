@@ -112,8 +112,12 @@ class OwnerRole:
         unit = ctx.jobs.add_unit(job.id, peer, ctx.lease_s * 3)  # grace for fetching
         key = new_job_key()
         max_bytes = max((ctx.blobs.size(s) for s in job.data_blobs), default=0)
-        grant = issue_grant(
-            ctx, job.id, unit.unit_id, peer, job.data_blobs, max_bytes, hours * 3600 + 3600
+        grant = (
+            issue_grant(
+                ctx, job.id, unit.unit_id, peer, job.data_blobs, max_bytes, hours * 3600 + 3600
+            )
+            if job.data_blobs
+            else b""  # built-in data sets need no blobs
         )
         package = WorkPackage(
             job.id, unit.unit_id, encode(job.spec), job.data_blobs, grant, key, hours, ctx.lease_s

@@ -91,7 +91,6 @@ class WorkService:
                 serve_blobs_libp2p(
                     host,
                     self.ctx.blobs,
-                    self.ctx.identity,
                     lambda job, unit: self.ctx.grant_keys.get((job, unit)),
                 )
                 log.info("blob data channel on port %d", self.ctx.data_port)

@@ -49,7 +49,7 @@ class Declined(Exception):
 class RunningUnit:
     owner: str
     package: WorkPackage
-    grant: BlobGrant
+    grant: BlobGrant | None  # None when the unit needs no blobs
     spec: dict[str, Any]
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     phase: str = "fetching"
@@ -110,11 +110,13 @@ class WorkerRole:
         except ValueError as exc:
             raise Declined(f"invalid job spec: {exc}") from exc
         self._check_requirements(spec)
-        grant = open_envelope(
-            package.blob_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
-        ).message
-        if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
-            raise Declined("the blob grant does not match the package")
+        grant = None
+        if package.blobs:
+            grant = open_envelope(
+                package.blob_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
+            ).message
+            if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
+                raise Declined("the blob grant does not match the package")
         return RunningUnit(peer, package, grant, spec)
 
     def _check_policy(self, owner: str, package: WorkPackage) -> None:
@@ -189,18 +191,19 @@ class WorkerRole:
     async def _train(self, unit: RunningUnit) -> Result:
         pkg = unit.package
         ctx = self.ctx
-        try:
-            await fetch_granted(
-                ctx,
-                unit.owner,
-                unit.grant,
-                pkg.blob_grant,
-                pkg.job_key,
-                pkg.blobs,
-                unit.grant.max_bytes,
-            )
-        except Exception as exc:
-            return self._failure(pkg, f"could not fetch the data: {exc}")
+        if unit.grant is not None:
+            try:
+                await fetch_granted(
+                    ctx,
+                    unit.owner,
+                    unit.grant,
+                    pkg.blob_grant,
+                    pkg.job_key,
+                    pkg.blobs,
+                    unit.grant.max_bytes,
+                )
+            except Exception as exc:
+                return self._failure(pkg, f"could not fetch the data: {exc}")
         unit.phase = "training"
         out = ctx.unit_dir(pkg.unit_id) / "weights.safetensors"
         request = self._runner_request(
