@@ -1,0 +1,28 @@
+"""`meshminer demo` (what `make demo` runs) works end to end and cleans up after itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_trains_a_job_across_the_network() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "All nodes found each other" in out.stdout
+    assert "completed: trained by node2" in out.stdout or "completed: trained by node3" in (
+        out.stdout
+    )
+    accuracy = float(out.stdout.split("validation accuracy ", 1)[1].split(",", 1)[0])
+    assert accuracy > 0.9
+    assert "Done: all nodes stopped." in out.stdout
