@@ -67,7 +67,9 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
 
         url = api_url(api)
         try:
-            parsed = load_spec(spec)
+            # a spec may only name data beside it: a downloaded spec must not be able to
+            # make you upload ~/.ssh or the like
+            parsed = load_spec(spec, allowed_root=spec.resolve().parent)
         except (SpecError, OSError) as exc:
             raise _fail(f"{spec}: {exc}", 2) from None
         files = local_files(parsed)

@@ -4,6 +4,7 @@ the calls the HTTP API makes about jobs (all in the trio thread).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tomllib
 from pathlib import Path
@@ -137,14 +138,21 @@ class WorkService:
                     f"data file {filename!r}: use .csv, .npz or .safetensors "
                     "(pickle and .pt files are never accepted)"
                 )
-            sha = await trio.to_thread.run_sync(self.ctx.blobs.put_file, upload)
-            blobs.append(sha)
-            spec = with_blob_source(spec, sha, fmt)
-            data_path = self.ctx.blobs.path(sha)
+            # validate against the upload first: a refused job stores nothing
+            sha = await trio.to_thread.run_sync(_sha256_file, upload)
+            try:
+                spec = with_blob_source(spec, sha, fmt)
+            except SpecError as exc:
+                raise SubmitError(str(exc)) from exc
+            data_path = upload
+        elif upload is not None:
+            raise SubmitError("a data file was uploaded, but data.source names no file")
         try:
             summary = await trio.to_thread.run_sync(validate_for_submit, spec, data_path)
         except (SpecError, ValueError) as exc:
             raise SubmitError(str(exc)) from exc
+        if data_path is not None:
+            blobs.append(await trio.to_thread.run_sync(self.ctx.blobs.put_file, data_path))
         job = self.ctx.jobs.create(
             spec.name, spec_to_plain(spec), spec.placement, _plain(summary), blobs
         )
@@ -168,6 +176,14 @@ class WorkService:
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         job = self.owner.cancel(job_id)
         return None if job is None else job.to_json()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _brief(job: Job) -> dict[str, Any]:
