@@ -13,6 +13,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,34 @@ def test_stale_and_replayed_requests(setup: Setup) -> None:
     setup.fetch(request)
     setup.worker_store.path(setup.sha).unlink()
     assert setup.refused(request) == "replay"
+
+
+def test_request_from_the_future_is_stale(setup: Setup) -> None:
+    request = make_request(setup.worker, setup.grant(), setup.sha)
+    auth = partial(
+        transfer.authorize,
+        request,
+        our_peer_id=setup.owner.peer_id,
+        store=setup.owner_store,
+        job_key_for=lambda j, u: KEY,
+    )
+    assert auth(now=time.time()).size == len(setup.data)
+    with pytest.raises(transfer.Refusal) as info:
+        auth(now=time.time() - transfer.CLOCK_SKEW_S - 5)  # our clock is behind theirs
+    assert info.value.reason == "stale"
+
+
+def test_replay_guard_forgets_old_nonces_and_stays_bounded() -> None:
+    guard = transfer.ReplayGuard(max_entries=2)
+    now = time.time()
+    guard.remember(b"a" * 16, now, now)
+    guard.remember(b"b" * 16, now, now)
+    with pytest.raises(transfer.Refusal, match="replay"):
+        guard.remember(b"a" * 16, now, now)
+    with pytest.raises(transfer.Refusal, match="busy"):  # full of live nonces
+        guard.remember(b"c" * 16, now, now)
+    later = now + transfer.REQUEST_MAX_AGE_S + transfer.CLOCK_SKEW_S + 1
+    guard.remember(b"c" * 16, later, later)  # the old ones are stale by now: dropped
 
 
 def test_blob_not_stored_or_over_the_grant(setup: Setup) -> None:
