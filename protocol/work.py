@@ -105,6 +105,7 @@ class OfferReply:
     unit_id: str
     accepted: bool
     reason: str = ""  # why not, when declined
+    transient: bool = False  # declined for now (busy), not for this job: ask again later
 
     def check(self, path: str) -> None:
         _check_ids(self, path)

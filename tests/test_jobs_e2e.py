@@ -163,3 +163,26 @@ def test_paused_node_gets_no_work(localnet: LocalNetwork, tmp_path: Path) -> Non
         "the job to run once the worker resumes",
     )
     assert job["worker"] == worker.peer_id
+
+
+def test_owner_restarted_mid_job_picks_it_up_again(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner = localnet.add(["--lease", "4"])
+    worker = localnet.add()
+    localnet.wait_all_see_each_other(timeout=20)
+    job_id = _submit(owner, _spec(tmp_path, steps=3000))
+    wait_for(
+        lambda: _job(owner, job_id)["progress"].get("step", 0) > 0,
+        60,
+        "training to start on the worker",
+    )
+    assert owner.stop(signal.SIGTERM) == 0
+    owner.start()
+    job = _job(owner, job_id)
+    assert any("owner restarted" in e["note"] for e in job["timeline"])
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
+        240,
+        "the job to finish after the restart",
+    )
+    assert job["state"] == "completed", job["reason"]
+    assert job["worker"] in (worker.peer_id, owner.peer_id)

@@ -319,6 +319,9 @@ def _refuse_port_in_use(listen: str) -> None:
         except Exception:
             continue
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR lets the probe bind over TIME_WAIT leftovers of our own previous
+        # run (a restart), but not over a socket that is listening now
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:

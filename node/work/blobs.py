@@ -173,6 +173,10 @@ class BlobStore:
         except FileNotFoundError:
             raise BlobNotFound(f"blob {sha256} is not stored") from None
 
+    def remove(self, sha256: str) -> None:
+        """Delete the blob `sha256` if it is stored (a reader that has it open keeps it)."""
+        self.location(sha256).unlink(missing_ok=True)
+
     # -- writing ---------------------------------------------------------------------
 
     def begin(self, expected_sha256: str | None, max_bytes: int) -> BlobWriter:

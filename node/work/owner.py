@@ -106,7 +106,8 @@ class OwnerRole:
             self._placing.discard(job_id)
 
     async def _offer(self, job: Job, peer: str) -> bool:
-        """Offer `job` to `peer`; True if accepted. A decline excludes the peer."""
+        """Offer `job` to `peer`. True: accepted, or the peer is only busy (try again
+        later). False: declined for this job, and the peer is excluded from it."""
         ctx = self.ctx
         hours = float(job.spec.get("requirements", {}).get("max_hours", 1.0))
         unit = ctx.jobs.add_unit(job.id, peer, ctx.lease_s * 3)  # grace for fetching
@@ -141,6 +142,9 @@ class OwnerRole:
         if not reply.accepted:
             self._end_unit(unit.unit_id, "failed", reply.reason)
             log.info("job %s: %s declined: %s", job.id, peer, reply.reason)
+            if reply.transient:  # busy right now: the job waits and is offered again
+                self.ctx.jobs.update(job, reason=f"{peer} is busy; retrying")
+                return True
             self.ctx.jobs.update(
                 job, excluded=[*job.excluded, peer], note=f"{peer} declined: {reply.reason}"
             )
@@ -338,6 +342,7 @@ class OwnerRole:
         if key is None:
             raise ProtocolError("no job key for this unit (owner restarted?)")
         size = min(result.weights_size, grant.max_bytes, MAX_WEIGHTS_BYTES)
+        had = self.ctx.blobs.has(result.weights_sha256)
         await fetch_granted(
             self.ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], size
         )
@@ -346,6 +351,8 @@ class OwnerRole:
             with safe_open(str(path), framework="pt") as f:
                 f.keys()
         except Exception as exc:
+            if not had:  # what was just fetched for this result is not kept
+                self.ctx.blobs.remove(result.weights_sha256)
             raise ProtocolError(f"weights are not a safetensors file ({exc})") from exc
 
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:

@@ -50,10 +50,24 @@ def runner_request(
 
 
 def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
-    """A spec from a peer: parse and re-validate it here; returns its plain form."""
-    from training.spec import parse_spec, spec_to_plain
+    """A spec from a peer: parse and re-validate it here; returns its plain form.
 
-    return spec_to_plain(parse_spec(plain))
+    A built-in data set needs nothing fetched, so the budget (parameters, memory) is
+    checked here too and an oversized model is declined with the offer; for blob data
+    the runner checks it once the data is here, before anything is allocated."""
+    from training.budget import validate_for_submit
+    from training.spec import SpecError, parse_spec, spec_to_plain
+
+    spec = parse_spec(plain)
+    origin = spec.data.parsed.origin
+    if origin == "builtin":
+        validate_for_submit(spec, None)
+    elif origin != "blob":
+        raise SpecError(
+            f"data.source {spec.data.source[:100]!r}: a worker reads data only from blobs "
+            "or built-in data sets"
+        )
+    return spec_to_plain(spec)
 
 
 class WorkService:

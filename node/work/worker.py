@@ -44,6 +44,10 @@ RESULT_TIMEOUT_S = 900.0
 class Declined(Exception):
     """An offer this node will not take; the message is sent back as the reason."""
 
+    def __init__(self, reason: str, transient: bool = False) -> None:
+        super().__init__(reason)
+        self.transient = transient
+
 
 @dataclass
 class RunningUnit:
@@ -84,7 +88,7 @@ class WorkerRole:
         except (ProtocolError, Declined) as exc:
             reason = str(exc) if isinstance(exc, Declined) else f"bad offer: {exc}"
             log.info("declined offer %s/%s from %s: %s", job_id, unit_id, peer, reason)
-            return self._reply(job_id, unit_id, False, reason)
+            return self._reply(job_id, unit_id, False, reason, getattr(exc, "transient", False))
         self.current = unit
         self._on_load(100)
         self._nursery.start_soon(self._run, unit)
@@ -128,7 +132,7 @@ class WorkerRole:
         if self.ctx.allow_owners and owner not in self.ctx.allow_owners:
             raise Declined("this node only takes work from its allow list")
         if self.current is not None:
-            raise Declined("busy with another unit (load 100%)")
+            raise Declined("busy with another unit (load 100%)", transient=True)
         if package.max_hours > policy.max_job_hours:
             raise Declined(
                 f"job may run {package.max_hours:g} h; this node takes up to "
@@ -148,10 +152,16 @@ class WorkerRole:
                 f"offers {share:.0%} of its GPU memory"
             )
 
-    def _reply(self, job_id: str, unit_id: str, accepted: bool, reason: str) -> bytes:
+    def _reply(
+        self, job_id: str, unit_id: str, accepted: bool, reason: str, transient: bool = False
+    ) -> bytes:
         return seal(
             OfferReply(
-                job_id[:128] or "unknown", unit_id[:128] or "unknown", accepted, reason[:1000]
+                job_id[:128] or "unknown",
+                unit_id[:128] or "unknown",
+                accepted,
+                reason[:1000],
+                transient,
             ),
             self.ctx.identity.signing_key,
         )
