@@ -162,6 +162,7 @@ class Result:
     samples: int = 0
     wall_time_s: float = 0.0
     device: str = ""
+    retryable: bool = False  # the failure was not the job's (handed back, data unreachable)
 
     def check(self, path: str) -> None:
         _check_ids(self, path)

@@ -186,3 +186,70 @@ def test_owner_restarted_mid_job_picks_it_up_again(localnet: LocalNetwork, tmp_p
     )
     assert job["state"] == "completed", job["reason"]
     assert job["worker"] in (worker.peer_id, owner.peer_id)
+
+
+def test_failing_training_fails_the_job_not_the_daemon(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner = localnet.add(["--not-accepting"])
+    worker = localnet.add()
+    localnet.wait_all_see_each_other(timeout=20)
+    # time limit: 3,000,000 steps cannot finish in 2 seconds
+    slow = (
+        _spec(tmp_path, steps=3_000_000)
+        .read_text()
+        .replace('gpu = "preferred"', 'gpu = "preferred"\nmax_hours = 0.0006')
+    )
+    (tmp_path / "slow.toml").write_text(slow)
+    job_id = _submit(owner, tmp_path / "slow.toml")
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["state"] == "failed" and j,
+        120,
+        "the over-long job to fail",
+    )
+    assert "time limit" in job["reason"]
+    assert job["worker"] == worker.peer_id
+    for node in (owner, worker):
+        assert node.proc is not None and node.proc.poll() is None
+        assert node.get("/api/v1/status")["load"] == 0 or node is owner
+    wait_for(lambda: worker.get("/api/v1/status")["load"] == 0, 10, "the worker to be idle")
+
+
+def test_deny_list_declines_with_the_reason(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner = localnet.add(["--not-accepting"])
+    localnet.add(["--deny-owner", owner.peer_id])
+    localnet.wait_all_see_each_other(timeout=20)
+    job_id = _submit(owner, _spec(tmp_path, steps=20))
+    job = wait_for(lambda: (j := _job(owner, job_id))["excluded"] and j, 30, "the decline")
+    assert job["state"] == "queued"
+    assert any("deny list" in e["note"] for e in job["timeline"])
+
+
+def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner = localnet.add()
+    volunteer = localnet.add()
+    localnet.wait_all_see_each_other(timeout=20)
+    job_id = _submit(owner, _spec(tmp_path, steps=3000))
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["progress"].get("step", 0) > 0 and j,
+        60,
+        "training to start",
+    )
+    assert job["worker"] == volunteer.peer_id  # peers are offered work before the owner
+    out = _cli("node", "pause", "--hand-back", "--api", volunteer.api)
+    assert out.returncode == 0, out.stderr
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["worker"] not in ("", volunteer.peer_id) and j,
+        60,
+        "the unit to be handed back and re-offered",
+    )
+    assert any(
+        "returned the unit" in e["note"] and "handed back" in e["note"] for e in job["timeline"]
+    )
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
+        240,
+        "the job to finish",
+    )
+    assert job["state"] == "completed", job["reason"]
+    assert job["worker"] == owner.peer_id  # the volunteer is paused: the owner trains it

@@ -287,7 +287,17 @@ class OwnerRole:
                 self.ctx.jobs.update(job, note=f"late result from {peer} rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
         if not result.ok:
-            self._unit_failed(job, unit, f"training failed on {peer}: {result.error}")
+            if result.retryable:  # not the job's fault: offer it elsewhere
+                self._unit_failed(job, unit, f"{peer} returned the unit: {result.error}")
+            else:  # the spec fails deterministically: retrying elsewhere fails the same way
+                self._end_unit(unit.unit_id, "failed", result.error)
+                self.ctx.jobs.update(
+                    job,
+                    state="failed",
+                    worker=peer,
+                    reason=f"training failed on {peer}: {result.error}",
+                    note="training failed",
+                )
             return self._reply(True, "failure recorded")
         try:
             await self._fetch_weights(peer, result)

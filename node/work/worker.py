@@ -191,7 +191,7 @@ class WorkerRole:
                     if unit.hand_back
                     else ("stopped: the owner no longer wants this unit")
                 )
-                outcome = self._failure(pkg, why)
+                outcome = self._failure(pkg, why, retryable=True)
             await self._send_result(unit, outcome)
         finally:
             ctx.grant_keys.pop((pkg.job_id, pkg.unit_id), None)
@@ -213,7 +213,7 @@ class WorkerRole:
                     unit.grant.max_bytes,
                 )
             except Exception as exc:
-                return self._failure(pkg, f"could not fetch the data: {exc}")
+                return self._failure(pkg, f"could not fetch the data: {exc}", retryable=True)
         unit.phase = "training"
         out = ctx.unit_dir(pkg.unit_id) / "weights.safetensors"
         request = self._runner_request(
@@ -253,8 +253,8 @@ class WorkerRole:
             device=str(result.get("device", ""))[:64],
         )
 
-    def _failure(self, pkg: WorkPackage, error: str) -> Result:
-        return Result(pkg.job_id, pkg.unit_id, False, error[:4000], "", 0, b"")
+    def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:
+        return Result(pkg.job_id, pkg.unit_id, False, error[:4000], "", 0, b"", retryable=retryable)
 
     async def _heartbeat(self, unit: RunningUnit) -> None:
         """Progress to the owner every second; it renews the lease or says stop."""
