@@ -1,0 +1,547 @@
+"""Hostile peers in the work flow, played by a libp2p host in the test process against
+real node processes.
+
+Worker side: a rogue OWNER sends `/meshminer/task/1` offers built the way
+`node/work/owner.py` builds them, then broken (a flipped bit, sealed to someone else,
+signed by the wrong key, a hostile spec). Each is declined with a reason that says what
+was wrong, and nothing runs.
+
+Owner side: a rogue WORKER advertises itself, accepts the owner's offers, serves
+weights, and returns bad results (wrong hash, forged signature, a pickle, too late).
+Each is rejected with a signed reason; the job is not completed, no receipt is stored,
+no blob that failed the checks is kept, and the owner keeps answering.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import secrets
+import sqlite3
+import time
+import tomllib
+import zipfile
+from contextlib import closing
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+from factories import capacity_ad
+from nacl.public import Box
+from nacl.signing import SigningKey
+from safetensors.numpy import save as save_safetensors
+
+from node.client import request_json
+from node.identity import Identity
+from node.localnet import LocalNetwork, LocalNode, free_port
+from node.net.host import HostError, MeshHost
+from node.work.blobs import BlobStore
+from node.work.transfer import serve_blobs_libp2p
+from protocol import encode, open_envelope, public_key_from_peer_id, seal
+from protocol.blobs import BlobGrant
+from protocol.crypto import new_job_key, open_from, seal_to
+from protocol.envelope import signing_bytes
+from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.schema import to_plain
+from protocol.work import (
+    WORK_LIMITS,
+    OfferReply,
+    ReceiptReply,
+    Result,
+    WorkOffer,
+    WorkPackage,
+)
+from training.spec import parse_spec, spec_to_plain
+
+pytestmark = pytest.mark.slow
+
+DIGITS = """
+name = "{name}"
+mode = "single"
+seed = 0
+[model]
+arch = "mlp"
+hidden = [16]
+[data]
+source = "builtin:digits"
+batch_size = 64
+validation = 0.2
+[optim]
+name = "adamw"
+lr = 3e-3
+steps = {steps}
+[requirements]
+gpu = "none"
+"""
+
+
+def _digits_toml(name: str, steps: int = 20) -> str:
+    return DIGITS.format(name=name, steps=steps)
+
+
+def _digits_plain(name: str, steps: int = 20) -> dict[str, Any]:
+    return spec_to_plain(parse_spec(tomllib.loads(_digits_toml(name, steps))))
+
+
+def _peer_id(key: SigningKey) -> str:
+    return Identity(key).peer_id
+
+
+def _forged(message: Any, claimed: SigningKey, actual: SigningKey) -> bytes:
+    """An envelope naming `claimed` as its signer but signed by `actual`."""
+    payload = encode(to_plain(message))
+    sig = actual.sign(signing_bytes(message.TYPE, message.VERSION, payload)).signature
+    return encode(
+        {
+            "t": message.TYPE,
+            "v": message.VERSION,
+            "p": payload,
+            "k": bytes(claimed.verify_key),
+            "s": sig,
+        }
+    )
+
+
+async def _api(node: LocalNode, path: str) -> Any:
+    return await trio.to_thread.run_sync(node.get, path)
+
+
+async def _until(condition: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Await `condition()` (sync, run in a thread) until truthy; fails naming `what`."""
+    deadline = trio.current_time() + timeout
+    while True:
+        value = await trio.to_thread.run_sync(condition)
+        if value:
+            return value
+        if trio.current_time() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await trio.sleep(interval)
+
+
+def _query(node: LocalNode, sql: str, *args: Any) -> list[tuple]:
+    """Read the node's node.db (read-only, beside the running node)."""
+    uri = f"file:{node.data_dir / 'node.db'}?mode=ro"
+    with closing(sqlite3.connect(uri, uri=True)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def _receipt_rows(node: LocalNode, job_id: str) -> list[tuple]:
+    return _query(node, "select unit_id, role from receipts where job_id = ?", job_id)
+
+
+def _receipt_count(node: LocalNode) -> int:
+    return _query(node, "select count(*) from receipts")[0][0]
+
+
+def _stored_blobs(node: LocalNode) -> set[str]:
+    """Every file under the node's blob store, temporary ones included (names only)."""
+    root = node.data_dir / "blobs" / "blobs"
+    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+async def _assert_alive(node: LocalNode) -> dict[str, Any]:
+    assert node.proc is not None and node.proc.poll() is None, f"{node.name} died"
+    status = await _api(node, "/api/v1/status")
+    assert status["peer_id"] == node.peer_id
+    return status
+
+
+# -- worker side: a rogue owner's offers ---------------------------------------------------
+
+
+def _work_offer(
+    owner: SigningKey,
+    worker_id: str,
+    spec: dict[str, Any],
+    *,
+    package_signer: SigningKey | None = None,
+    sealed_to: bytes | None = None,
+    flip_bit: bool = False,
+) -> WorkOffer:
+    """An offer as `OwnerRole._offer` builds one (built-in data: no blobs, no grant),
+    optionally broken; the caller signs it."""
+    job_id, unit_id = f"attack-{secrets.token_hex(6)}", secrets.token_hex(8)
+    package = WorkPackage(job_id, unit_id, encode(spec), [], b"", new_job_key(), 1.0, 15.0)
+    sealed = seal_to(
+        sealed_to or public_key_from_peer_id(worker_id),
+        owner,
+        seal(package, package_signer or owner),
+    )
+    if flip_bit:  # one bit of the ciphertext, past the nonce
+        i = Box.NONCE_SIZE + (len(sealed) - Box.NONCE_SIZE) // 2
+        sealed = sealed[:i] + bytes([sealed[i] ^ 0x10]) + sealed[i + 1 :]
+    return WorkOffer(job_id, unit_id, worker_id, sealed, time.time())
+
+
+async def _send_offer(host: MeshHost, worker: LocalNode, offer: bytes) -> tuple[bool, str]:
+    """(accepted, reason) from the worker's signed reply; a failed stream is a refusal."""
+    try:
+        raw = await host.request(worker.peer_id, TASK_PROTOCOL, offer, WORK_LIMITS.max_bytes)
+    except HostError as exc:
+        return False, f"stream failed: {exc}"
+    reply = open_envelope(raw, OfferReply, expected_signer=worker.peer_id, limits=WORK_LIMITS)
+    return reply.message.accepted, reply.message.reason
+
+
+def _units(node: LocalNode) -> list[str]:
+    units = node.data_dir / "units"
+    return sorted(p.name for p in units.iterdir()) if units.exists() else []
+
+
+async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
+    key, other = SigningKey.generate(), SigningKey.generate()
+    wid = worker.peer_id
+    spec = _digits_plain("attack")
+    layers = {
+        "arch": "layers",
+        "layers": [{"type": "Linear", "out_features": 10}, {"type": "PythonEval"}],
+    }
+    # (offer envelope, what the reason must say)
+    cases: dict[str, tuple[bytes, str]] = {
+        "1 flipped bit": (
+            seal(_work_offer(key, wid, spec, flip_bit=True), key),
+            "cannot open the package",
+        ),
+        "2 sealed to another node": (
+            seal(_work_offer(key, wid, spec, sealed_to=bytes(other.verify_key)), key),
+            "cannot open the package",
+        ),
+        "3a offer signed by another key": (
+            seal(_work_offer(key, wid, spec), other),
+            f"work_offer is signed by {_peer_id(other)}",
+        ),
+        "3b offer signature forged": (
+            _forged(_work_offer(key, wid, spec), claimed=key, actual=other),
+            "work_offer signature does not verify",
+        ),
+        "4 package signed by another key": (
+            seal(_work_offer(key, wid, spec, package_signer=other), key),
+            f"work_package is signed by {_peer_id(other)}",
+        ),
+        "5a unknown layer": (
+            seal(_work_offer(key, wid, {**spec, "model": layers}), key),
+            "invalid job spec: model.layers[1].type: unknown layer type 'PythonEval'",
+        ),
+        "5b negative size": (
+            seal(_work_offer(key, wid, {**spec, "model": {**spec["model"], "hidden": [-16]}}), key),
+            "invalid job spec: model.hidden[0]",
+        ),
+        "5c 10^12 parameters": (
+            seal(
+                _work_offer(
+                    key, wid, {**spec, "model": {**spec["model"], "hidden": [10**6, 10**6]}}
+                ),
+                key,
+            ),
+            "invalid job spec: model: 1,000,0",
+        ),
+    }
+    observed = {}
+    async with MeshHost.start(Identity(key), f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
+        await host.connect(worker.multiaddr)
+        for name, (offer, expected) in cases.items():
+            accepted, reason = await _send_offer(host, worker, offer)
+            observed[name] = reason
+            assert not accepted, f"{name}: the worker accepted"
+            assert expected in reason, f"{name}: {reason!r}"
+            status = await _assert_alive(worker)
+            assert status["load"] == 0, f"{name}: the worker took the unit"
+            assert _units(worker) == [], f"{name}: a unit ran"
+            assert _stored_blobs(worker) == set(), f"{name}: a blob was stored"
+            assert _receipt_count(worker) == 0, f"{name}: a receipt was stored"
+
+        # control: the same offer, unbroken, is taken (so the refusals above were
+        # about what was broken, not about how this test builds offers)
+        accepted, reason = await _send_offer(host, worker, seal(_work_offer(key, wid, spec), key))
+        assert accepted, reason
+        await _until(lambda: worker.get("/api/v1/status")["load"] == 100, 10, "load 100%")
+    return observed
+
+
+def test_a_rogue_owners_broken_offers_are_declined(localnet: LocalNetwork) -> None:
+    worker = localnet.add()
+    started = time.monotonic()
+    observed = trio.run(_rogue_owner, worker)
+    for name, reason in observed.items():
+        print(f"{name}: {reason}")
+    print(f"worker side: {time.monotonic() - started:.1f} s")
+    assert worker.proc is not None and worker.proc.poll() is None
+
+
+# -- owner side: a rogue worker's results --------------------------------------------------
+
+
+def _weights(seed: int) -> bytes:
+    """A small, valid safetensors file."""
+    return save_safetensors({"w": np.arange(8, dtype=np.float32) * seed})
+
+
+def _pickle_bytes() -> bytes:
+    return pickle.dumps({"w": [0.0] * 8}, protocol=4)  # starts with b"\x80\x04"
+
+
+def _torch_zip() -> bytes:
+    """What torch.save writes: a zip holding a pickle."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", _pickle_bytes())
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+@dataclass
+class RogueWorker:
+    """Advertises itself, accepts every offer, serves whatever weights it is told to."""
+
+    identity: Identity
+    store: BlobStore
+    host: MeshHost | None = None
+    packages: dict[str, WorkPackage] = field(default_factory=dict)  # by job id
+    seq: int = 0
+
+    @property
+    def key(self) -> SigningKey:
+        return self.identity.signing_key
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def ad(self) -> bytes:
+        assert self.host is not None
+        self.seq += 1
+        return seal(capacity_ad(self.peer_id, self.seq, addrs=self.host.addrs()), self.key)
+
+    async def serve_table(self, peer: str, request: bytes) -> bytes:
+        return encode([self.ad()])
+
+    async def publish_ads(self) -> None:
+        assert self.host is not None
+        while True:
+            await self.host.publish(CAPACITY_TOPIC, self.ad())
+            await trio.sleep(0.5)
+
+    async def handle_offer(self, peer: str, data: bytes) -> bytes:
+        offer = open_envelope(data, WorkOffer, expected_signer=peer, limits=WORK_LIMITS).message
+        inner = open_from(public_key_from_peer_id(peer), self.key, offer.sealed)
+        package = open_envelope(
+            inner, WorkPackage, expected_signer=peer, limits=WORK_LIMITS
+        ).message
+        assert offer.worker == self.peer_id
+        assert (package.job_id, package.unit_id) == (offer.job_id, offer.unit_id)
+        self.packages[package.job_id] = package
+        return seal(OfferReply(package.job_id, package.unit_id, True, ""), self.key)
+
+    def job_key(self, job_id: str, unit_id: str) -> bytes | None:
+        package = self.packages.get(job_id)
+        return package.job_key if package and package.unit_id == unit_id else None
+
+    def serve(self, data: bytes, under: str | None = None) -> tuple[str, int]:
+        """Store `data` for the blob server, under its own sha256 or the name `under`."""
+        if under is None:
+            return self.store.put_bytes(data), len(data)
+        path = self.store.location(under)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return under, len(data)
+
+    def result(self, package: WorkPackage, owner: str, sha: str, size: int) -> Result:
+        grant = BlobGrant(
+            job_id=package.job_id,
+            unit_id=package.unit_id,
+            owner=self.peer_id,
+            grantee=owner,
+            blobs=[sha],
+            max_bytes=size,
+            expires_at=time.time() + 3600,
+        )
+        return Result(
+            job_id=package.job_id,
+            unit_id=package.unit_id,
+            ok=True,
+            error="",
+            weights_sha256=sha,
+            weights_size=size,
+            weights_grant=seal(grant, self.key),
+            metrics={"val_accuracy": 0.99, "val_loss": 0.01},
+            steps=20,
+            samples=1280,
+            wall_time_s=1.0,
+            device="cpu",
+        )
+
+    async def send_result(self, owner: LocalNode, envelope: bytes) -> ReceiptReply:
+        assert self.host is not None
+        raw = await self.host.request(
+            owner.peer_id, RESULT_PROTOCOL, envelope, WORK_LIMITS.max_bytes, timeout=60
+        )
+        return open_envelope(
+            raw, ReceiptReply, expected_signer=owner.peer_id, limits=WORK_LIMITS
+        ).message
+
+
+async def _submit_and_accept(owner: LocalNode, rogue: RogueWorker, name: str) -> WorkPackage:
+    """Submit a digits job to `owner`; returns the package once the rogue holds it and
+    the owner has recorded the acceptance."""
+    body = {"spec": _digits_toml(name)}
+    job = await trio.to_thread.run_sync(
+        lambda: request_json(owner.api, "POST", "/api/v1/jobs", body)
+    )
+    job_id = job["id"]
+    with trio.fail_after(20):
+        while job_id not in rogue.packages:
+            await trio.sleep(0.05)
+    package = rogue.packages[job_id]
+    await _until(
+        lambda: (
+            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"] == "running"
+            and j["unit_id"] == package.unit_id
+        ),
+        10,
+        f"the owner to record that {name} was accepted",
+    )
+    return package
+
+
+async def _rejected(
+    owner: LocalNode, rogue: RogueWorker, envelope: bytes, job_id: str, expected: str
+) -> str:
+    """Send a result that must be rejected; checks the signed reply, the job, the receipts
+    table and the blob store; returns the reason."""
+    reply = await rogue.send_result(owner, envelope)
+    assert not reply.accepted, reply
+    assert reply.receipt == b""
+    assert expected in reply.reason, reply.reason
+    job = await _api(owner, f"/api/v1/jobs/{job_id}")
+    assert job["state"] != "completed" and job["weights_sha256"] == "", job
+    assert _receipt_rows(owner, job_id) == []
+    assert _stored_blobs(owner) == set(), "a rejected blob was kept"
+    await _assert_alive(owner)
+    return reply.reason
+
+
+def _notes(job: dict[str, Any]) -> list[str]:
+    return [entry["note"] for entry in job["timeline"]]
+
+
+async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
+    rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root, durable=False))
+    other = SigningKey.generate()
+    observed = {}
+    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
+        rogue.host = host
+        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
+        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
+        serve_blobs_libp2p(host, rogue.store, rogue.job_key)
+        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
+        await host.connect(owner.multiaddr)
+        nursery.start_soon(rogue.publish_ads)
+        await _until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+        good, good_size = rogue.serve(_weights(1))
+
+        # 9 (set up first, so its lease runs out while the others play): never a heartbeat
+        late = await _submit_and_accept(owner, rogue, "late")
+
+        # 6: the served bytes do not hash to the sha256 the result names
+        package = await _submit_and_accept(owner, rogue, "bad-hash")
+        claimed, size = rogue.serve(_weights(2), under=sha256(_weights(3)).hexdigest())
+        envelope = seal(rogue.result(package, owner.peer_id, claimed, size), rogue.key)
+        observed["6 weights hash mismatch"] = await _rejected(
+            owner, rogue, envelope, package.job_id, "weights rejected"
+        )
+        assert "hashes to" in observed["6 weights hash mismatch"]
+        job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+        assert job["state"] == "queued"
+        assert any(f"weights from {rogue.peer_id} rejected" in n for n in _notes(job)), job
+
+        # 8: a pickle and a torch .pt zip, correctly hashed and served
+        for name, job_name, data in (
+            ("8a pickle", "pickle", _pickle_bytes()),
+            ("8b torch .pt zip", "zip", _torch_zip()),
+        ):
+            package = await _submit_and_accept(owner, rogue, job_name)
+            sha, size = rogue.serve(data)
+            envelope = seal(rogue.result(package, owner.peer_id, sha, size), rogue.key)
+            observed[name] = await _rejected(
+                owner, rogue, envelope, package.job_id, "weights are not a safetensors file"
+            )
+            job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+            assert job["state"] == "queued"
+            assert any("not a safetensors file" in n for n in _notes(job)), job
+
+        # 7: good weights, but the result is signed by another key / its signature forged
+        forged_job = await _submit_and_accept(owner, rogue, "forged")
+        result = rogue.result(forged_job, owner.peer_id, good, good_size)
+        observed["7a result signed by another key"] = await _rejected(
+            owner,
+            rogue,
+            seal(result, other),
+            forged_job.job_id,
+            f"bad result: result is signed by {_peer_id(other)}",
+        )
+        observed["7b result signature forged"] = await _rejected(
+            owner,
+            rogue,
+            _forged(result, claimed=rogue.key, actual=other),
+            forged_job.job_id,
+            "bad result: result signature does not verify",
+        )
+        # a result that cannot be attributed to its sender never touches a job: the
+        # unit runs on (and would take the worker's genuine result, or expire)
+        job = await _api(owner, f"/api/v1/jobs/{forged_job.job_id}")
+        assert job["state"] == "running" and job["unit_id"] == forged_job.unit_id, job
+
+        # 9: the lease ran out (no heartbeat); then a valid-looking result arrives
+        job = await _until(
+            lambda: (j := owner.get(f"/api/v1/jobs/{late.job_id}"))["state"] == "queued" and j,
+            20,
+            "the late unit's lease to expire",
+        )
+        assert any("vanished" in n for n in _notes(job)), job
+        envelope = seal(rogue.result(late, owner.peer_id, good, good_size), rogue.key)
+        observed["9 late result"] = await _rejected(
+            owner, rogue, envelope, late.job_id, "lease expired"
+        )
+        job = await _api(owner, f"/api/v1/jobs/{late.job_id}")
+        assert job["state"] == "queued"
+        assert any("late result" in n and "lease expired" in n for n in _notes(job)), job
+
+        # control: the same good weights in a genuine result are accepted with a receipt
+        # (so the refusals above were about what was broken)
+        package = await _submit_and_accept(owner, rogue, "control")
+        envelope = seal(rogue.result(package, owner.peer_id, good, good_size), rogue.key)
+        reply = await rogue.send_result(owner, envelope)
+        assert reply.accepted, reply.reason
+        job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+        assert job["state"] == "completed" and job["weights_sha256"] == good
+        assert _receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
+        assert _stored_blobs(owner) == {good}
+
+        # the forged results never touched their job: its unit ran on until its lease ended
+        job = await _api(owner, f"/api/v1/jobs/{forged_job.job_id}")
+        assert job["state"] != "completed" and _receipt_rows(owner, forged_job.job_id) == []
+        nursery.cancel_scope.cancel()
+    return observed
+
+
+def test_a_rogue_workers_bad_results_are_rejected(localnet: LocalNetwork, tmp_path: Path) -> None:
+    owner = localnet.add(["--not-accepting", "--lease", "3"])
+    started = time.monotonic()
+    observed = trio.run(_rogue_worker, owner, tmp_path / "rogue")
+    for name, reason in observed.items():
+        print(f"{name}: {reason}")
+    print(f"owner side: {time.monotonic() - started:.1f} s")
+    assert owner.proc is not None and owner.proc.poll() is None
+    jobs = {j["name"]: j for j in owner.get("/api/v1/jobs")}
+    assert {name: j["state"] for name, j in jobs.items() if name != "forged"} == {
+        "late": "queued",
+        "bad-hash": "queued",
+        "pickle": "queued",
+        "zip": "queued",
+        "control": "completed",
+    }
