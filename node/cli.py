@@ -134,6 +134,7 @@ def node_run(
     from node.identity import IdentityError, load_or_create_identity
     from node.logs import setup_logging
     from node.net.host import HostError
+    from node.store import DataDirInUse
 
     directory = data_dir_from(data_dir)
     overrides: dict[str, Any] = {
@@ -164,7 +165,7 @@ def node_run(
     err.print(f"meshminer {__version__}: data dir {directory}, log {log_file}", highlight=False)
     try:
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
-    except HostError as exc:
+    except (HostError, DataDirInUse) as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(

@@ -26,7 +26,7 @@ from node.net.discovery import keep_connected
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
-from node.store import next_counter, open_node_db
+from node.store import lock_data_dir, next_counter, open_node_db
 from node.web.api import WriteGuard, make_app
 from node.web.jobs_api import job_routes
 from node.work.blobs import BlobStore
@@ -182,7 +182,8 @@ async def run_node(
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until SIGINT/SIGTERM (or cancellation)."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    lock = lock_data_dir(data_dir)
+    with lock, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         capacity = await trio.to_thread.run_sync(local_capacity, data_dir, rebenchmark)
         token = load_or_create_api_token(data_dir)
         db = open_node_db(data_dir)
@@ -220,15 +221,15 @@ async def _serve(
                     host=host,
                     peers=peers,
                     jobs=JobStore(db),
-                    blobs=BlobStore(data_dir / "blobs"),
+                    blobs=BlobStore(data_dir),
                     data_dir=data_dir,
                     own_ad=node.ad,
                     policy=lambda: node.policy,
                     allow_owners=settings.allow_owners,
                     deny_owners=settings.deny_owners,
                     lease_s=settings.lease_s,
+                    on_load=node.set_load,
                 ),
-                on_load=node.set_load,
                 memory_limit_mb=_memory_limit_mb(),
             )
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)

@@ -5,11 +5,34 @@ Only the trio thread touches it; the HTTP thread asks through the bridge.
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
+from typing import IO
 
 import sqlite_utils
 
 NODE_DB = "node.db"
+LOCK_FILE = "node.lock"
+
+
+class DataDirInUse(Exception):
+    """Another node process runs with this data dir."""
+
+
+def lock_data_dir(data_dir: Path) -> IO[bytes]:
+    """Hold an exclusive lock on the data dir for this process's lifetime (keep the
+    returned file open): two nodes sharing one identity and node.db corrupt both."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / LOCK_FILE, "wb")  # noqa: SIM115 (held open on purpose)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise DataDirInUse(
+            f"another meshminer node is running with data dir {data_dir}; stop it, or "
+            "give this one its own --data-dir"
+        ) from exc
+    return handle
 
 
 def open_node_db(data_dir: Path) -> sqlite_utils.Database:

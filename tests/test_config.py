@@ -122,3 +122,36 @@ def test_bad_addresses_are_refused_before_anything_starts(
     with pytest.raises(ConfigError, match=message):
         load_settings(tmp_path, overrides)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_second_node_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    from node.store import DataDirInUse, lock_data_dir
+
+    held = lock_data_dir(tmp_path)
+    try:
+        with pytest.raises(DataDirInUse, match="another meshminer node"):
+            lock_data_dir(tmp_path)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "node",
+                "node",
+                "run",
+                "--data-dir",
+                str(tmp_path),
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--http",
+                "127.0.0.1:0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 1
+        assert "another meshminer node is running" in proc.stderr
+        assert not (tmp_path / "node.db").exists()
+    finally:
+        held.close()
+    lock_data_dir(tmp_path).close()  # free again once the holder is gone

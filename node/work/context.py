@@ -32,6 +32,19 @@ class WorkContext:
     # Read by the blob server's thread: entries are only ever set or deleted whole.
     grant_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
 
+    on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
+    # units training on this machine (a peer's, or the owner's own): one at a time
+    units_here: set[str] = field(default_factory=set)
+
+    def claim(self, unit_id: str) -> None:
+        self.units_here.add(unit_id)
+        self.on_load(100)
+
+    def release(self, unit_id: str) -> None:
+        self.units_here.discard(unit_id)
+        if not self.units_here:
+            self.on_load(0)
+
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id

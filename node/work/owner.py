@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 MAX_WEIGHTS_BYTES = 4 << 30
+RESULT_FETCH_S = 900.0  # the result stream's timeout: the lease holds this long
 HISTORY_POINTS = 500
 
 
@@ -86,12 +87,15 @@ class OwnerRole:
                 job = self.ctx.jobs.get(job_id)
                 if job is None or job.state != "queued":
                     return
+                excluded = set(job.excluded)
+                if self.ctx.units_here:
+                    excluded.add(SELF)  # this node trains one unit at a time
                 choice = choose_worker(
                     job.spec.get("requirements", {}),
                     job.placement,
                     self.ctx.peers.entries(),
                     self.ctx.own_ad(),
-                    set(job.excluded),
+                    excluded,
                 )
                 if choice.worker is None:
                     if job.reason != choice.reason:
@@ -137,13 +141,13 @@ class OwnerRole:
             reply = open_envelope(raw, OfferReply, expected_signer=peer, limits=WORK_LIMITS).message
             if (reply.job_id, reply.unit_id) != (job.id, unit.unit_id):
                 raise ProtocolError("the reply names another job or unit")
-        except Exception as exc:
-            reply = OfferReply(job.id, unit.unit_id, False, f"offer failed: {exc}")
+        except Exception as exc:  # unreachable for now: not a refusal of this job
+            reply = OfferReply(job.id, unit.unit_id, False, f"offer failed: {exc}", True)
         if not reply.accepted:
             self._end_unit(unit.unit_id, "failed", reply.reason)
             log.info("job %s: %s declined: %s", job.id, peer, reply.reason)
-            if reply.transient:  # busy right now: the job waits and is offered again
-                self.ctx.jobs.update(job, reason=f"{peer} is busy; retrying")
+            if reply.transient:  # busy or unreachable now: the job waits, asks again
+                self.ctx.jobs.update(job, reason=f"{peer}: {reply.reason}; retrying")
                 return True
             self.ctx.jobs.update(
                 job, excluded=[*job.excluded, peer], note=f"{peer} declined: {reply.reason}"
@@ -186,6 +190,7 @@ class OwnerRole:
             if event.get("event") == "progress":
                 self._record_progress(job.id, "training", event)
 
+        ctx.claim(unit.unit_id)
         with trio.CancelScope() as scope:
             self._local[job.id] = scope
             try:
@@ -199,7 +204,8 @@ class OwnerRole:
                 return
             finally:
                 self._local.pop(job.id, None)
-            sha = ctx.blobs.put_file(out)
+                ctx.release(unit.unit_id)
+            sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
             self._end_unit(unit.unit_id, "done")
             job = ctx.jobs.get(job.id) or job
             ctx.jobs.update(
@@ -286,6 +292,8 @@ class OwnerRole:
             if job is not None:
                 self.ctx.jobs.update(job, note=f"late result from {peer} rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
+        # fetching and checking the weights may take a while: hold the lease meanwhile
+        self.ctx.jobs.update_unit(unit, lease_expires=time.time() + RESULT_FETCH_S)
         if not result.ok:
             if result.retryable:  # not the job's fault: offer it elsewhere
                 self._unit_failed(job, unit, f"{peer} returned the unit: {result.error}")

@@ -71,10 +71,9 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
 
 
 class WorkService:
-    def __init__(self, ctx: WorkContext, on_load: Any, memory_limit_mb: int) -> None:
+    def __init__(self, ctx: WorkContext, memory_limit_mb: int) -> None:
         self.ctx = ctx
         self._memory_limit_mb = memory_limit_mb
-        self._on_load = on_load
         self.blob_server = BlobServer(
             ctx.blobs, ctx.identity, "0.0.0.0", 0, lambda job, unit: ctx.grant_keys.get((job, unit))
         )
@@ -94,9 +93,7 @@ class WorkService:
         self.ctx.data_port = await trio.to_thread.run_sync(self.blob_server.start)
         try:
             async with trio.open_nursery() as nursery:
-                self.worker = WorkerRole(
-                    self.ctx, self._request, validate_wire_spec, self._on_load, nursery
-                )
+                self.worker = WorkerRole(self.ctx, self._request, validate_wire_spec, nursery)
                 host = self.ctx.host
                 host.serve(TASK_PROTOCOL, self.worker.handle_offer, WORK_LIMITS.max_bytes)
                 host.serve(PROGRESS_PROTOCOL, self.owner.handle_progress, WORK_LIMITS.max_bytes)
@@ -112,7 +109,7 @@ class WorkService:
                 nursery.start_soon(self.owner.run)
                 await trio.sleep_forever()
         finally:
-            await trio.to_thread.run_sync(self.blob_server.stop)
+            self.blob_server.stop()  # quick; the scope may already be cancelled
 
     # -- the API's calls -------------------------------------------------------------
 

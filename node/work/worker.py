@@ -67,13 +67,11 @@ class WorkerRole:
         ctx: WorkContext,
         runner_request: Callable[..., dict[str, Any]],
         validate_spec: Callable[[dict[str, Any]], dict[str, Any]],
-        on_load: Callable[[int], None],
         nursery: trio.Nursery,
     ) -> None:
         self.ctx = ctx
         self._runner_request = runner_request
         self._validate_spec = validate_spec  # raises ValueError with the field path
-        self._on_load = on_load
         self._nursery = nursery
         self.current: RunningUnit | None = None
 
@@ -90,7 +88,7 @@ class WorkerRole:
             log.info("declined offer %s/%s from %s: %s", job_id, unit_id, peer, reason)
             return self._reply(job_id, unit_id, False, reason, getattr(exc, "transient", False))
         self.current = unit
-        self._on_load(100)
+        self.ctx.claim(unit.package.unit_id)
         self._nursery.start_soon(self._run, unit)
         log.info("accepted unit %s of job %s from %s", unit_id, job_id, peer)
         return self._reply(job_id, unit_id, True, "")
@@ -131,7 +129,7 @@ class WorkerRole:
             raise Declined("this node does not take work from you (deny list)")
         if self.ctx.allow_owners and owner not in self.ctx.allow_owners:
             raise Declined("this node only takes work from its allow list")
-        if self.current is not None:
+        if self.ctx.units_here:
             raise Declined("busy with another unit (load 100%)", transient=True)
         if package.max_hours > policy.max_job_hours:
             raise Declined(
@@ -196,7 +194,7 @@ class WorkerRole:
         finally:
             ctx.grant_keys.pop((pkg.job_id, pkg.unit_id), None)
             self.current = None
-            self._on_load(0)
+            ctx.release(pkg.unit_id)
 
     async def _train(self, unit: RunningUnit) -> Result:
         pkg = unit.package
@@ -231,7 +229,7 @@ class WorkerRole:
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         unit.phase = "uploading"
-        sha = ctx.blobs.put_file(out)
+        sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
         grant = issue_grant(ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha], size, 24 * 3600)
         return Result(
