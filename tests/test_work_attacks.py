@@ -139,7 +139,7 @@ def _receipt_count(node: LocalNode) -> int:
 
 def _stored_blobs(node: LocalNode) -> set[str]:
     """Every file under the node's blob store, temporary ones included (names only)."""
-    root = node.data_dir / "blobs" / "blobs"
+    root = node.data_dir / "blobs"
     return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
 
