@@ -34,8 +34,26 @@ from protocol import (
     public_key_from_peer_id,
     seal,
 )
+from protocol.blobs import (
+    GRANT_LIMITS,
+    NONCE_MAX_BYTES,
+    NONCE_MIN_BYTES,
+    REQUEST_LIMITS,
+    BlobGrant,
+    BlobRequest,
+)
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.schema import to_plain
+from protocol.work import (
+    WORK_LIMITS,
+    OfferReply,
+    Progress,
+    Receipt,
+    ReceiptReply,
+    Result,
+    WorkOffer,
+    WorkPackage,
+)
 
 KEY_A = SigningKey(hashlib.sha256(b"meshminer test key A").digest())
 KEY_B = SigningKey(hashlib.sha256(b"meshminer test key B").digest())
@@ -136,8 +154,111 @@ capacity_ads = st.builds(
     version=st.text(max_size=12),
 )
 
+ids = st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)
+shas = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+small_bytes = st.binary(max_size=256)
+times = st.floats(min_value=1.0, max_value=1e11)
+metrics = st.dictionaries(st.text(min_size=1, max_size=16), st.floats(allow_nan=False), max_size=4)
+work_packages = st.builds(
+    WorkPackage,
+    job_id=ids,
+    unit_id=ids,
+    spec=small_bytes,
+    blobs=st.lists(shas, max_size=3),
+    blob_grant=small_bytes,
+    job_key=st.binary(min_size=32, max_size=32),
+    max_hours=st.floats(min_value=0.01, max_value=8760),
+    lease_s=st.floats(1, 3600),
+)
+work_offers = st.builds(
+    WorkOffer, job_id=ids, unit_id=ids, worker=ids, sealed=small_bytes, created_at=times
+)
+offer_replies = st.builds(
+    OfferReply,
+    job_id=ids,
+    unit_id=ids,
+    accepted=st.booleans(),
+    reason=st.text(max_size=100),
+    transient=st.booleans(),
+)
+progresses = st.integers(0, 10_000).flatmap(
+    lambda total: st.builds(
+        Progress,
+        job_id=ids,
+        unit_id=ids,
+        phase=st.sampled_from(["fetching", "training", "uploading"]),
+        step=st.integers(0, total),
+        total_steps=st.just(total),
+        loss=st.none() | st.floats(allow_nan=False),
+        samples_per_s=st.floats(0, 1e9),
+        samples=st.integers(0, 2**40),
+        timestamp=times,
+        val_loss=st.none() | st.floats(allow_nan=False),
+    )
+)
+results = st.builds(
+    Result,
+    job_id=ids,
+    unit_id=ids,
+    ok=st.just(True),
+    error=st.text(max_size=50),
+    weights_sha256=shas,
+    weights_size=st.integers(0, 2**40),
+    weights_grant=small_bytes,
+    metrics=metrics,
+    steps=st.integers(0, 2**31),
+    samples=st.integers(0, 2**40),
+    wall_time_s=st.floats(0, 1e6),
+    device=st.text(max_size=10),
+    retryable=st.booleans(),
+)
+receipts = st.builds(
+    Receipt,
+    job_id=ids,
+    unit_id=ids,
+    owner=ids,
+    worker=ids,
+    weights_sha256=shas,
+    steps=st.integers(0, 2**31),
+    samples=st.integers(0, 2**40),
+    metrics=metrics,
+    issued_at=times,
+)
+receipt_replies = st.builds(
+    ReceiptReply, accepted=st.booleans(), reason=st.text(max_size=50), receipt=small_bytes
+)
+blob_grants = st.builds(
+    BlobGrant,
+    job_id=ids,
+    unit_id=ids,
+    owner=ids,
+    grantee=ids,
+    blobs=st.lists(shas, min_size=1, max_size=3),
+    max_bytes=st.integers(0, 2**30),
+    expires_at=times,
+    data_port=st.integers(0, 65535),
+)
+blob_requests = st.builds(
+    BlobRequest,
+    grant=st.binary(min_size=1, max_size=256),
+    sha256=shas,
+    timestamp=times,
+    nonce=st.binary(min_size=NONCE_MIN_BYTES, max_size=NONCE_MAX_BYTES),
+)
+
 #: every message type on the wire, with a strategy of valid instances and its limits
-MESSAGES = {CapacityAd: (capacity_ads, AD_LIMITS)}
+MESSAGES = {
+    CapacityAd: (capacity_ads, AD_LIMITS),
+    WorkPackage: (work_packages, WORK_LIMITS),
+    WorkOffer: (work_offers, WORK_LIMITS),
+    OfferReply: (offer_replies, WORK_LIMITS),
+    Progress: (progresses, WORK_LIMITS),
+    Result: (results, WORK_LIMITS),
+    Receipt: (receipts, WORK_LIMITS),
+    ReceiptReply: (receipt_replies, WORK_LIMITS),
+    BlobGrant: (blob_grants, GRANT_LIMITS),
+    BlobRequest: (blob_requests, REQUEST_LIMITS),
+}
 
 signing_keys = st.binary(min_size=32, max_size=32).map(SigningKey)
 
