@@ -154,7 +154,10 @@ class OwnerRole:
             )
             return False
         log.info("job %s: unit %s accepted by %s", job.id, unit.unit_id, peer)
-        ctx.jobs.update_unit(unit, state="running")
+        current = ctx.jobs.unit(unit.unit_id)
+        if current is None or current.state != "offered":
+            return True  # its result already arrived (a fast failure) and was handled
+        ctx.jobs.update_unit(current, state="running")
         ctx.jobs.update(
             job,
             state="running",
