@@ -93,3 +93,49 @@ def test_cli_says_how_to_start_a_node_when_none_runs() -> None:
     assert out.returncode == 1
     assert "no meshminer node is answering" in out.stderr
     assert "meshminer node run" in out.stderr
+
+
+def _put_json(node: LocalNode, path: str, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"{node.api}{path}", data=body, method="PUT", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_policy_and_job_endpoints_refuse_bad_input(localnet: LocalNetwork) -> None:
+    node = localnet.add()
+    before = node.get("/api/v1/status")["policy"]
+    for body, message in [
+        (b"not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"acepting": false}', "unknown policy field 'acepting'"),
+        (b'{"accepting": "no"}', "'accepting' must be bool"),
+        (b'{"load_limit_pct": 150}', "load_limit_pct"),
+        (b'{"max_gpu_memory_share": 0}', "max_gpu_memory_share"),
+        (b'{"accepting": false, "running": "later"}', "'running' must be"),
+    ]:
+        code, answer = _put_json(node, "/api/v1/policy", body)
+        assert code == 400, (body, answer)
+        assert message in answer["error"], (body, answer)
+    assert node.get("/api/v1/status")["policy"] == before  # nothing changed
+
+    code, answer = _put_json(node, "/api/v1/policy", b'{"accepting": false}')
+    assert code == 200 and answer["accepting"] is False
+    assert node.get("/api/v1/status")["policy"]["accepting"] is False
+
+    for method, path in [
+        ("GET", "/api/v1/jobs/0123456789abcdef"),
+        ("GET", "/api/v1/jobs/0123456789abcdef/weights"),
+        ("POST", "/api/v1/jobs/0123456789abcdef/cancel"),
+        ("GET", "/api/v1/jobs/../../etc/passwd"),
+    ]:
+        code, body = _request(node, method, path)
+        assert code == 404, (path, body)
+        assert "error" in json.loads(body)
+    code, body = _request(node, "POST", "/api/v1/jobs")  # no body, wrong type
+    assert code == 415 and "multipart/form-data" in json.loads(body)["error"]
+    assert node.get("/api/v1/jobs") == []
