@@ -1,0 +1,281 @@
+"""The co-signed receipt: what both sides of a unit agree it was worth.
+
+A `Receipt` (protocol/work.py) is sealed by the job's owner alone and says nothing about
+credit. Credit needs both parties' word, so the ledger and the audit table keep a
+`CoSignedReceipt` instead: the owner's Receipt envelope, exactly as sealed, plus the
+credit (TFLOP) and two detached Ed25519 signatures over the same *claim*::
+
+    claim(role) = domain(role) + msgpack([receipt envelope bytes, float(credit)])
+    domain("owner")  = b"meshminer/cosigned-receipt/owner/1\\x00"
+    domain("worker") = b"meshminer/cosigned-receipt/worker/1\\x00"
+
+`owner_sig` is made with the key of `receipt.owner` and `worker_sig` with the key of
+`receipt.worker`; both keys are read from the peer ids in the receipt. The claim
+covers the whole envelope, so the owner's claim signature also vouches for the receipt
+it wraps; separate domains mean neither signature can be replayed in the other role
+(or as any other meshminer signature).
+
+Flow: the owner seals its Receipt as before, computes the credit from the job spec and
+calls `issue()`, which gives a half-signed receipt (`worker_sig` empty). The worker
+calls `countersign()`, which refuses unless the credit equals its own figure for the
+spec, and sends the complete receipt back. Anyone can check one with `open_cosigned()`.
+
+Wire form: a msgpack map, keys in this order::
+
+    {"t": "cosigned_receipt", "v": 1, "receipt": bin, "credit": float,
+     "owner_sig": bin(64), "worker_sig": bin(64) or bin(0) while half-signed}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from nacl.exceptions import BadSignatureError, CryptoError
+from nacl.signing import SigningKey, VerifyKey
+
+from protocol.codec import Limits, decode, encode
+from protocol.envelope import open_envelope
+from protocol.errors import DecodeError, ProtocolError, SignatureError, SignerMismatch
+from protocol.peer_id import peer_id_from_public_key, public_key_from_peer_id
+from protocol.schema import from_plain
+from protocol.work import Receipt
+
+#: a Receipt envelope: ids <= 128 chars, two peer ids, <= 64 metrics of 64-char keys
+#: come to under 6 KB; twice that leaves room without letting gossip carry megabytes
+MAX_RECEIPT_BYTES = 12 * 1024
+#: the most credit one unit may carry (10^24 FLOPs; a 10^9-parameter model at the
+#: largest budget is far below it)
+MAX_CREDIT_TFLOP = 1e12
+#: two credit figures agree when they differ by at most this fraction
+CREDIT_REL_TOL = 1e-9
+FLOPS_PER_TFLOP = 10**12
+
+RECEIPT_LIMITS = Limits(
+    max_bytes=MAX_RECEIPT_BYTES,
+    max_depth=2,  # envelope map; payload: Receipt map -> metrics map
+    max_container_len=64,
+    max_str_len=128,
+    max_bin_len=MAX_RECEIPT_BYTES,
+)
+COSIGNED_LIMITS = Limits(
+    max_bytes=MAX_RECEIPT_BYTES + 512,
+    max_depth=1,
+    max_container_len=8,
+    max_str_len=64,
+    max_bin_len=MAX_RECEIPT_BYTES,
+)
+
+OWNER_DOMAIN = b"meshminer/cosigned-receipt/owner/1\x00"
+WORKER_DOMAIN = b"meshminer/cosigned-receipt/worker/1\x00"
+_KEYS = ("t", "v", "receipt", "credit", "owner_sig", "worker_sig")
+
+Role = Literal["owner", "worker"]
+
+
+class CreditMismatch(ProtocolError):
+    """The receipt's credit is not what the job spec gives."""
+
+    reason = "credit_mismatch"
+
+
+def flops_to_credit(training_flops: int) -> float:
+    """Credit in TFLOP for a job's `training_flops` (training.budget.SpecSummary)."""
+    return training_flops / FLOPS_PER_TFLOP
+
+
+def credit_matches(a: float, b: float) -> bool:
+    """True when two credit figures agree to within `CREDIT_REL_TOL` (both finite)."""
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=CREDIT_REL_TOL)
+
+
+def claim_bytes(role: Role, receipt: bytes, credit: float) -> bytes:
+    """The exact bytes `role` signs for this receipt and credit."""
+    domain = OWNER_DOMAIN if role == "owner" else WORKER_DOMAIN
+    return domain + encode([receipt, float(credit)])
+
+
+@dataclass(frozen=True)
+class CoSignedReceipt:
+    """A Receipt envelope with its credit, signed by the owner and the worker."""
+
+    TYPE: ClassVar[str] = "cosigned_receipt"
+    VERSION: ClassVar[int] = 1
+
+    receipt: bytes  # the owner's sealed Receipt envelope, byte for byte
+    credit: float  # TFLOP: flops per sample x samples trained x 3, from the job spec
+    owner_sig: bytes  # owner's signature over claim_bytes("owner", receipt, credit)
+    worker_sig: bytes  # worker's over claim_bytes("worker", ...); b"" until countersigned
+
+    def check(self, path: str) -> None:
+        if not 0 < len(self.receipt) <= MAX_RECEIPT_BYTES:
+            raise DecodeError(f"{path}.receipt must be 1..{MAX_RECEIPT_BYTES} bytes")
+        if not (math.isfinite(self.credit) and 0 <= self.credit <= MAX_CREDIT_TFLOP):
+            raise DecodeError(f"{path}.credit must be a finite number in 0..{MAX_CREDIT_TFLOP:g}")
+        if len(self.owner_sig) != 64:
+            raise DecodeError(f"{path}.owner_sig must be a 64-byte Ed25519 signature")
+        if len(self.worker_sig) not in (0, 64):
+            raise DecodeError(f"{path}.worker_sig must be empty or a 64-byte Ed25519 signature")
+
+    @property
+    def countersigned(self) -> bool:
+        return len(self.worker_sig) == 64
+
+    def to_bytes(self) -> bytes:
+        return encode(
+            {
+                "t": self.TYPE,
+                "v": self.VERSION,
+                "receipt": self.receipt,
+                "credit": float(self.credit),
+                "owner_sig": self.owner_sig,
+                "worker_sig": self.worker_sig,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class VerifiedReceipt:
+    """A co-signed receipt whose signatures have been checked."""
+
+    cosigned: CoSignedReceipt
+    receipt: Receipt
+    raw: bytes  # the CoSignedReceipt bytes as received
+
+    @property
+    def owner(self) -> str:
+        return self.receipt.owner
+
+    @property
+    def worker(self) -> str:
+        return self.receipt.worker
+
+    @property
+    def credit(self) -> float:
+        return self.cosigned.credit
+
+    @property
+    def job_id(self) -> str:
+        return self.receipt.job_id
+
+    @property
+    def unit_id(self) -> str:
+        return self.receipt.unit_id
+
+
+def parse_cosigned(data: bytes) -> CoSignedReceipt:
+    """Decode the outer structure only (no signature checks); `DecodeError`/`TooLarge`."""
+    value = decode(data, COSIGNED_LIMITS)
+    if not isinstance(value, dict) or tuple(value) != _KEYS:
+        raise DecodeError(f"not a co-signed receipt (expected keys {', '.join(_KEYS)} in order)")
+    version = value["v"]
+    if (
+        value["t"] != CoSignedReceipt.TYPE
+        or type(version) is not int
+        or version != CoSignedReceipt.VERSION
+    ):
+        raise DecodeError(
+            f"expected a {CoSignedReceipt.TYPE} v{CoSignedReceipt.VERSION}, "
+            f"got {str(value['t'])[:64]} v{str(value['v'])[:16]}"
+        )
+    return from_plain(CoSignedReceipt, {k: value[k] for k in _KEYS[2:]}, path=CoSignedReceipt.TYPE)
+
+
+def open_receipt(envelope: bytes) -> Receipt:
+    """Open a Receipt envelope and check it is sealed by its own `owner`, who is not
+    its `worker` (a node cannot earn credit from itself)."""
+    signed = open_envelope(envelope, Receipt, limits=RECEIPT_LIMITS)
+    receipt = signed.message
+    public_key_from_peer_id(receipt.owner)  # both must be Ed25519 peer ids
+    public_key_from_peer_id(receipt.worker)
+    if signed.signer != receipt.owner:
+        raise SignerMismatch(
+            f"receipt names owner {receipt.owner} but is sealed by {signed.signer}"
+        )
+    if receipt.owner == receipt.worker:
+        raise DecodeError("receipt names the same peer as owner and worker")
+    return receipt
+
+
+def peek_receipt(envelope: bytes) -> tuple[Receipt, bytes]:
+    """The Receipt inside an envelope and the key that sealed it, *without* checking the
+    seal: for re-reading receipts whose bytes are already covered by a checked signature
+    (the owner's claim signs the whole envelope). `DecodeError`/`TooLarge` if malformed."""
+    outer = decode(envelope, RECEIPT_LIMITS)
+    if not isinstance(outer, dict) or set(outer) != {"t", "v", "p", "k", "s"}:
+        raise DecodeError("not a signed envelope (expected keys t, v, p, k, s)")
+    if outer["t"] != Receipt.TYPE or type(outer["v"]) is not int or outer["v"] != Receipt.VERSION:
+        raise DecodeError(f"expected a {Receipt.TYPE} envelope")
+    payload, key = outer["p"], outer["k"]
+    if not isinstance(payload, bytes) or not isinstance(key, bytes) or len(key) != 32:
+        raise DecodeError("receipt envelope payload and key must be bytes (key: 32)")
+    return from_plain(Receipt, decode(payload, RECEIPT_LIMITS)), key
+
+
+def verify_claim(role: Role, peer_id: str, receipt: bytes, credit: float, sig: bytes) -> None:
+    """Check `peer_id`'s signature in `role`, or raise `SignatureError`."""
+    key = public_key_from_peer_id(peer_id)
+    try:
+        VerifyKey(key).verify(claim_bytes(role, receipt, credit), sig)
+    except (BadSignatureError, CryptoError, ValueError) as exc:
+        raise SignatureError(
+            f"the {role} signature on the receipt does not verify against {role} {peer_id}"
+        ) from exc
+
+
+def issue(receipt: bytes, credit: float, owner_key: SigningKey) -> bytes:
+    """Owner: wrap a Receipt envelope this node sealed, with the spec's credit, and sign.
+
+    Returns a half-signed CoSignedReceipt (no worker signature yet) to send to the
+    worker. Raises `ProtocolError` if the receipt is not this key's or `credit` is bad.
+    """
+    parsed = open_receipt(receipt)
+    signer = peer_id_from_public_key(bytes(owner_key.verify_key))
+    if parsed.owner != signer:
+        raise SignerMismatch(f"receipt names owner {parsed.owner}; this key is {signer}")
+    sig = owner_key.sign(claim_bytes("owner", receipt, credit)).signature
+    cosigned = CoSignedReceipt(receipt, float(credit), sig, b"")
+    cosigned.check(CoSignedReceipt.TYPE)
+    return cosigned.to_bytes()
+
+
+def countersign(half_signed: bytes, worker_key: SigningKey, expected_credit: float) -> bytes:
+    """Worker: check the owner's half-signed receipt and add this node's signature.
+
+    `expected_credit` is the worker's own figure from the job spec; a receipt whose
+    credit differs (beyond `CREDIT_REL_TOL`) raises `CreditMismatch` and is not signed.
+    Returns the complete CoSignedReceipt bytes.
+    """
+    cosigned = parse_cosigned(half_signed)
+    receipt = open_receipt(cosigned.receipt)
+    verify_claim("owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig)
+    signer = peer_id_from_public_key(bytes(worker_key.verify_key))
+    if receipt.worker != signer:
+        raise SignerMismatch(f"receipt names worker {receipt.worker}; this key is {signer}")
+    if not credit_matches(cosigned.credit, expected_credit):
+        raise CreditMismatch(
+            f"the owner offers {cosigned.credit!r} TFLOP for unit {receipt.unit_id}, but the "
+            f"job spec gives {expected_credit!r} TFLOP; not countersigning"
+        )
+    sig = worker_key.sign(claim_bytes("worker", cosigned.receipt, cosigned.credit)).signature
+    return CoSignedReceipt(cosigned.receipt, cosigned.credit, cosigned.owner_sig, sig).to_bytes()
+
+
+def open_cosigned(data: bytes) -> VerifiedReceipt:
+    """Check a complete co-signed receipt: structure, the Receipt envelope's seal by its
+    owner, the owner's and the worker's claim signatures.
+
+    Raises `TooLarge`, `DecodeError`, `SignatureError` or `SignerMismatch` (all
+    `ProtocolError`) and nothing else.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError(f"a co-signed receipt is bytes, got {type(data).__name__}")
+    data = bytes(data)
+    cosigned = parse_cosigned(data)
+    if not cosigned.countersigned:
+        raise SignatureError("the receipt is not countersigned by its worker")
+    receipt = open_receipt(cosigned.receipt)
+    verify_claim("owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig)
+    verify_claim("worker", receipt.worker, cosigned.receipt, cosigned.credit, cosigned.worker_sig)
+    return VerifiedReceipt(cosigned=cosigned, receipt=receipt, raw=data)
