@@ -3,6 +3,7 @@ seen on gossip. Imports only `protocol` of meshminer: credit is computed by `tra
 and handed in by the node.
 """
 
+from ledger.audit import AUDIT_DB, AuditLog
 from ledger.chain import LEDGER_DB, Ledger
 from ledger.entry import GENESIS, KINDS, REJECTED, WORK_DONE, WORK_RECEIVED, Entry
 from ledger.errors import (
@@ -19,6 +20,7 @@ from ledger.errors import (
 from ledger.verify import VerifyReport
 
 __all__ = [
+    "AUDIT_DB",
     "GENESIS",
     "KINDS",
     "LEDGER_DB",
@@ -26,6 +28,7 @@ __all__ = [
     "WORK_DONE",
     "WORK_RECEIVED",
     "AuditFull",
+    "AuditLog",
     "CorruptLedger",
     "CreditMismatch",
     "DuplicateUnit",
