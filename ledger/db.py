@@ -35,7 +35,7 @@ def connect(path: Path, *, durable: bool = False) -> sqlite_utils.Database:
     conn = sqlite3.connect(
         str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
     )
-    db = sqlite_utils.Database(conn)
+    db = sqlite_utils.Database(conn, execute_plugins=False)  # no third-party code here
     db.enable_wal()
     conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
