@@ -27,9 +27,9 @@ from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError, CryptoError
 
 from ledger.entry import GENESIS, GENESIS_PREV_HASH, KINDS, REJECTED, WORK_DONE, Entry
-from protocol import Limits, ProtocolError, decode, public_key_from_peer_id
+from protocol import Limits, ProtocolError, decode
 from protocol.peer_id import peer_id_from_public_key
-from protocol.receipts import claim_bytes, parse_cosigned, peek_receipt
+from protocol.receipts import claim_bytes, parse_cosigned, peek_receipt, peer_key
 
 #: genesis and rejected payloads are one small map
 PAYLOAD_LIMITS = Limits(
@@ -102,12 +102,12 @@ def _check_genesis(entry: Entry, node_peer_id: str) -> list[SigCheck]:
 def _check_work(entry: Entry, node_peer_id: str) -> list[SigCheck]:
     try:
         cosigned = parse_cosigned(entry.payload)
-        receipt, sealer = peek_receipt(cosigned.receipt)
-        owner_key = public_key_from_peer_id(receipt.owner)
-        worker_key = public_key_from_peer_id(receipt.worker)
+        receipt = peek_receipt(cosigned.receipt)
+        owner_key = peer_key(receipt.owner)
+        worker_key = peer_key(receipt.worker)
     except ProtocolError as exc:
         raise EntryProblem(f"payload is not a valid co-signed receipt ({exc})") from exc
-    if sealer != owner_key:
+    if receipt.sealer_key != owner_key:
         raise EntryProblem("the receipt inside is not sealed by its owner")
     columns = {
         "job_id": (entry.job_id, receipt.job_id),

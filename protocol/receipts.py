@@ -28,6 +28,7 @@ Wire form: a msgpack map, keys in this order::
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -39,7 +40,6 @@ from protocol.codec import Limits, decode, encode
 from protocol.envelope import open_envelope
 from protocol.errors import DecodeError, ProtocolError, SignatureError, SignerMismatch
 from protocol.peer_id import peer_id_from_public_key, public_key_from_peer_id
-from protocol.schema import from_plain
 from protocol.work import Receipt
 
 #: a Receipt envelope: ids <= 128 chars, two peer ids, <= 64 metrics of 64-char keys
@@ -164,6 +164,13 @@ class VerifiedReceipt:
         return self.receipt.unit_id
 
 
+@functools.lru_cache(maxsize=4096)
+def peer_key(peer_id: str) -> bytes:
+    """`public_key_from_peer_id`, cached: a ledger names the same few peers over and
+    over, and base58 in pure Python is the slowest step of checking a receipt."""
+    return public_key_from_peer_id(peer_id)
+
+
 def parse_cosigned(data: bytes) -> CoSignedReceipt:
     """Decode the outer structure only (no signature checks); `DecodeError`/`TooLarge`."""
     value = decode(data, COSIGNED_LIMITS)
@@ -177,9 +184,18 @@ def parse_cosigned(data: bytes) -> CoSignedReceipt:
     ):
         raise DecodeError(
             f"expected a {CoSignedReceipt.TYPE} v{CoSignedReceipt.VERSION}, "
-            f"got {str(value['t'])[:64]} v{str(value['v'])[:16]}"
+            f"got {str(value['t'])[:64]} v{str(version)[:16]}"
         )
-    return from_plain(CoSignedReceipt, {k: value[k] for k in _KEYS[2:]}, path=CoSignedReceipt.TYPE)
+    receipt, credit = value["receipt"], value["credit"]
+    owner_sig, worker_sig = value["owner_sig"], value["worker_sig"]
+    for name, field in (("receipt", receipt), ("owner_sig", owner_sig), ("worker_sig", worker_sig)):
+        if type(field) is not bytes:
+            raise DecodeError(f"{CoSignedReceipt.TYPE}.{name} must be bytes")
+    if type(credit) is not float:  # always written as float64, never as an integer
+        raise DecodeError(f"{CoSignedReceipt.TYPE}.credit must be a float")
+    cosigned = CoSignedReceipt(receipt, credit, owner_sig, worker_sig)
+    cosigned.check(CoSignedReceipt.TYPE)
+    return cosigned
 
 
 def open_receipt(envelope: bytes) -> Receipt:
@@ -187,9 +203,9 @@ def open_receipt(envelope: bytes) -> Receipt:
     its `worker` (a node cannot earn credit from itself)."""
     signed = open_envelope(envelope, Receipt, limits=RECEIPT_LIMITS)
     receipt = signed.message
-    public_key_from_peer_id(receipt.owner)  # both must be Ed25519 peer ids
-    public_key_from_peer_id(receipt.worker)
-    if signed.signer != receipt.owner:
+    owner_key = peer_key(receipt.owner)  # both must be Ed25519 peer ids
+    peer_key(receipt.worker)
+    if signed.signer_key != owner_key:
         raise SignerMismatch(
             f"receipt names owner {receipt.owner} but is sealed by {signed.signer}"
         )
@@ -198,24 +214,39 @@ def open_receipt(envelope: bytes) -> Receipt:
     return receipt
 
 
-def peek_receipt(envelope: bytes) -> tuple[Receipt, bytes]:
-    """The Receipt inside an envelope and the key that sealed it, *without* checking the
-    seal: for re-reading receipts whose bytes are already covered by a checked signature
-    (the owner's claim signs the whole envelope). `DecodeError`/`TooLarge` if malformed."""
+@dataclass(frozen=True)
+class ReceiptHeader:
+    """Who and what a receipt is about, read without checking its seal."""
+
+    job_id: str
+    unit_id: str
+    owner: str
+    worker: str
+    sealer_key: bytes  # the key in the envelope (its signature is *not* checked here)
+
+
+def peek_receipt(envelope: bytes) -> ReceiptHeader:
+    """The ids and parties of a Receipt envelope, *without* checking the seal or the
+    other fields: for re-reading receipts whose bytes are already covered by a checked
+    signature (the owner's claim signs the whole envelope). `DecodeError`/`TooLarge`."""
     outer = decode(envelope, RECEIPT_LIMITS)
     if not isinstance(outer, dict) or set(outer) != {"t", "v", "p", "k", "s"}:
         raise DecodeError("not a signed envelope (expected keys t, v, p, k, s)")
     if outer["t"] != Receipt.TYPE or type(outer["v"]) is not int or outer["v"] != Receipt.VERSION:
         raise DecodeError(f"expected a {Receipt.TYPE} envelope")
     payload, key = outer["p"], outer["k"]
-    if not isinstance(payload, bytes) or not isinstance(key, bytes) or len(key) != 32:
+    if type(payload) is not bytes or type(key) is not bytes or len(key) != 32:
         raise DecodeError("receipt envelope payload and key must be bytes (key: 32)")
-    return from_plain(Receipt, decode(payload, RECEIPT_LIMITS)), key
+    fields = decode(payload, RECEIPT_LIMITS)
+    names = ("job_id", "unit_id", "owner", "worker")
+    if not isinstance(fields, dict) or any(type(fields.get(n)) is not str for n in names):
+        raise DecodeError("receipt payload must hold job_id, unit_id, owner and worker as text")
+    return ReceiptHeader(*(fields[n] for n in names), sealer_key=key)
 
 
 def verify_claim(role: Role, peer_id: str, receipt: bytes, credit: float, sig: bytes) -> None:
     """Check `peer_id`'s signature in `role`, or raise `SignatureError`."""
-    key = public_key_from_peer_id(peer_id)
+    key = peer_key(peer_id)
     try:
         VerifyKey(key).verify(claim_bytes(role, receipt, credit), sig)
     except (BadSignatureError, CryptoError, ValueError) as exc:
