@@ -12,10 +12,12 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
+from ledger.audit import AuditLog
+from ledger.chain import Ledger
 from node import __version__
 from node.capacity import LocalCapacity, local_capacity
 from node.config import Settings
@@ -26,9 +28,11 @@ from node.net.discovery import keep_connected
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
+from node.net.receipts_gossip import ReceiptGossip
 from node.store import lock_data_dir, next_counter, open_node_db
 from node.web.api import WriteGuard, make_app
 from node.web.jobs_api import job_routes
+from node.web.ledger_api import ledger_routes
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore
@@ -173,6 +177,12 @@ class Node:
         return self.status()["capacity"]
 
 
+class Stores(NamedTuple):
+    db: Any  # node.db (sqlite-utils)
+    ledger: Ledger
+    audit: AuditLog
+
+
 async def run_node(
     settings: Settings,
     identity: Identity,
@@ -187,10 +197,22 @@ async def run_node(
         capacity = await trio.to_thread.run_sync(local_capacity, data_dir, rebenchmark)
         token = load_or_create_api_token(data_dir)
         db = open_node_db(data_dir)
+        ledger = Ledger.open(data_dir, identity.signing_key)
+        audit = AuditLog.open(data_dir)
         try:
-            await _serve(settings, identity, data_dir, capacity, db, token, signals, task_status)
+            await _serve(
+                settings,
+                identity,
+                data_dir,
+                capacity,
+                Stores(db, ledger, audit),
+                token,
+                signals,
+                task_status,
+            )
         finally:
-            db.close()
+            for store in (audit, ledger, db):
+                store.close()
     log.info("node stopped")
 
 
@@ -199,11 +221,12 @@ async def _serve(
     identity: Identity,
     data_dir: Path,
     capacity: LocalCapacity,
-    db: Any,
+    stores: Stores,
     token: str,
     signals: Any,
     task_status: Any,
 ) -> None:
+    db, ledger, audit = stores
     metrics = NodeMetrics()
     peers = PeerTable(db, settings.ttl_s)
     http_host, _, http_port = settings.http.rpartition(":")
@@ -214,6 +237,7 @@ async def _serve(
         node.gossip = CapacityGossip(
             host, peers, metrics, node.signed_ad, settings.publish_interval_s
         )
+        receipts = ReceiptGossip(host, audit, metrics)
         async with trio.open_nursery() as nursery:
             node.work = work = WorkService(
                 WorkContext(
@@ -227,6 +251,8 @@ async def _serve(
                     policy=lambda: node.policy,
                     allow_owners=settings.allow_owners,
                     deny_owners=settings.deny_owners,
+                    ledger=ledger,
+                    publish_receipt=receipts.publish,
                     lease_s=settings.lease_s,
                     on_load=node.set_load,
                 ),
@@ -237,12 +263,14 @@ async def _serve(
             routes = job_routes(
                 work, bridge, guard, data_dir / "uploads", settings.max_upload_mb << 20, SubmitError
             )
-            app = make_app(node, bridge, guard, routes)
+            app = make_app(node, bridge, guard, [routes, ledger_routes(ledger, audit)])
             http = HttpServerThread(app, http_host, int(http_port))
             await trio.to_thread.run_sync(http.start)
             try:
                 await node.gossip.start()
+                await receipts.start()
                 nursery.start_soon(node.gossip.run)
+                nursery.start_soon(receipts.run)
                 nursery.start_soon(work.run)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
                 log.info(

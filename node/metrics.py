@@ -29,6 +29,18 @@ class NodeMetrics:
         self.connections = Gauge(
             "meshminer_connections", "Open libp2p connections", registry=self.registry
         )
+        self.receipts_rejected = Counter(
+            "meshminer_receipts_rejected",
+            "Gossiped receipts rejected before delivery, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.receipts_seen = Counter(
+            "meshminer_receipts_seen",
+            "Receipts kept in the audit table, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.uptime = Gauge(
             "meshminer_uptime_seconds", "Seconds since the node started", registry=self.registry
         )

@@ -9,3 +9,4 @@ TASK_PROTOCOL = "/meshminer/task/1"
 BLOB_PROTOCOL = "/meshminer/blob/1"
 PROGRESS_PROTOCOL = "/meshminer/progress/1"
 RESULT_PROTOCOL = "/meshminer/result/1"
+RECEIPT_PROTOCOL = "/meshminer/receipt/1"  # worker -> owner: the countersigned receipt

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -94,7 +94,7 @@ def make_app(
     node: NodeState,
     bridge: TrioBridge,
     guard: WriteGuard,
-    extra_routes: Callable[[web.Application], None] | None = None,
+    extra_routes: Sequence[Callable[[web.Application], None]] = (),
 ) -> web.Application:
     """The node's HTTP app; `extra_routes` adds feature routes (jobs, ...)."""
 
@@ -129,7 +129,7 @@ def make_app(
     app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
     app.router.add_put("/api/v1/policy", set_policy)
     app.router.add_get("/metrics", metrics)
-    if extra_routes is not None:
-        extra_routes(app)
+    for add_routes in extra_routes:
+        add_routes(app)
     app.router.add_route("*", "/api/{tail:.*}", not_found)
     return app

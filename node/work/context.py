@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger.chain import Ledger
 from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
@@ -26,6 +27,9 @@ class WorkContext:
     policy: Callable[[], Policy]
     allow_owners: list[str]
     deny_owners: list[str]
+    ledger: Ledger
+    publish_receipt: Callable[[bytes], Awaitable[None]]  # gossip a co-signed receipt
+    credit_for: Callable[[dict, Path | None], float] | None = None  # TFLOP, from the spec
     lease_s: float = 15.0
     data_port: int = 0  # the direct blob channel's port (0: libp2p streams only)
     # (job_id, unit_id) -> secretstream key for the blobs this node serves under a grant.

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 from safetensors import safe_open
 
+from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.executor import UnitFailed, run_training
 from node.work.grants import fetch_granted, issue_grant
@@ -22,6 +23,7 @@ from protocol import ProtocolError, encode, open_envelope, public_key_from_peer_
 from protocol.blobs import BlobGrant
 from protocol.crypto import new_job_key, seal_to
 from protocol.names import TASK_PROTOCOL
+from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
 from protocol.work import (
     WORK_LIMITS,
     OfferReply,
@@ -294,6 +296,7 @@ class OwnerRole:
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
             if job is not None:
                 self.ctx.jobs.update(job, note=f"late result from {peer} rejected: {why}")
+                self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
         # fetching and checking the weights may take a while: hold the lease meanwhile
         self.ctx.jobs.update_unit(unit, lease_expires=time.time() + RESULT_FETCH_S)
@@ -314,6 +317,7 @@ class OwnerRole:
             await self._fetch_weights(peer, result)
         except Exception as exc:
             self._unit_failed(job, unit, f"weights from {peer} rejected: {exc}")
+            self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
             return self._reply(False, f"weights rejected: {exc}")
         receipt = seal(
             Receipt(
@@ -329,7 +333,11 @@ class OwnerRole:
             ),
             self.ctx.identity.signing_key,
         )
-        self.ctx.jobs.add_receipt(unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, receipt)
+        # the credit comes from the spec, never from the worker; it countersigns the same
+        half_signed = issue(receipt, self._credit(job), self.ctx.identity.signing_key)
+        self.ctx.jobs.add_receipt(
+            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
+        )
         self._end_unit(unit.unit_id, "done")
         job = self.ctx.jobs.get(job.id) or job
         metrics = {
@@ -347,7 +355,45 @@ class OwnerRole:
             note=f"result from {peer} verified; receipt issued",
         )
         log.info("job %s completed by %s", job.id, peer)
-        return self._reply(True, "", receipt)
+        return self._reply(True, "", half_signed)
+
+    async def handle_countersigned(self, peer: str, data: bytes) -> bytes:
+        """The worker's countersigned receipt: record it in the ledger and gossip it."""
+        try:
+            verified = open_cosigned(data)
+        except ProtocolError as exc:
+            return encode_ack(False, f"bad receipt: {exc}")
+        if verified.worker != peer or verified.owner != self.ctx.peer_id:
+            return encode_ack(False, "the receipt names other peers")
+        issued = self.ctx.jobs.receipt(verified.unit_id)
+        job = self.ctx.jobs.get(verified.job_id)
+        if (
+            issued is None
+            or job is None
+            or parse_cosigned(issued).receipt != (verified.cosigned.receipt)
+        ):
+            return encode_ack(False, "this node issued no such receipt")
+        try:
+            self.ctx.ledger.append_work("work_received", data, verified.credit, self._credit(job))
+        except LedgerError as exc:
+            log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
+            return encode_ack(False, str(exc))
+        self.ctx.jobs.add_receipt(verified.unit_id, job.id, "owner", self.ctx.peer_id, peer, data)
+        await self.ctx.publish_receipt(data)
+        log.info(
+            "unit %s: co-signed receipt recorded (%.6f TFLOP)", verified.unit_id, verified.credit
+        )
+        return encode_ack(True)
+
+    @staticmethod
+    def _credit(job: Job) -> float:
+        return flops_to_credit(int(job.summary.get("training_flops", 0)))
+
+    def _record_rejection(self, job_id: str, unit_id: str, worker: str, reason: str) -> None:
+        try:
+            self.ctx.ledger.append_rejected(job_id, unit_id, worker, self.ctx.peer_id, reason)
+        except LedgerError as exc:
+            log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
     async def _fetch_weights(self, peer: str, result: Result) -> None:
         grant = open_envelope(

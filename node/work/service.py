@@ -17,7 +17,8 @@ from node.work.jobs import Job
 from node.work.owner import OwnerRole
 from node.work.transfer import BlobServer, serve_blobs_libp2p
 from node.work.worker import WorkerRole
-from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.receipts import flops_to_credit
 from protocol.work import WORK_LIMITS
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,14 @@ def runner_request(
     }
 
 
+def credit_for(spec: dict[str, Any], data_file: Path | None) -> float:
+    """This node's own figure (TFLOP) for a unit of `spec`: never the other side's word."""
+    from training.spec import parse_spec, validate_for_submit
+
+    summary = validate_for_submit(parse_spec(spec), data_file)
+    return flops_to_credit(summary.training_flops)
+
+
 def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     """A spec from a peer: parse and re-validate it here; returns its plain form.
 
@@ -77,6 +86,7 @@ class WorkService:
         self.blob_server = BlobServer(
             ctx.blobs, ctx.identity, "0.0.0.0", 0, lambda job, unit: ctx.grant_keys.get((job, unit))
         )
+        ctx.credit_for = credit_for
         self.owner = OwnerRole(ctx, self._request)
         self.worker: WorkerRole | None = None
 
@@ -100,6 +110,7 @@ class WorkService:
                 host.serve(
                     RESULT_PROTOCOL, self.owner.handle_result, WORK_LIMITS.max_bytes, timeout=900
                 )
+                host.serve(RECEIPT_PROTOCOL, self.owner.handle_countersigned, WORK_LIMITS.max_bytes)
                 serve_blobs_libp2p(
                     host,
                     self.ctx.blobs,

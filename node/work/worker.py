@@ -15,18 +15,19 @@ from typing import Any
 
 import trio
 
+from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.executor import UnitFailed, run_training
 from node.work.grants import fetch_granted, issue_grant
 from protocol import ProtocolError, decode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
-from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL
+from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL
+from protocol.receipts import countersign, open_receipt, parse_cosigned
 from protocol.work import (
     WORK_LIMITS,
     OfferReply,
     Progress,
-    Receipt,
     ReceiptReply,
     Result,
     WorkOffer,
@@ -308,22 +309,43 @@ class WorkerRole:
             log.info("unit %s: owner answered: %s", result.unit_id, reply.reason or "ok")
             return
         try:
-            receipt = open_envelope(
-                reply.receipt, Receipt, expected_signer=unit.owner, limits=WORK_LIMITS
-            ).message
-        except ProtocolError as exc:
-            log.warning("unit %s: bad receipt from %s: %s", result.unit_id, unit.owner, exc)
-            return
-        if (receipt.unit_id, receipt.worker, receipt.weights_sha256) != (
+            await self._countersign(unit, result, reply.receipt)
+        except (ProtocolError, LedgerError, ValueError) as exc:
+            log.warning(
+                "unit %s: receipt from %s not countersigned: %s", result.unit_id, unit.owner, exc
+            )
+
+    async def _countersign(self, unit: RunningUnit, result: Result, half_signed: bytes) -> None:
+        """Check the owner's receipt against our result and our own credit figure, sign
+        it, record it in our ledger, hand it back to the owner and gossip it."""
+        ctx = self.ctx
+        receipt = parse_cosigned(half_signed)
+        issued = open_receipt(receipt.receipt)
+        if (issued.owner, issued.job_id, issued.unit_id, issued.worker, issued.weights_sha256) != (
+            unit.owner,
+            result.job_id,
             result.unit_id,
             ctx.peer_id,
             result.weights_sha256,
         ):
-            log.warning(
-                "unit %s: receipt from %s does not match the result", result.unit_id, unit.owner
-            )
-            return
+            raise ProtocolError("the receipt does not match the result sent")
+        data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
+        credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
+        cosigned = countersign(half_signed, ctx.identity.signing_key, credit)
+        ctx.ledger.append_work("work_done", cosigned, credit, credit)
         ctx.jobs.add_receipt(
-            receipt.unit_id, receipt.job_id, "worker", unit.owner, ctx.peer_id, reply.receipt
+            result.unit_id, result.job_id, "worker", unit.owner, ctx.peer_id, cosigned
         )
-        log.info("unit %s done; receipt from %s stored", result.unit_id, unit.owner)
+        try:
+            raw = await ctx.host.request(
+                unit.owner, RECEIPT_PROTOCOL, cosigned, WORK_LIMITS.max_bytes
+            )
+            ok, why = decode_ack(raw)
+        except Exception as exc:  # recorded here; gossip still tells the network
+            ok, why = False, str(exc)
+        if not ok:
+            log.warning(
+                "unit %s: owner did not take the countersigned receipt: %s", result.unit_id, why
+            )
+        await ctx.publish_receipt(cosigned)
+        log.info("unit %s done; co-signed receipt recorded (%.6f TFLOP)", result.unit_id, credit)

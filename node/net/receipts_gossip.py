@@ -1,0 +1,86 @@
+"""Receipt gossip on `meshminer/receipts/1`: every node audits the network's credit.
+
+A co-signed receipt authenticates itself (owner and worker both signed it), so it is
+published bare. The validator checks, before GossipSub delivers or forwards it, its
+size, its encoding, both signatures, and that the publisher is the receipt's owner or
+worker. Accepted receipts land in the audit table, where two receipts that disagree
+about one unit are flagged as a conflict.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ledger.audit import AuditLog
+from ledger.errors import LedgerError
+from node.metrics import NodeMetrics
+from node.net.host import MeshHost
+from protocol import ProtocolError, TooLarge
+from protocol.names import RECEIPTS_TOPIC
+from protocol.receipts import COSIGNED_LIMITS, open_cosigned
+
+log = logging.getLogger(__name__)
+
+REJECT_REASONS = ("oversized", "malformed", "bad_signature", "signer_mismatch")
+
+
+class PublisherMismatch(ProtocolError):
+    """The receipt was published by a peer that is neither its owner nor its worker."""
+
+    reason = "signer_mismatch"
+
+
+def check_receipt(data: bytes, sender: str) -> None:
+    if len(data) > COSIGNED_LIMITS.max_bytes:
+        raise TooLarge(f"receipt of {len(data)} bytes exceeds {COSIGNED_LIMITS.max_bytes}")
+    verified = open_cosigned(data)
+    if sender not in (verified.owner, verified.worker):
+        raise PublisherMismatch(
+            f"receipt for unit {verified.unit_id} published by {sender}, "
+            "who is neither its owner nor its worker"
+        )
+
+
+class ReceiptGossip:
+    def __init__(self, host: MeshHost, audit: AuditLog, metrics: NodeMetrics) -> None:
+        self.host = host
+        self.audit = audit
+        self.metrics = metrics
+        for reason in REJECT_REASONS:
+            metrics.receipts_rejected.labels(reason)
+
+    async def start(self) -> None:
+        await self.host.subscribe(RECEIPTS_TOPIC, self._validate)
+
+    async def run(self) -> None:
+        async for _sender, data in self.host.messages(RECEIPTS_TOPIC):
+            self._keep(data)
+
+    async def publish(self, cosigned: bytes) -> None:
+        """Tell the network (and our own audit table) about a receipt we hold."""
+        self._keep(cosigned)
+        try:
+            await self.host.publish(RECEIPTS_TOPIC, cosigned)
+        except Exception as exc:  # gossip is best effort; the ledgers hold the truth
+            log.warning("publishing a receipt failed: %s", exc)
+
+    def _validate(self, sender: str, data: bytes) -> bool:
+        if sender == self.host.peer_id:
+            return True
+        try:
+            check_receipt(data, sender)
+        except ProtocolError as exc:
+            self.metrics.receipts_rejected.labels(exc.reason).inc()
+            log.info("receipt rejected from %s: %s (%s)", sender, exc.reason, exc)
+            return False
+        return True
+
+    def _keep(self, data: bytes) -> None:
+        try:
+            outcome = self.audit.add(data)
+        except LedgerError as exc:
+            log.info("receipt not kept in the audit table: %s", exc)
+            return
+        if outcome == "conflict":
+            log.warning("conflicting receipts for one unit (see /api/v1/ledger/balances)")
+        self.metrics.receipts_seen.labels(outcome).inc()

@@ -1,0 +1,71 @@
+"""A job on three nodes: owner and worker each record the co-signed receipt with the same
+credit, both chains verify, and the third node audits the receipt from gossip."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.localnet import LocalNetwork, wait_for
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name = "ledger-digits"
+mode = "single"
+seed = 1
+[model]
+arch = "mlp"
+hidden = [32]
+[data]
+source = "builtin:digits"
+batch_size = 32
+[optim]
+steps = 40
+"""
+
+
+def test_receipts_reach_both_ledgers_and_the_third_nodes_audit(localnet: LocalNetwork) -> None:
+    from node.client import request_json
+
+    owner = localnet.add(["--not-accepting"])
+    others = localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": SPEC})
+    expected_credit = job["summary"]["training_flops"] / 1e12
+    job = wait_for(
+        lambda: (
+            (j := owner.get(f"/api/v1/jobs/{job['id']}"))["state"] in ("completed", "failed") and j
+        ),
+        120,
+        "the job to finish",
+    )
+    assert job["state"] == "completed", job["reason"]
+    worker = next(n for n in others if n.peer_id == job["worker"])
+    auditor = next(n for n in others if n is not worker)
+
+    def work_entry(node, kind):
+        entries = node.get("/api/v1/ledger?after=-1&limit=100")["entries"]
+        return next((e for e in entries if e["kind"] == kind and e["job_id"] == job["id"]), None)
+
+    received = wait_for(lambda: work_entry(owner, "work_received"), 30, "the owner's entry")
+    done = wait_for(lambda: work_entry(worker, "work_done"), 30, "the worker's entry")
+    assert received["credit"] == done["credit"]
+    assert received["credit"] == pytest.approx(expected_credit, rel=1e-9)
+    assert received["unit_id"] == done["unit_id"] == job["unit_id"]
+    assert received["payload"] == done["payload"]  # the same co-signed receipt
+
+    for node in (owner, worker):
+        report = node.get("/api/v1/ledger/verify")
+        assert report["ok"], report
+        assert report["entries"] >= 2  # genesis + the work entry
+    balances = owner.get("/api/v1/ledger/balances")["node"]
+    assert balances["spent"] == pytest.approx(expected_credit)
+    assert worker.get("/api/v1/ledger/balances")["node"]["earned"] == pytest.approx(expected_credit)
+
+    def audited() -> dict | None:
+        network = auditor.get("/api/v1/ledger/balances")["network"]
+        return network.get(worker.peer_id)
+
+    seen = wait_for(audited, 30, "the receipt to reach the third node's audit table")
+    assert seen["earned"] == pytest.approx(expected_credit)
+    assert auditor.get("/api/v1/ledger/balances")["conflicts"] == []
