@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
+from node.work import blobs
 from node.work.blobs import (
     BadBlobId,
     BlobHashMismatch,
@@ -259,6 +260,18 @@ def test_streaming_writer(store: BlobStore) -> None:
             w.write(data[i : i + 7_000])
         assert not store.has(sha)  # nothing visible until the writer is closed
     assert w.sha256 == sha and store.path(sha).read_bytes() == data
+
+
+def test_durable_writer_with_early_writeback(
+    store: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blobs, "WRITEBACK_EVERY", 1024 * 1024)
+    data = os.urandom(3 * 1024 * 1024 + 1)
+    sha = hashlib.sha256(data).hexdigest()
+    with store.writer(sha, len(data)) as w:
+        for i in range(0, len(data), 300_000):
+            w.write(data[i : i + 300_000])
+    assert store.path(sha).read_bytes() == data
 
 
 def test_hash_mismatch_stores_nothing(store: BlobStore) -> None:
