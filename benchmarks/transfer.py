@@ -20,7 +20,10 @@ back, each with fresh processes; the ratio is the median of the per-round ratios
 load from other work on the machine skews it less; each run also waits (up to
 `--quiet-wait` s) for the machine to be `--quiet` idle first, and records what it saw.
 `--sweep` adds the direct channel with other chunk sizes, without the pipelining
-threads, and without fsync. Before the transfers, single-thread rates of each stage
+threads, without fsync, and each side alone: the fetcher against a server replaying a
+stream encrypted in advance, the server against a client that drops the bytes (what
+each side reaches when it does not share the cores with the other, as between two
+machines). Before the transfers, single-thread rates of each stage
 (encrypt, decrypt, sha256, page-cache write, fsync) are measured in this process:
 they bound what any pipeline can reach.
 """
@@ -59,7 +62,15 @@ from node.work.transfer import (
     make_request,
     serve_blobs_libp2p,
 )
-from protocol import BlobGrant, StreamDecryptor, StreamEncryptor, new_job_key, seal
+from protocol import (
+    REQUEST_LIMITS,
+    BlobGrant,
+    StreamDecryptor,
+    StreamEncryptor,
+    encode,
+    new_job_key,
+    seal,
+)
 
 MB = 1e6
 BASELINE = "raw TCP (baseline)"
@@ -127,6 +138,47 @@ def direct_server(conn: Connection, cfg: dict[str, Any]) -> None:
     server.stop()
 
 
+def replay_server(conn: Connection, cfg: dict[str, Any]) -> None:
+    """Answers every request with one stream encrypted in advance: the fetcher's side of
+    the direct channel alone, with (almost) no CPU spent by the server."""
+    store = BlobStore(Path(cfg["owner_dir"]))
+    enc = StreamEncryptor(cfg["job_key"])
+    ad, frames = bytes.fromhex(cfg["sha"]), []
+    with store.open(cfg["sha"]) as f:
+        remaining = cfg["size"]
+        while True:
+            piece = f.read(min(CHUNK_SIZE, remaining))
+            remaining -= len(piece)
+            frames.append(_frame(enc.push(piece, final=remaining == 0, ad=ad)))
+            if remaining == 0:
+                break
+    header = _frame(encode({"size": cfg["size"], "stream": enc.header}))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            with client:
+                # read the whole request (unread bytes would turn our close into a reset)
+                length = int.from_bytes(client.recv(4, socket.MSG_WAITALL), "big")
+                client.recv(min(length, REQUEST_LIMITS.max_bytes), socket.MSG_WAITALL)
+                client.sendall(header)
+                for frame in frames:
+                    client.sendall(frame)
+
+    threading.Thread(target=serve, daemon=True).start()
+    conn.send(listener.getsockname()[1])
+    _answer(conn)
+    listener.close()
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
 def libp2p_server(conn: Connection, cfg: dict[str, Any]) -> None:
     import trio
 
@@ -187,6 +239,24 @@ def direct_client(conn: Connection, cfg: dict[str, Any]) -> None:
         )
 
     _timed(fetch, conn, store, sha)
+
+
+def discard_client(conn: Connection, cfg: dict[str, Any]) -> None:
+    """Requests the blob from a real BlobServer and drops the encrypted bytes: the
+    serving side of the direct channel alone, with (almost) no CPU spent by the client."""
+    worker = Identity(SigningKey(cfg["worker_seed"]))
+    sha, grant, port = cfg["sha"], cfg["grant"], cfg["address"]
+
+    def fetch() -> None:
+        buf = bytearray(CHUNK_SIZE + 64)
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(_frame(make_request(worker, grant, sha)))
+            got = 0
+            while n := sock.recv_into(buf):
+                got += n
+        assert got > cfg["size"], f"the server sent only {got} bytes"
+
+    _timed(fetch, conn, None, "")  # type: ignore[arg-type]
 
 
 def libp2p_client(conn: Connection, cfg: dict[str, Any]) -> None:
@@ -404,6 +474,8 @@ def main() -> None:
                 ("direct, 256 KiB chunks", direct_server, direct_client, {"chunk_size": 256 << 10}),
                 ("direct, 64 KiB chunks", direct_server, direct_client, {"chunk_size": 64 << 10}),
                 ("direct, no fsync", direct_server, direct_client, {"durable": False}),
+                ("direct, fetcher alone (replayed server)", replay_server, direct_client, {}),
+                ("direct, server alone (discarding client)", direct_server, discard_client, {}),
             ]
         # rounds interleave the paths, so a change in machine load hits all of them alike
         # and each ratio compares runs made back to back
