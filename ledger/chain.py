@@ -25,7 +25,7 @@ import sqlite_utils
 from nacl.signing import SigningKey
 
 from ledger.checks import MAX_REASON_CHARS, EntryProblem, check_entry, failed_signatures
-from ledger.db import connect, immediate, snapshot
+from ledger.db import BUSY_TIMEOUT_MS, connect, immediate, snapshot
 from ledger.entry import (
     COLUMNS,
     GENESIS,
@@ -56,6 +56,7 @@ LEDGER_DB = "ledger.db"
 SCHEMA_VERSION = 1
 MAX_ENTRIES_PAGE = 1000
 MAX_ID_LEN = 128
+BUSY_TIMEOUT_S = BUSY_TIMEOUT_MS / 1000
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM entries"
 _INSERT = f"INSERT INTO entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
@@ -358,7 +359,7 @@ class Ledger:
         """Recompute every hash and check every signature, the chain links and seq
         contiguity, on a snapshot (appends may continue meanwhile). Never raises for a
         broken ledger: the report names the first bad seq and why."""
-        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
         try:
             return verify_rows(conn, self.peer_id, self._public_key, threads=threads)
         finally:
@@ -390,7 +391,7 @@ class Ledger:
         `jsonl` (one `Entry.to_json()` object per line); bytes as hex. Returns the count."""
         if fmt not in FORMATS:
             raise InvalidArgument(f"export format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
         try:
             with snapshot(conn):
                 rows = conn.execute(_SELECT + " ORDER BY seq")

@@ -164,11 +164,15 @@ class VerifiedReceipt:
         return self.receipt.unit_id
 
 
-@functools.lru_cache(maxsize=4096)
 def peer_key(peer_id: str) -> bytes:
     """`public_key_from_peer_id`, cached: a ledger names the same few peers over and
     over, and base58 in pure Python is the slowest step of checking a receipt."""
-    return public_key_from_peer_id(peer_id)
+    if not isinstance(peer_id, str):
+        raise DecodeError(f"a peer id is a string, got {type(peer_id).__name__}")
+    return _peer_key(peer_id)
+
+
+_peer_key = functools.lru_cache(maxsize=4096)(public_key_from_peer_id)
 
 
 def parse_cosigned(data: bytes) -> CoSignedReceipt:
