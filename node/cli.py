@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from node import __version__, cli_jobs
+from node import __version__, cli_jobs, cli_ledger
 from node.client import ApiError, NodeUnreachable, api_url, get_json
 
 app = typer.Typer(
@@ -225,6 +225,7 @@ def peers(api: ApiOption = None) -> None:
 
 
 cli_jobs.register(app, node_app)
+cli_ledger.register(app)
 
 
 @app.command()

@@ -3,6 +3,11 @@ credit, both chains verify, and the third node audits the receipt from gossip.""
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+import subprocess
+import sys
+
 import pytest
 
 from node.localnet import LocalNetwork, wait_for
@@ -69,3 +74,37 @@ def test_receipts_reach_both_ledgers_and_the_third_nodes_audit(localnet: LocalNe
     seen = wait_for(audited, 30, "the receipt to reach the third node's audit table")
     assert seen["earned"] == pytest.approx(expected_credit)
     assert auditor.get("/api/v1/ledger/balances")["conflicts"] == []
+
+    # the CLI: recent entries and balances, verify, export; then a tampered copy
+    out = _cli("ledger", "--api", worker.api)
+    assert out.returncode == 0, out.stderr
+    assert "work_done" in out.stdout and "earned" in out.stdout
+    out = _cli("ledger", "verify", "--api", worker.api)
+    assert out.returncode == 0 and "ledger ok" in out.stdout, out.stdout + out.stderr
+    out = _cli("ledger", "export", "--format", "csv", "--api", worker.api)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("seq,") and len(lines) == 1 + len(
+        worker.get("/api/v1/ledger")["entries"]
+    )
+
+    worker.stop()
+    copy = worker.data_dir.parent / "tampered"
+    shutil.copytree(worker.data_dir, copy, ignore=shutil.ignore_patterns("node.lock"))
+    assert _cli("ledger", "verify", "--data-dir", str(copy)).returncode == 0
+    with sqlite3.connect(copy / "ledger.db") as db:  # a tamperer removes the guards first
+        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"):
+            db.execute(f"DROP TRIGGER {name}")
+        db.execute("UPDATE entries SET credit = credit * 2 WHERE seq = ?", [done["seq"]])
+    out = _cli("ledger", "verify", "--data-dir", str(copy))
+    assert out.returncode == 1
+    assert f"seq {done['seq']}" in out.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
