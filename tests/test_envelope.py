@@ -43,6 +43,7 @@ from protocol.blobs import (
     BlobRequest,
 )
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
+from protocol.receipts import CoSignedReceipt
 from protocol.schema import to_plain
 from protocol.work import (
     WORK_LIMITS,
@@ -277,8 +278,12 @@ def _message_types() -> set[type]:
     return found
 
 
+#: message types with a wire form of their own (not a signed envelope), tested elsewhere
+OWN_WIRE_FORM = {CoSignedReceipt}  # tests/test_ledger.py, tests/test_audit.py
+
+
 def test_every_message_type_has_a_round_trip_strategy():
-    assert _message_types() == set(MESSAGES)
+    assert _message_types() - OWN_WIRE_FORM == set(MESSAGES)
 
 
 # --- round trip -----------------------------------------------------------------------
