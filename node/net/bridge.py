@@ -3,17 +3,25 @@
 Node state lives in the trio thread and is touched only there. The HTTP server
 runs on its own asyncio loop in its own thread and reaches node state through
 `TrioBridge.call` / `call_async`, which schedule work on the trio loop and await the
-answer without blocking either loop (~110 µs a round trip). No other module knows
-that there are two loops.
+answer without blocking either loop (~110 µs a round trip). The other direction is
+`EventFeed`: the trio thread publishes events (job progress, peers, ledger, policy)
+and each asyncio subscriber (a server-sent-events stream) receives them in a bounded
+queue that drops its oldest events when the client lags. No other module knows that
+there are two loops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import json
 import logging
+import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
@@ -89,6 +97,141 @@ def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
         future.set_result(result)
     else:
         future.set_exception(exc if isinstance(exc, Exception) else BridgeClosed(str(exc)))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One published event: `data` is JSON text, encoded once by the publisher."""
+
+    seq: int
+    kind: str
+    data: str
+    ts: float
+
+
+class FeedClosed(RuntimeError):
+    """The feed was closed (the HTTP server is stopping)."""
+
+
+class TooManySubscribers(RuntimeError):
+    """The feed has `max_subscribers` subscribers already."""
+
+
+class EventFeed:
+    """A broadcast from the trio thread to subscribers on the asyncio loop.
+
+    `publish` may be called from any thread and never blocks: it encodes the event once
+    and hands it to each subscriber's loop with `call_soon_threadsafe`. Each
+    subscriber keeps at most `queue_size` events; when a slow client lets its queue
+    fill, the oldest event is dropped and counted, so the reader can tell its client
+    to fetch the state afresh. `boot` is random per feed (per node process), so a
+    client can tell a restarted node from a reconnect to the same one.
+    """
+
+    def __init__(self, queue_size: int = 256, max_subscribers: int = 64) -> None:
+        self.queue_size = queue_size
+        self.max_subscribers = max_subscribers
+        self.boot = secrets.token_hex(6)
+        self._lock = threading.Lock()
+        self._subscribers: set[Subscription] = set()
+        self._seq = 0
+        self._closed = False
+
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
+    def publish(self, kind: str, data: dict[str, Any]) -> None:
+        """Send `data` (JSON-able, finite numbers) to every subscriber; any thread."""
+        with self._lock:
+            subscribers = tuple(self._subscribers)
+            self._seq += 1
+            seq = self._seq
+        if not subscribers:
+            return
+        try:
+            text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            log.warning("event %s not published: %s", kind, exc)
+            return
+        event = Event(seq, kind, text, time.time())
+        for subscriber in subscribers:
+            subscriber._deliver(event)
+
+    def subscribe(self) -> Subscription:
+        """A new subscriber on the running asyncio loop (use it as a context manager)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed:
+                raise FeedClosed("the event feed is closed")
+            if len(self._subscribers) >= self.max_subscribers:
+                raise TooManySubscribers(
+                    f"{self.max_subscribers} event streams are open already; close one"
+                )
+            subscription = Subscription(self, loop, self.queue_size)
+            self._subscribers.add(subscription)
+        return subscription
+
+    def _remove(self, subscription: Subscription) -> None:
+        with self._lock:
+            self._subscribers.discard(subscription)
+
+    def close(self) -> None:
+        """End every subscription (their `next` raises `FeedClosed`); asyncio thread."""
+        with self._lock:
+            self._closed = True
+            subscribers = tuple(self._subscribers)
+        for subscription in subscribers:
+            subscription.close()
+
+
+class Subscription:
+    """One subscriber's bounded queue; read it with `next` on its own loop."""
+
+    def __init__(self, feed: EventFeed, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self._feed = feed
+        self._loop = loop
+        self._queue: collections.deque[Event] = collections.deque(maxlen=size)
+        self._ready = asyncio.Event()
+        self._closed = False
+        self.dropped = 0  # events lost to a full queue since the last `take_dropped`
+
+    def _deliver(self, event: Event) -> None:  # any thread
+        with contextlib.suppress(RuntimeError):  # the HTTP loop already shut down
+            self._loop.call_soon_threadsafe(self._push, event)
+
+    def _push(self, event: Event) -> None:
+        if self._closed:
+            return
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1  # the deque drops the oldest
+        self._queue.append(event)
+        self._ready.set()
+
+    async def next(self, timeout: float) -> Event | None:
+        """The next event, or None after `timeout` seconds without one."""
+        if not self._queue and not self._closed:
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout)
+        if self._closed:
+            raise FeedClosed("the event feed is closed")
+        return self._queue.popleft() if self._queue else None
+
+    def take_dropped(self) -> int:
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+        self._feed._remove(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class HttpServerThread:

@@ -8,12 +8,16 @@ so an owner restarted mid-job picks its jobs up again.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import sqlite_utils
+
+log = logging.getLogger(__name__)
 
 JOB_STATES = ("queued", "running", "completed", "failed", "cancelled")
 FINAL_STATES = ("completed", "failed", "cancelled")
@@ -62,8 +66,11 @@ class Unit:
 
 
 class JobStore:
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(
+        self, db: sqlite_utils.Database, on_change: Callable[[Job], None] | None = None
+    ) -> None:
         self._db = db
+        self._on_change = on_change  # told of every created or updated job (the event feed)
         db["jobs"].create(
             {
                 "id": str,
@@ -139,6 +146,7 @@ class JobStore:
             timeline=[{"t": now, "state": "queued", "note": "submitted"}],
         )
         self._db["jobs"].insert(_encode(asdict(job)))
+        self._changed(job)
         return job
 
     def get(self, job_id: str) -> Job | None:
@@ -168,7 +176,15 @@ class JobStore:
         if job.state != old_state or note:
             job.timeline.append({"t": job.updated_at, "state": job.state, "note": note})
         self._db["jobs"].update(job.id, _encode(asdict(job)))
+        self._changed(job)
         return job
+
+    def _changed(self, job: Job) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(job)
+            except Exception:  # a listener never breaks the job's bookkeeping
+                log.exception("job %s: change listener failed", job.id)
 
     # -- units -----------------------------------------------------------------------
 
