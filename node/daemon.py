@@ -23,7 +23,7 @@ from node.capacity import LocalCapacity, local_capacity
 from node.config import Settings
 from node.identity import Identity, load_or_create_api_token
 from node.metrics import NodeMetrics
-from node.net.bridge import HttpServerThread, TrioBridge
+from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.discovery import keep_connected
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
@@ -31,8 +31,10 @@ from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
 from node.store import lock_data_dir, next_counter, open_node_db
 from node.web.api import WriteGuard, make_app
+from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_peers
 from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
+from node.web.pages import PageSources, page_routes
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore
@@ -83,6 +85,7 @@ class Node:
         self.started = time.time()
         self.gossip: CapacityGossip | None = None
         self.work: WorkService | None = None
+        self.events: NodeEvents | None = None
 
     def ad(self, seq: int = 0) -> CapacityAd:
         return CapacityAd(
@@ -168,6 +171,8 @@ class Node:
     def _ad_changed(self) -> None:
         if self.gossip is not None:
             self.gossip.changed()
+        if self.events is not None:
+            self.events.status(self.load_pct, to_plain(self.policy), self.capacity.tflops)
 
     async def refresh_capacity(self) -> dict[str, Any]:
         """Re-run the throughput benchmark and advertise the new figure."""
@@ -234,6 +239,8 @@ async def _serve(
         identity, settings.listen, gossip_rate_limit=settings.gossip_rate_limit, mdns=settings.mdns
     ) as host:
         node = Node(settings, identity, data_dir, capacity, host, peers, db, metrics)
+        feed = EventFeed()
+        node.events = events = NodeEvents(feed)
         node.gossip = CapacityGossip(
             host, peers, metrics, node.signed_ad, settings.publish_interval_s
         )
@@ -244,14 +251,14 @@ async def _serve(
                     identity=identity,
                     host=host,
                     peers=peers,
-                    jobs=JobStore(db),
+                    jobs=JobStore(db, on_change=events.job),
                     blobs=BlobStore(data_dir),
                     data_dir=data_dir,
                     own_ad=node.ad,
                     policy=lambda: node.policy,
                     allow_owners=settings.allow_owners,
                     deny_owners=settings.deny_owners,
-                    ledger=ledger,
+                    ledger=PublishingLedger(ledger, events),  # type: ignore[arg-type]
                     publish_receipt=receipts.publish,
                     lease_s=settings.lease_s,
                     on_load=node.set_load,
@@ -263,7 +270,18 @@ async def _serve(
             routes = job_routes(
                 work, bridge, guard, data_dir / "uploads", settings.max_upload_mb << 20, SubmitError
             )
-            app = make_app(node, bridge, guard, [routes, ledger_routes(ledger, audit)])
+            pages = PageSources(node, work, ledger, audit, bridge, guard.open)
+            app = make_app(
+                node,
+                bridge,
+                guard,
+                [
+                    routes,
+                    ledger_routes(ledger, audit),
+                    event_routes(feed, identity.peer_id),
+                    page_routes(pages),
+                ],
+            )
             http = HttpServerThread(app, http_host, int(http_port))
             await trio.to_thread.run_sync(http.start)
             try:
@@ -272,6 +290,7 @@ async def _serve(
                 nursery.start_soon(node.gossip.run)
                 nursery.start_soon(receipts.run)
                 nursery.start_soon(work.run)
+                nursery.start_soon(watch_peers, peers, events)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
                 log.info(
                     "node %s up: libp2p %s, API http://%s",

@@ -1,0 +1,420 @@
+"""The status pages at `/`: overview, network, jobs, one job, ledger (aiohttp + jinja2).
+
+Every page is rendered on the server with autoescaping on; the page's script
+(`static/app.js`) only listens to `GET /api/v1/events` and, when an event concerns a
+part of the page, fetches that part again (`?partial=1` renders only the page's
+`live` block) and swaps it in. After a reconnect (a node restart, a lost connection)
+it fetches every part again. Nothing is loaded from anywhere but this node, and the
+Content-Security-Policy says so: scripts and styles only from `/static/`, no inline
+script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from node.web import page_data
+from node.web.charts import loss_chart
+
+HERE = Path(__file__).parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+JOB_ID = re.compile(r"[0-9a-f]{16}")
+LEDGER_PAGE = 50
+VERIFY_CACHE_S = 60.0
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+@dataclass
+class PageSources:
+    """What the pages read. `node` and `work` are node state: reached only through
+    `bridge.call`; `ledger` and `audit` are thread-safe and read in worker threads."""
+
+    node: Any  # NodeState: status(), peers()
+    work: Any  # WorkService: jobs(), job(), weights_path(), ctx
+    ledger: Any
+    audit: Any
+    bridge: Any  # TrioBridge
+    writes_open: bool  # loopback bind: the submit form needs no token
+    verify_cache_s: float = VERIFY_CACHE_S
+    _verified: tuple[int, float, Any] | None = field(default=None, repr=False)
+    _verify_lock: asyncio.Lock | None = field(default=None, repr=False)
+
+    async def verify(self, fresh: bool = False) -> Any:
+        """The ledger's verification report: recent and for the current head, else new."""
+        if self._verify_lock is None:
+            self._verify_lock = asyncio.Lock()
+        async with self._verify_lock:
+            head = (await asyncio.to_thread(self.ledger.head)).seq
+            cached = self._verified
+            if (
+                not fresh
+                and cached is not None
+                and cached[0] == head
+                and time.monotonic() - cached[1] < self.verify_cache_s
+            ):
+                return cached[2]
+            report = await asyncio.to_thread(self.ledger.verify)
+            self._verified = (head, time.monotonic(), report)
+            return report
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def short_id(peer_id: object) -> str:
+    text = str(peer_id or "")
+    return text if len(text) <= 16 else f"{text[:4]}…{text[-8:]}"
+
+
+def ago(ts: object, now: float | None = None) -> str:
+    if not isinstance(ts, int | float) or not ts:
+        return "never"
+    delta = (time.time() if now is None else now) - float(ts)
+    if delta < 2:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if delta >= size:
+            return f"{int(delta // size)} {unit} ago"
+    return f"{int(delta)} s ago"
+
+
+def when(ts: object) -> str:
+    if not isinstance(ts, int | float) or not ts:
+        return ""
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def number(value: object, digits: int = 3) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "–"
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def duration(seconds: object) -> str:
+    if not isinstance(seconds, int | float):
+        return "–"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def pretty_json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
+    if isinstance(value, dict):
+        items = (f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        return "{ " + ", ".join(items) + " }"
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def _toml_key(key: object) -> str:
+    text = str(key)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
+
+
+def to_toml(spec: object, prefix: str = "") -> str:
+    """A plain job spec as TOML, the way its owner wrote it (tables after scalars)."""
+    if not isinstance(spec, dict):
+        return pretty_json(spec)
+    lines, tables = [], []
+    for key, value in spec.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and value:
+            tables.append((key, value))
+        else:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in tables:
+        name = f"{prefix}{_toml_key(key)}"
+        lines.append(f"\n[{name}]")
+        lines.append(to_toml(value, f"{name}.").strip("\n"))
+    return "\n".join(line for line in lines if line != "").strip("\n") + "\n"
+
+
+def make_env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        short=short_id,
+        ago=ago,
+        when=when,
+        num=number,
+        duration=duration,
+        pretty_json=pretty_json,
+        toml=to_toml,
+    )
+    env.globals["loss_chart"] = loss_chart
+    return env
+
+
+# -- receipts -----------------------------------------------------------------------------
+
+
+def describe_receipt(data: bytes | None) -> dict[str, Any] | None:
+    """A stored co-signed receipt, decoded and its signatures checked, for display."""
+    if not data:
+        return None
+    from protocol import ProtocolError
+    from protocol.receipts import open_cosigned, open_receipt, parse_cosigned, verify_claim
+
+    try:
+        cosigned = parse_cosigned(data)
+        receipt = open_receipt(cosigned.receipt)
+        if cosigned.countersigned:
+            open_cosigned(data)
+        else:
+            verify_claim(
+                "owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig
+            )
+    except ProtocolError as exc:
+        return {"valid": False, "error": str(exc)}
+    return {
+        "valid": True,
+        "error": "",
+        "countersigned": cosigned.countersigned,
+        "owner": receipt.owner,
+        "worker": receipt.worker,
+        "weights_sha256": receipt.weights_sha256,
+        "steps": receipt.steps,
+        "samples": receipt.samples,
+        "metrics": dict(receipt.metrics),
+        "issued_at": receipt.issued_at,
+        "credit": cosigned.credit,
+        "owner_sig": cosigned.owner_sig.hex(),
+        "worker_sig": cosigned.worker_sig.hex(),
+    }
+
+
+# -- routes -------------------------------------------------------------------------------
+
+
+def _html(body: str, status: int = 200) -> web.Response:
+    return web.Response(
+        text=body, status=status, content_type="text/html", charset="utf-8",
+        headers={"Cache-Control": "no-store"},
+    )  # fmt: skip
+
+
+def page_routes(src: PageSources) -> Callable[[web.Application], None]:
+    """Returns a function that adds the pages, `/static/` and the HTML error pages."""
+    env = make_env()
+
+    def render(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
+        template = env.get_template(name)
+        context.update(
+            path=request.path,
+            live_url=_live_url(request),
+            now=time.time(),
+            writes_open=src.writes_open,
+        )
+        if request.query.get("partial") == "1" and "live" in template.blocks:
+            body = "".join(template.blocks["live"](template.new_context(context)))
+        else:
+            body = template.render(context)
+        return _html(body, status)
+
+    def error_page(request: web.Request, status: int, title: str, message: str) -> web.Response:
+        return render(request, "error.html", status, code=status, title=title, message=message)
+
+    def int_query(request: web.Request, name: str, low: int, high: int) -> int | None:
+        raw = request.query.get(name)
+        if raw is None or raw == "":
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise _BadQuery(f"'{name}' must be a whole number in {low}..{high}, got {raw[:40]!r}")
+        return value
+
+    async def overview(request: web.Request) -> web.Response:
+        state = await src.bridge.call(page_data.overview, src.node, src.work)
+        balances = await asyncio.to_thread(src.ledger.balances)
+        report = await src.verify()
+        return render(request, "overview.html", s=state, balances=balances, report=report)
+
+    async def network(request: web.Request) -> web.Response:
+        status = await src.bridge.call(src.node.status)
+        peers = await src.bridge.call(src.node.peers)
+        credit, conflicts = await asyncio.to_thread(
+            lambda: (src.audit.network_credit(), src.audit.conflicts())
+        )
+        rows = [_own_row(status)] + peers
+        for row in rows:
+            row.setdefault("self", False)
+            row["credit"] = credit.get(row["peer_id"], {})
+            row["reputation"] = _reputation(row["credit"])
+        live = [r for r in rows if not r.get("stale")]
+        totals = {
+            "nodes": len(live),
+            "tflops": sum(float(r.get("tflops") or 0) for r in live),
+            "gpus": sum(1 for r in live for g in r.get("gpus", []) if g.get("kind") == "cuda"),
+            "accepting": sum(1 for r in live if r.get("policy", {}).get("accepting")),
+        }
+        return render(
+            request,
+            "network.html",
+            s=status,
+            rows=rows,
+            totals=totals,
+            conflicts=conflicts,
+        )
+
+    async def jobs(request: web.Request) -> web.Response:
+        listing = await src.bridge.call(src.work.jobs)
+        status = await src.bridge.call(src.node.status)
+        return render(request, "jobs.html", jobs=listing, s=status)
+
+    async def job(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        view = None
+        if JOB_ID.fullmatch(job_id):
+            view = await src.bridge.call(page_data.job_view, src.work, job_id)
+        if view is None:
+            return error_page(request, 404, "No such job", f"No job {job_id!r} on this node.")
+        receipt = describe_receipt(view.pop("receipt_bytes"))
+        metrics = view.get("metrics") or {}
+        final_val = None
+        if isinstance(metrics.get("val_loss"), int | float) and metrics.get("steps"):
+            final_val = (metrics["steps"], metrics["val_loss"])
+        return render(request, "job.html", job=view, receipt=receipt, final_val=final_val)
+
+    async def ledger(request: web.Request) -> web.Response:
+        try:
+            after = int_query(request, "after", -1, 2**62)
+        except _BadQuery as exc:
+            return error_page(request, 400, "Bad request", str(exc))
+        verify = request.query.get("verify") == "1"
+        report = await src.verify(fresh=True) if verify else None
+        head = (await asyncio.to_thread(src.ledger.head)).seq
+        if after is None:
+            after = max(-1, head - LEDGER_PAGE)
+        entries = await asyncio.to_thread(src.ledger.entries, after, LEDGER_PAGE)
+        balances = await asyncio.to_thread(src.ledger.balances)
+        bad = {seq for seq, _ in getattr(report, "problems", []) or []} if report else set()
+        return render(
+            request,
+            "ledger.html",
+            entries=list(reversed(entries)),
+            balances=balances,
+            report=report,
+            bad=bad,
+            after=after,
+            head=head,
+            page=LEDGER_PAGE,
+        )
+
+    @web.middleware
+    async def html_errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Unknown pages get an HTML 404 (the API keeps its JSON errors)."""
+        if request.path.startswith("/api/") or request.path == "/metrics":
+            return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return error_page(
+                request, 404, "Not found", f"There is no page at {request.path[:200]}."
+            )
+        except web.HTTPMethodNotAllowed as exc:
+            return error_page(request, 405, "Method not allowed", exc.text or "")
+
+    async def security_headers(request: web.Request, response: web.StreamResponse) -> None:
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+
+    def add(app: web.Application) -> None:
+        app.router.add_get("/", overview)
+        app.router.add_get("/network", network)
+        app.router.add_get("/jobs", jobs)
+        app.router.add_get("/jobs/{job_id}", job)
+        app.router.add_get("/ledger", ledger)
+        app.router.add_static("/static/", STATIC, name="static")
+        app.middlewares.append(html_errors)
+        app.on_response_prepare.append(security_headers)
+
+    return add
+
+
+class _BadQuery(ValueError):
+    pass
+
+
+def _live_url(request: web.Request) -> str:
+    query = {k: v for k, v in request.query.items() if k not in ("partial", "verify")}
+    query["partial"] = "1"
+    return str(request.rel_url.with_query(query))
+
+
+def _own_row(status: dict[str, Any]) -> dict[str, Any]:
+    capacity = status.get("capacity", {})
+    return {
+        "peer_id": status["peer_id"],
+        "addrs": status.get("addrs", []),
+        "gpus": capacity.get("gpus", []),
+        "tflops": capacity.get("tflops", 0.0),
+        "load": status.get("load", 0),
+        "policy": status.get("policy", {}),
+        "last_seen": time.time(),
+        "stale": False,
+        "self": True,
+    }
+
+
+def _reputation(credit: dict[str, Any]) -> dict[str, Any]:
+    """Reputation from the audit table: receipts co-signed by others, less conflicts."""
+    receipts, conflicts = int(credit.get("receipts", 0)), int(credit.get("conflicts", 0))
+    if conflicts:
+        label, level = f"{conflicts} conflicting receipt{'s' * (conflicts != 1)}", "bad"
+    elif receipts:
+        label, level = f"{receipts} co-signed receipt{'s' * (receipts != 1)}", "good"
+    else:
+        label, level = "no receipts yet", "new"
+    return {"label": label, "level": level, "receipts": receipts, "conflicts": conflicts}

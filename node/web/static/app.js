@@ -1,0 +1,159 @@
+// meshminer status page: live updates over server-sent events, copy buttons, job submit.
+// The server renders every part of the page; this script only fetches a part again
+// (its data-live URL, which renders just that part) when an event concerns it.
+"use strict";
+(function () {
+  const MIN_INTERVAL_MS = 300;
+  const conn = document.getElementById("conn");
+  let source = null;
+  let greeted = false;
+  let retryMs = 1000;
+
+  function setConn(state, text) {
+    if (!conn) return;
+    conn.dataset.state = state;
+    conn.textContent = text;
+  }
+
+  function regions() {
+    return Array.from(document.querySelectorAll("[data-live]"));
+  }
+
+  async function refresh(el) {
+    if (el._busy) { el._again = true; return; }
+    el._busy = true;
+    el._last = Date.now();
+    try {
+      const response = await fetch(el.dataset.live, { cache: "no-store", headers: { Accept: "text/html" } });
+      if (response.ok) {
+        el.innerHTML = await response.text();
+        el.dataset.version = String(Number(el.dataset.version || "0") + 1);
+      }
+    } catch (err) {
+      // the node is unreachable for now; the next event or reconnect fetches again
+    } finally {
+      el._busy = false;
+      if (el._again) { el._again = false; schedule(el); }
+    }
+  }
+
+  function schedule(el) {
+    if (el._timer) return;
+    const wait = Math.max(0, (el._last || 0) + MIN_INTERVAL_MS - Date.now());
+    el._timer = setTimeout(() => { el._timer = null; refresh(el); }, wait);
+  }
+
+  function refreshAll() { regions().forEach(schedule); }
+
+  function onEvent(kind, data) {
+    for (const el of regions()) {
+      const kinds = (el.dataset.liveOn || "").split(/\s+/);
+      if (!kinds.includes(kind)) continue;
+      if (el.dataset.liveJob && kind === "job" && data && data.id !== el.dataset.liveJob) continue;
+      schedule(el);
+    }
+  }
+
+  function connect() {
+    source = new EventSource("/api/v1/events");
+    source.addEventListener("hello", (e) => {
+      retryMs = 1000;
+      setConn("live", "live");
+      document.body.dataset.boot = JSON.parse(e.data).boot;
+      if (greeted) refreshAll();  // reconnected (maybe to a restarted node): catch up
+      greeted = true;
+    });
+    for (const kind of ["job", "peer", "ledger", "status", "tick"]) {
+      source.addEventListener(kind, (e) => {
+        let data = null;
+        try { data = JSON.parse(e.data); } catch (err) { /* keep going */ }
+        onEvent(kind, data);
+      });
+    }
+    source.addEventListener("lagged", refreshAll);
+    source.onerror = () => {
+      setConn("reconnecting", "reconnecting…");
+      if (source.readyState === EventSource.CLOSED) {  // the browser gave up: start over
+        setTimeout(connect, retryMs);
+        retryMs = Math.min(retryMs * 2, 10000);
+      }
+    };
+  }
+
+  function copyText(text, button) {
+    const done = () => {
+      button.classList.add("copied");
+      button.textContent = "copied";
+      setTimeout(() => { button.classList.remove("copied"); button.textContent = "copy"; }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, () => fallbackCopy(text, done));
+    } else {
+      fallbackCopy(text, done);
+    }
+  }
+
+  function fallbackCopy(text, done) {
+    const area = document.createElement("textarea");
+    area.value = text;
+    document.body.appendChild(area);
+    area.select();
+    try { document.execCommand("copy"); done(); } catch (err) { /* nothing more to try */ }
+    area.remove();
+  }
+
+  function setupCopy() {
+    document.addEventListener("click", (e) => {
+      const button = e.target.closest("button.copy");
+      if (button) copyText(button.dataset.copy || "", button);
+    });
+  }
+
+  function setupSubmit() {
+    const form = document.getElementById("submit-form");
+    if (!form) return;
+    const spec = document.getElementById("spec");
+    const specFile = document.getElementById("spec-file");
+    const dataFile = document.getElementById("data-file");
+    const token = document.getElementById("token");
+    const result = document.getElementById("submit-result");
+    if (token) token.value = sessionStorage.getItem("meshminer-token") || "";
+    specFile.addEventListener("change", async () => {
+      if (specFile.files.length) spec.value = await specFile.files[0].text();
+    });
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const body = new FormData();
+      body.append("spec", spec.value);
+      if (dataFile.files.length) body.append("data", dataFile.files[0], dataFile.files[0].name);
+      const headers = {};
+      if (token && token.value.trim()) {
+        headers.Authorization = "Bearer " + token.value.trim();
+        sessionStorage.setItem("meshminer-token", token.value.trim());
+      }
+      result.className = "";
+      result.textContent = "submitting…";
+      let response, answer;
+      try {
+        response = await fetch("/api/v1/jobs", { method: "POST", body, headers });
+        answer = await response.json();
+      } catch (err) {
+        result.className = "error";
+        result.textContent = "the node did not answer: " + err;
+        return;
+      }
+      if (response.status === 201) {
+        result.className = "ok";
+        result.textContent = "submitted: job " + answer.id;
+        window.location.assign("/jobs/" + encodeURIComponent(answer.id));
+      } else {
+        result.className = "error";
+        result.textContent = response.status + ": " + (answer.error || response.statusText);
+      }
+    });
+  }
+
+  setupCopy();
+  setupSubmit();
+  if (window.EventSource) connect(); else setConn("connecting", "no live updates in this browser");
+})();
