@@ -1,7 +1,10 @@
 """The local HTTP API (aiohttp). Handlers ask the node for state through the bridge.
 
 Reads are open. Writes need the node's API token (``Authorization: Bearer ...``,
-from `api.token` in the data dir) unless the server is bound to loopback.
+from `api.token` in the data dir) unless the server is bound to loopback. Writes from a
+web page of another origin are refused (a browser says where a request comes from in
+`Origin`), and on a loopback bind so are writes whose `Host` is not a loopback name,
+so that no web site can write to a local node through the visitor's browser.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
+from yarl import URL
 
 from node.net.bridge import BridgeClosed, TrioBridge
 
@@ -80,7 +84,18 @@ class WriteGuard:
         self.open = is_loopback(bind_host)
 
     def check(self, request: web.Request) -> None:
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/") != f"{request.scheme}://{request.host}":
+            raise web.HTTPForbidden(
+                text=f"write refused: a page from another origin ({origin[:100]}) cannot "
+                "change this node"
+            )
         if self.open:
+            if not is_loopback(_host_name(request.host)):
+                raise web.HTTPForbidden(
+                    text="write refused: this node's API is bound to loopback and takes writes "
+                    f"only for a loopback Host, not {request.host[:100]!r}"
+                )
             return
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), self._token):
@@ -88,6 +103,13 @@ class WriteGuard:
                 text="this node's API is not bound to loopback: writes need "
                 "'Authorization: Bearer <token>' with the token from api.token in its data dir"
             )
+
+
+def _host_name(host: str) -> str:
+    try:
+        return URL(f"http://{host}").host or ""
+    except ValueError:
+        return ""
 
 
 def make_app(

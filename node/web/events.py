@@ -104,9 +104,16 @@ def _peer_marks(peers: Any) -> dict[str, tuple]:
     return {e.ad.peer_id: (e.ad.seq, e.stale) for e in peers.entries()}
 
 
-async def watch_peers(peers: Any, events: NodeEvents, interval: float = PEER_WATCH_S) -> None:
+async def watch_peers(
+    peers: Any,
+    events: NodeEvents,
+    interval: float = PEER_WATCH_S,
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Publish `peer` events for joins, newer ads and departures in the peer table."""
     known = _peer_marks(peers)
+    task_status.started()
     while True:
         await trio.sleep(interval)
         now = _peer_marks(peers)

@@ -175,7 +175,7 @@ def make_env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.ChainableUndefined,  # a queued job has no progress yet
         trim_blocks=True,
         lstrip_blocks=True,
     )
@@ -337,14 +337,15 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
             after = max(-1, head - LEDGER_PAGE)
         entries = await asyncio.to_thread(src.ledger.entries, after, LEDGER_PAGE)
         balances = await asyncio.to_thread(src.ledger.balances)
-        bad = {seq for seq, _ in getattr(report, "problems", []) or []} if report else set()
+        problems = [(_problem_seq(text), text) for text in (report.problems if report else [])]
         return render(
             request,
             "ledger.html",
             entries=list(reversed(entries)),
             balances=balances,
             report=report,
-            bad=bad,
+            problems=problems,
+            bad={seq for seq, _ in problems if seq is not None},
             after=after,
             head=head,
             page=LEDGER_PAGE,
@@ -385,6 +386,12 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
 
 class _BadQuery(ValueError):
     pass
+
+
+def _problem_seq(problem: str) -> int | None:
+    """The seq a verification problem names ("seq 17: hash does not match ...")."""
+    match = re.match(r"seq (\d+)\b", problem)
+    return int(match.group(1)) if match else None
 
 
 def _live_url(request: web.Request) -> str:
