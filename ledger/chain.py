@@ -1,7 +1,7 @@
 """`Ledger`: this node's append-only, hash-chained record of work done and received.
 
-The file is `ledger.db` in the node's data dir (SQLite, WAL; see `ledger.db` for the
-durability trade-off). Entry 0 is a genesis signed by the node's key; every later
+The file is `ledger.db` in the node's data dir (SQLite, WAL; see the `ledger.db` module
+for the durability trade-off). Entry 0 is a genesis signed by the node's key; every later
 entry links to the one before by hash (`ledger.entry`). Appends check everything
 first (receipt signatures, credit against the job spec, duplicates) and then, inside
 one `BEGIN IMMEDIATE` transaction, read the head and insert the new row: a crash at
@@ -80,7 +80,7 @@ class Ledger:
         self._conn = db.conn
         self._key = signing_key
         self._public_key = bytes(signing_key.verify_key)
-        self._durable = durable
+        self.durable = durable
         self._lock = threading.Lock()
         self.path = path
         self.peer_id = peer_id_from_public_key(self._public_key)
@@ -92,7 +92,7 @@ class Ledger:
         """Open (or create, with a genesis entry signed by `signing_key`) the ledger in
         `data_dir`. Refuses a ledger started by another key (`ForeignLedger`) or one
         without a valid genesis (`CorruptLedger`). `durable=True` fsyncs every append
-        (`PRAGMA synchronous=FULL`); see `ledger.db`."""
+        (`PRAGMA synchronous=FULL`); see the `ledger.db` module."""
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / LEDGER_DB
@@ -132,8 +132,13 @@ class Ledger:
                     self._insert(GENESIS, "", "", self.peer_id, self.peer_id, 0.0, payload)
                 else:
                     self._check_genesis(Entry.from_row(genesis))
-        except sqlite3.OperationalError:
-            raise  # locked, busy, disk full: not the file's fault
+        except sqlite3.OperationalError as exc:
+            if not str(exc).startswith("no such"):
+                raise  # locked, busy, disk full: not the file's fault
+            raise CorruptLedger(
+                f"{self.path} has a table `entries` that is not a ledger's ({exc}); move it "
+                "away to start a new ledger, or restore it from a backup"
+            ) from exc
         except sqlite3.DatabaseError as exc:
             raise CorruptLedger(
                 f"{self.path} cannot be read as a ledger ({exc}); move it away to start a "

@@ -118,6 +118,15 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
         Ledger.open(tmp_path, NODE)
 
 
+def test_a_database_with_another_entries_table_is_refused(tmp_path: Path) -> None:
+    conn = sqlite3.connect(str(tmp_path / "ledger.db"))
+    conn.execute("CREATE TABLE entries (seq INTEGER PRIMARY KEY, note TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptLedger, match="not a ledger's"):
+        Ledger.open(tmp_path, NODE)
+
+
 def test_a_tampered_genesis_is_refused_at_open(tmp_path: Path) -> None:
     Ledger.open(tmp_path / "a", NODE).close()
     tamper(tmp_path / "a", ("UPDATE entries SET ts = ts + 1 WHERE seq = 0", ()))
