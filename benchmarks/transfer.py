@@ -417,6 +417,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="fetches per path")
     parser.add_argument("--sweep", action="store_true", help="also other direct-channel settings")
     parser.add_argument("--no-libp2p", action="store_true", help="skip the libp2p fallback")
+    parser.add_argument("--only", default="", help="run only the paths whose name has this")
     parser.add_argument(
         "--quiet",
         type=float,
@@ -475,10 +476,18 @@ def main() -> None:
                 ("direct, 64 KiB chunks", direct_server, direct_client, {"chunk_size": 64 << 10}),
                 ("direct, no fsync", direct_server, direct_client, {"durable": False}),
                 ("direct, fetcher alone (replayed server)", replay_server, direct_client, {}),
+                (
+                    "direct, fetcher alone, no pipelining threads",
+                    replay_server,
+                    direct_client,
+                    {"pipeline": False},
+                ),
                 ("direct, server alone (discarding client)", direct_server, discard_client, {}),
             ]
         # rounds interleave the paths, so a change in machine load hits all of them alike
         # and each ratio compares runs made back to back
+        if args.only:
+            cases = [c for c in cases if c[0] == BASELINE or args.only in c[0]]
         raw: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in cases}
         load_before = os.getloadavg()
         for round_ in range(args.runs):
