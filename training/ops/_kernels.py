@@ -145,11 +145,14 @@ def _outer_kernel(
     else:
         mask = offs < n
     acc = tl.zeros((ROWS, BLOCK_SIZE), dtype=tl.float32)
-    for i in range(k):
-        row = i.to(tl.int64)
-        q = tl.load(codes_ptr + row * codes_stride + offs, mask=mask, other=0).to(tl.float32)
-        s = tl.load(scales_ptr + row * nblocks + rows, mask=row_mask, other=0.0)
+    codes_row = codes_ptr  # pointers step by a row each time: 64-bit, whatever k x n is
+    scales_row = scales_ptr
+    for _ in range(k):
+        q = tl.load(codes_row + offs, mask=mask, other=0).to(tl.float32)
+        s = tl.load(scales_row + rows, mask=row_mask, other=0.0)
         acc += q * s[:, None]
+        codes_row += codes_stride
+        scales_row += nblocks
     grad = tl.math.div_rn(acc, tl.full((ROWS, BLOCK_SIZE), k, tl.float32))
     buf = tl.load(buf_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     buf = buf * momentum + grad
@@ -181,14 +184,16 @@ def _adamw_kernel(
 ):
     offs = start + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     # only the tail launch is masked: a mask on n would stop the loads vectorizing
-    if MASKED:  # noqa: SIM108 (a Triton constexpr branch)
+    if MASKED:
         mask = offs < n
+        other = 0.0
     else:
         mask = None
-    weights = tl.load(params_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    grad = tl.load(grads_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(exp_avg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(exp_avg_sq_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        other = None
+    weights = tl.load(params_ptr + offs, mask=mask, other=other).to(tl.float32)
+    grad = tl.load(grads_ptr + offs, mask=mask, other=other).to(tl.float32)
+    m = tl.load(exp_avg_ptr + offs, mask=mask, other=other).to(tl.float32)
+    v = tl.load(exp_avg_sq_ptr + offs, mask=mask, other=other).to(tl.float32)
     weights = weights * decay
     # torch's lerp: from the start for weights below 0.5, from the end otherwise
     if LERP_FROM_START:  # noqa: SIM108 (a Triton constexpr branch)
