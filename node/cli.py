@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from node import __version__, cli_jobs, cli_ledger
-from node.client import ApiError, NodeUnreachable, api_url, get_json
+from node.cli_common import ApiOption, DataDirOption, console, err, fail, get, short
 
 app = typer.Typer(
     help="meshminer: a peer-to-peer volunteer GPU compute network.",
@@ -24,31 +22,6 @@ node_app = typer.Typer(
     help="Run and control the local node daemon.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(node_app, name="node")
-
-console = Console()
-err = Console(stderr=True)
-
-ApiOption = Annotated[
-    str | None,
-    typer.Option(
-        "--api",
-        help="node API URL [env MESHMINER_API; default http://127.0.0.1:8470]",
-        show_default=False,
-    ),
-]
-DataDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--data-dir",
-        help="data dir [env MESHMINER_DATA_DIR; default ~/.local/share/meshminer]",
-        show_default=False,
-    ),
-]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(code)
 
 
 @app.callback(invoke_without_command=True)
@@ -160,31 +133,23 @@ def node_run(
         settings = load_settings(directory, overrides)
         identity = load_or_create_identity(directory)
     except (ConfigError, IdentityError) as exc:
-        raise _fail(f"{exc}\nThe node did not start.", 2) from None
+        raise fail(f"{exc}\nThe node did not start.", 2) from None
     log_file = setup_logging(settings.log_level, directory)
     err.print(f"meshminer {__version__}: data dir {directory}, log {log_file}", highlight=False)
     try:
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
     except (HostError, DataDirInUse) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except OSError as exc:
-        raise _fail(
+        raise fail(
             f"{exc}\nIs another node using this port? Pick another with --http or --listen."
         ) from None
-
-
-def _get(api: str | None, path: str) -> Any:
-    url = api_url(api)
-    try:
-        return get_json(url, path)
-    except (NodeUnreachable, ApiError) as exc:
-        raise _fail(str(exc)) from None
 
 
 @app.command()
 def status(api: ApiOption = None) -> None:
     """Show this node: identity, addresses, capacity, policy."""
-    s = _get(api, "/api/v1/status")
+    s = get(api, "/api/v1/status")
     table = Table(show_header=False, box=None)
     table.add_row("peer id", s["peer_id"])
     table.add_row("addresses", "\n".join(s["addrs"]))
@@ -206,7 +171,7 @@ def status(api: ApiOption = None) -> None:
 @app.command()
 def peers(api: ApiOption = None) -> None:
     """List the peers this node knows, from their signed capacity ads."""
-    rows = _get(api, "/api/v1/peers")
+    rows = get(api, "/api/v1/peers")
     table = Table(title=f"{len(rows)} peers")
     for column in ("peer", "GPUs", "TFLOP/s", "load", "policy", "last seen"):
         table.add_column(column, justify="right" if column in ("TFLOP/s", "load") else "left")
@@ -214,7 +179,7 @@ def peers(api: ApiOption = None) -> None:
     for p in rows:
         seen = f"{max(0.0, now - p['last_seen']):.0f} s ago" + (" (stale)" if p["stale"] else "")
         table.add_row(
-            _short(p["peer_id"]),
+            short(p["peer_id"]),
             "\n".join(_device(g) for g in p["gpus"]),
             f"{p['tflops']:.3f}",
             f"{p['load']}%",
@@ -237,10 +202,6 @@ def demo(
     from node.demo import run_demo
 
     sys.exit(run_demo(nodes=nodes, keep=keep, console=console))
-
-
-def _short(peer_id: str) -> str:
-    return f"{peer_id[:8]}…{peer_id[-6:]}"
 
 
 def _device(g: dict) -> str:

@@ -8,45 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from node.client import ApiError, NodeUnreachable, api_url, get_json, request_json, submit_job
-
-console = Console()
-err = Console(stderr=True)
+from node.cli_common import ApiOption, TokenOption, call, console, err, fail, short
+from node.client import api_url, get_json, request_json, submit_job
 
 FINAL = ("completed", "failed", "cancelled")
-
-ApiOption = Annotated[
-    str | None,
-    typer.Option(
-        "--api",
-        help="node API URL [env MESHMINER_API; default http://127.0.0.1:8470]",
-        show_default=False,
-    ),
-]
-TokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--token",
-        help="API token for a node not bound to loopback [env MESHMINER_TOKEN]",
-        show_default=False,
-    ),
-]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(code)
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except (NodeUnreachable, ApiError) as exc:
-        raise _fail(str(exc)) from None
 
 
 def register(app: typer.Typer, node_app: typer.Typer) -> None:
@@ -71,11 +39,11 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             # make you upload ~/.ssh or the like
             parsed = load_spec(spec, allowed_root=spec.resolve().parent)
         except (SpecError, OSError) as exc:
-            raise _fail(f"{spec}: {exc}", 2) from None
+            raise fail(f"{spec}: {exc}", 2) from None
         files = local_files(parsed)
         if len(files) > 1:
-            raise _fail("a job takes one data file", 2)
-        job = _call(
+            raise fail("a job takes one data file", 2)
+        job = call(
             submit_job,
             url,
             spec.read_text(),
@@ -91,7 +59,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         """List this node's jobs: state, worker, progress, metrics."""
         if ctx.invoked_subcommand is not None:
             return
-        rows = _call(get_json, api_url(api), "/api/v1/jobs")
+        rows = call(get_json, api_url(api), "/api/v1/jobs")
         table = Table(title=f"{len(rows)} jobs")
         for column in ("id", "name", "state", "worker", "progress", "metrics"):
             table.add_column(column)
@@ -100,7 +68,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
                 job["id"],
                 job["name"],
                 _state(job),
-                _short(job["worker"]),
+                short(job["worker"]),
                 _progress(job),
                 _metrics(job["metrics"]),
             )
@@ -110,7 +78,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
     def show(job_id: str, api: ApiOption = None) -> None:
         """Everything about one job: spec, timeline, progress, result."""
         url = api_url(api)
-        job = _call(get_json, url, f"/api/v1/jobs/{job_id}")
+        job = call(get_json, url, f"/api/v1/jobs/{job_id}")
         table = Table(show_header=False, box=None)
         table.add_row("id", job["id"])
         table.add_row("name", job["name"])
@@ -151,7 +119,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         try:
             parsed = load_spec(spec)
         except (SpecError, OSError) as exc:
-            raise _fail(f"{spec}: {exc}", 2) from None
+            raise fail(f"{spec}: {exc}", 2) from None
         with _bar() as bar:
             task = bar.add_task("training", total=None, loss="")
 
@@ -167,13 +135,13 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             try:
                 result = train_local(parsed, out, emit=emit)
             except (SpecError, TrainingError, ValueError, OSError) as exc:
-                raise _fail(str(exc)) from None
+                raise fail(str(exc)) from None
         console.print(f"weights: {out} (sha256 {result['weights_sha256'][:16]}…)")
         console.print(f"metrics: {_metrics(result.get('metrics', {}))}")
 
     def _policy_change(api: str | None, token: str | None, body: dict[str, Any]) -> None:
         url = api_url(api)
-        policy = _call(
+        policy = call(
             request_json,
             url,
             "PUT",
@@ -210,9 +178,9 @@ def _follow(url: str, job_id: str) -> int:
     with _bar() as bar:
         task = bar.add_task("queued", total=None, loss="")
         while True:
-            job = _call(get_json, url, f"/api/v1/jobs/{job_id}")
+            job = call(get_json, url, f"/api/v1/jobs/{job_id}")
             p = job["progress"]
-            label = f"{job['state']}" + (f" on {_short(job['worker'])}" if job["worker"] else "")
+            label = f"{job['state']}" + (f" on {short(job['worker'])}" if job["worker"] else "")
             loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else (job["reason"][:60])
             bar.update(
                 task,
@@ -241,10 +209,6 @@ def _bar() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
-
-
-def _short(peer_id: str) -> str:
-    return f"{peer_id[:8]}…{peer_id[-6:]}" if peer_id else "-"
 
 
 def _state(job: dict[str, Any]) -> str:

@@ -12,23 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from node.client import ApiError, NodeUnreachable, api_url, get_json
+from node.cli_common import ApiOption, console, err, fail, get, short
 
-console = Console()
-err = Console(stderr=True)
-
-ApiOption = Annotated[
-    str | None,
-    typer.Option(
-        "--api",
-        help="node API URL [env MESHMINER_API; default http://127.0.0.1:8470]",
-        show_default=False,
-    ),
-]
-DataDirOption = Annotated[
+LedgerDirOption = Annotated[
     Path | None,
     typer.Option(
         "--data-dir",
@@ -38,28 +26,16 @@ DataDirOption = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(code)
-
-
 def _open_ledger(data_dir: Path) -> Any:
     from ledger import Ledger, LedgerError
     from node.identity import KEY_FILE, IdentityError, load_or_create_identity
 
     if not (data_dir / "ledger.db").exists() or not (data_dir / KEY_FILE).exists():
-        raise _fail(f"{data_dir} has no ledger.db and identity.key; is it a node's data dir?", 2)
+        raise fail(f"{data_dir} has no ledger.db and identity.key; is it a node's data dir?", 2)
     try:
         return Ledger.open(data_dir, load_or_create_identity(data_dir).signing_key)
     except (LedgerError, IdentityError) as exc:
-        raise _fail(str(exc), 2) from None
-
-
-def _get(api: str | None, path: str) -> Any:
-    try:
-        return get_json(api_url(api), path, timeout=120)
-    except (NodeUnreachable, ApiError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc), 2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -79,9 +55,9 @@ def register(app: typer.Typer) -> None:
         """Recent entries, this node's balance and the network's, from the audit table."""
         if ctx.invoked_subcommand is not None:
             return
-        head = _get(api, "/api/v1/ledger?limit=1")["head_seq"]
-        entries = _get(api, f"/api/v1/ledger?after={max(-1, head - limit)}&limit={limit}")
-        balances = _get(api, "/api/v1/ledger/balances")
+        head = get(api, "/api/v1/ledger?limit=1")["head_seq"]
+        entries = get(api, f"/api/v1/ledger?after={max(-1, head - limit)}&limit={limit}")
+        balances = get(api, "/api/v1/ledger/balances")
         table = Table(title=f"ledger: last {len(entries['entries'])} of {head + 1} entries")
         for column in ("seq", "time", "kind", "job", "worker", "owner", "credit (TFLOP)"):
             table.add_column(
@@ -93,8 +69,8 @@ def register(app: typer.Typer) -> None:
                 time.strftime("%m-%d %H:%M", time.localtime(e["ts"])),
                 e["kind"],
                 e["job_id"] or "-",
-                _short(e["worker"]),
-                _short(e["owner"]),
+                short(e["worker"]),
+                short(e["owner"]),
                 f"{e['credit']:.6f}",
             )
         console.print(table)
@@ -109,7 +85,7 @@ def register(app: typer.Typer) -> None:
             network.add_column(column)
         for peer, row in sorted(balances["network"].items(), key=lambda kv: -kv[1]["earned"]):
             network.add_row(
-                _short(peer),
+                short(peer),
                 f"{row['earned']:.6f}",
                 f"{row['spent']:.6f}",
                 str(row["receipts"]),
@@ -118,7 +94,7 @@ def register(app: typer.Typer) -> None:
         console.print(network)
 
     @ledger_app.command("verify")
-    def verify(api: ApiOption = None, data_dir: DataDirOption = None) -> None:
+    def verify(api: ApiOption = None, data_dir: LedgerDirOption = None) -> None:
         """Recompute every hash and check every signature; exit 1 at the first bad seq."""
         if data_dir is not None:
             ledger = _open_ledger(data_dir)
@@ -128,7 +104,7 @@ def register(app: typer.Typer) -> None:
                 ledger.close()
             ok, text, first = report.ok, str(report), report.first_bad_seq
         else:
-            report = _get(api, "/api/v1/ledger/verify")
+            report = get(api, "/api/v1/ledger/verify")
             ok, first = report["ok"], report["first_bad_seq"]
             text = (
                 f"ledger ok: {report['entries']} entries, head seq {report['head_seq']}, "
@@ -145,12 +121,12 @@ def register(app: typer.Typer) -> None:
     @ledger_app.command("export")
     def export(
         format: Annotated[str, typer.Option("--format", help="csv or jsonl")] = "jsonl",
-        data_dir: DataDirOption = None,
+        data_dir: LedgerDirOption = None,
         api: ApiOption = None,
     ) -> None:
         """Write every entry to stdout as CSV or JSON lines."""
         if format not in ("csv", "jsonl"):
-            raise _fail("--format must be csv or jsonl", 2)
+            raise fail("--format must be csv or jsonl", 2)
         if data_dir is not None:
             ledger = _open_ledger(data_dir)
             try:
@@ -163,13 +139,9 @@ def register(app: typer.Typer) -> None:
         after = -1
         rows: list[dict[str, Any]] = []
         while True:
-            page = _get(api, f"/api/v1/ledger?after={after}&limit=1000")["entries"]
+            page = get(api, f"/api/v1/ledger?after={after}&limit=1000")["entries"]
             if not page:
                 break
             rows.extend(page)
             after = page[-1]["seq"]
         write_rows(format, rows, sys.stdout)
-
-
-def _short(peer_id: str) -> str:
-    return f"{peer_id[:8]}…{peer_id[-6:]}" if peer_id else "-"
