@@ -49,7 +49,8 @@
     for (const el of regions()) {
       const kinds = (el.dataset.liveOn || "").split(/\s+/);
       if (!kinds.includes(kind)) continue;
-      if (el.dataset.liveJob && kind === "job" && data && data.id !== el.dataset.liveJob) continue;
+      // a job's page follows that job only (a ledger entry names it as job_id)
+      if (el.dataset.liveJob && data && (data.id || data.job_id) !== el.dataset.liveJob) continue;
       schedule(el);
     }
   }

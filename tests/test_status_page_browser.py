@@ -1,0 +1,323 @@
+"""The status page in a real browser: Playwright drives Debian's Chromium against three
+node processes on loopback. A job submitted from the page trains on a peer while its
+loss curve grows without a reload, completes, and its weights download; the ledger
+shows the receipt and verifies; a script-like job name stays text; a restarted node's
+page reconnects; a non-loopback node refuses a write without its token.
+
+Screenshots of each page go to $MESHMINER_SCREENSHOTS when set (the ones in
+docs/images/ are made that way), else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import stat
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors import safe_open
+
+from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
+from tests.conftest import FAST_GOSSIP
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+XSS = "<script>alert(1)</script>"
+# long enough to watch the loss curve grow (a few seconds to half a minute here)
+SPEC = """name = "{name}"
+seed = 0
+[model]
+arch = "mlp"
+hidden = [32]
+[data]
+source = "builtin:digits"
+batch_size = 64
+validation = 0.2
+[optim]
+name = "adamw"
+lr = 0.003
+steps = {steps}
+"""
+
+
+def _browser_missing() -> str:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package playwright is not installed (pip install -e '.[test]')"
+    if not CHROMIUM.exists():
+        return f"no {CHROMIUM}: install Debian's chromium (apt-get install -y chromium)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run under CI: {missing}")
+        pytest.skip(f"browser tests skipped: {missing}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),  # an empty user data dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 860},
+            accept_downloads=True,
+        )
+        context.set_default_timeout(30_000)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalNode]]:
+    """node1 (the job owner) and node2 on loopback, node3 with its API on 0.0.0.0."""
+    net = LocalNetwork(tmp_path_factory.mktemp("net"), FAST_GOSSIP)
+    try:
+        first = net.add()
+        for name, http_host in (("node2", "127.0.0.1"), ("node3", "0.0.0.0")):
+            args = [*FAST_GOSSIP, "--bootstrap", first.multiaddr]
+            node = LocalNode(name, net.root / name, free_port(), free_port(), args, http_host)
+            net.nodes.append(node)
+            node.launch()  # the two boot in parallel
+        for node in net.nodes[1:]:
+            node.wait_ready(90)
+        net.wait_all_see_each_other(timeout=30)
+        yield net.nodes
+    finally:
+        net.stop()
+        for node in net.nodes:
+            print(f"--- {node.name} ({node.peer_id}) log ---\n{node.log_tail(25)}")
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("MESHMINER_SCREENSHOTS") or tmp_path / "screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def _new_page(browser: Any, errors: list[str] | None = None) -> Any:
+    """A new tab; script errors, CSP violations and dialogs are added to `errors`."""
+    seen = errors if errors is not None else []
+    page = browser.new_page()
+    page.on("console", lambda m: m.type == "error" and seen.append(m.text))
+    page.on("pageerror", lambda exc: seen.append(str(exc)))
+
+    def dialog(d: Any) -> None:
+        seen.append(f"dialog: {d.message}")
+        d.dismiss()
+
+    page.on("dialog", dialog)
+    return page
+
+
+def _live(page: Any) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+
+
+def _points(page: Any) -> int:
+    return int(page.locator("svg.chart").get_attribute("data-points"))
+
+
+def _wait_points(page: Any, more_than: int, timeout: float) -> int:
+    """Poll the chart's point count until it exceeds `more_than` (the page's CSP has no
+    'unsafe-eval', so Playwright's wait_for_function cannot run in it)."""
+    return wait_for(
+        lambda: (n := _points(page)) > more_than and n,
+        timeout,
+        f"the loss curve to have more than {more_than} points",
+    )
+
+
+def _api_json(node: LocalNode, method: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        node.api + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_ledger(
+    browser: Any, network: list[LocalNode], shots: Path, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    owner = network[0]
+    errors: list[str] = []
+    page = _new_page(browser, errors)
+
+    # overview: this node and its two peers
+    page.goto(owner.api + "/")
+    _live(page)
+    expect(page.locator("#peer-count")).to_have_text("2")
+    expect(page.locator("#peer-id")).to_have_text(owner.peer_id)
+    expect(page.locator("#ledger-badge")).to_have_text("ledger intact")
+    page.screenshot(path=shots / "overview.png", full_page=True)
+
+    page.goto(owner.api + "/network")
+    _live(page)
+    expect(page.locator("#peers tbody tr")).to_have_count(3)
+    page.screenshot(path=shots / "network.png", full_page=True)
+
+    # submit from the page: pasted TOML
+    page.goto(owner.api + "/jobs")
+    _live(page)
+    page.fill("#spec", SPEC.format(name="digits-from-the-page", steps=3000))
+    page.click("#submit-button")
+    page.wait_for_url("**/jobs/*")
+    job_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("#job-name")).to_have_text("digits-from-the-page")
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+    # the loss curve gains points while the job trains, without a reload
+    seen = _wait_points(page, 1, 60)
+    expect(page.locator("#job-state .state")).to_have_text("running")
+    _wait_points(page, seen, 30)
+    assert page.evaluate("window.__sameDocument === true")
+    expect(page.locator("#samples-per-s")).not_to_have_text("–")
+
+    # the worker's overview names the unit it is training now
+    job = owner.get(f"/api/v1/jobs/{job_id}")
+    worker = next(n for n in network if n.peer_id == job["worker"])
+    assert worker is not owner
+    other = _new_page(browser)
+    other.goto(worker.api + "/")
+    expect(other.locator("#training")).to_contain_text("digits-from-the-page")
+    other.close()
+
+    # completed, still the same document; the weights download as safetensors
+    expect(page.locator("#job-state .state")).to_have_text("completed", timeout=120_000)
+    assert page.evaluate("window.__sameDocument === true")
+    assert _points(page) > seen
+    with page.expect_download() as download_info:
+        page.click("#weights-link")
+    weights = tmp_path / "weights.safetensors"
+    download_info.value.save_as(weights)
+    job = owner.get(f"/api/v1/jobs/{job_id}")
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == job["weights_sha256"]
+    with safe_open(str(weights), framework="pt") as f:
+        assert len(list(f.keys())) >= 2
+    expect(page.locator("#receipt")).to_contain_text("co-signed by owner and worker")
+    page.screenshot(path=shots / "job.png", full_page=True)
+
+    page.goto(owner.api + "/jobs")
+    _live(page)
+    expect(page.locator(f'tr[data-job="{job_id}"]')).to_contain_text("completed")
+    page.screenshot(path=shots / "jobs.png", full_page=True)
+
+    # the ledger: the receipt as work received, and a passing verification
+    page.goto(owner.api + "/ledger")
+    _live(page)
+    row = page.locator("#entries tr.kind-work_received", has=page.locator(f"text={job_id}"))
+    expect(row).to_have_count(1)
+    page.click("#verify-button")
+    expect(page.locator("#verify-result")).to_have_text("chain intact")
+    page.screenshot(path=shots / "ledger.png", full_page=True)
+
+    assert errors == []  # no script error, no CSP violation, no dialog
+    page.close()
+
+
+def test_a_script_like_job_name_is_text_and_unknown_jobs_get_a_404_page(
+    browser: Any, network: list[LocalNode]
+) -> None:
+    from playwright.sync_api import expect
+
+    owner = network[0]
+    status, job = _api_json(
+        owner, "POST", "/api/v1/jobs", {"spec": SPEC.format(name=XSS, steps=20)}
+    )
+    assert status == 201, job
+    errors: list[str] = []
+    page = _new_page(browser, errors)
+    page.goto(owner.api + "/jobs")
+    _live(page)
+    expect(page.locator(f'tr[data-job="{job["id"]}"] .job-link')).to_have_text(XSS)
+    page.goto(f"{owner.api}/jobs/{job['id']}")
+    expect(page.locator("#job-name")).to_have_text(XSS)
+    assert page.locator("script:not([src])").count() == 0
+    assert errors == []  # no dialog, no script error
+
+    response = page.goto(owner.api + "/jobs/0123456789abcdef")
+    assert response.status == 404
+    expect(page.locator("h1")).to_contain_text("No such job")
+    expect(page.locator(".message")).to_have_text("No job '0123456789abcdef' on this node.")
+    page.close()
+
+
+def test_writes_without_the_token_are_refused_on_a_non_loopback_node(
+    browser: Any, network: list[LocalNode]
+) -> None:
+    from playwright.sync_api import expect
+
+    node = network[2]  # API bound to 0.0.0.0
+    token_file = node.data_dir / "api.token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    page = _new_page(browser)
+    page.goto(node.api + "/jobs")
+    page.fill("#spec", SPEC.format(name="no-token", steps=20))
+    page.click("#submit-button")
+    expect(page.locator("#submit-result")).to_contain_text("401")
+    expect(page.locator("#submit-result")).to_contain_text("api.token")
+    assert node.get("/api/v1/jobs") == []  # nothing stored
+
+    page.fill("#token", token_file.read_text().strip())
+    page.click("#submit-button")
+    page.wait_for_url("**/jobs/*")
+    expect(page.locator("#job-name")).to_have_text("no-token")
+    page.close()
+
+
+def test_the_page_reconnects_after_a_node_restart(browser: Any, network: list[LocalNode]) -> None:
+    from playwright.sync_api import expect
+
+    node = network[1]
+    page = _new_page(browser)
+    page.goto(node.api + "/")
+    _live(page)
+    boot = page.evaluate("document.body.dataset.boot")
+    page.evaluate("window.__sameDocument = true")
+    assert node.stop(signal.SIGTERM) == 0
+    expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
+    node.start()
+    _live(page)
+    assert page.evaluate("document.body.dataset.boot") != boot  # a new node process
+    status, _ = _api_json(node, "PUT", "/api/v1/policy", {"accepting": False})
+    assert status == 200
+    expect(page.locator("#policy")).to_contain_text("paused")  # live, after the restart
+    assert page.evaluate("window.__sameDocument === true")
+    _api_json(node, "PUT", "/api/v1/policy", {"accepting": True})
+    wait_for(lambda: node.get("/api/v1/status")["policy"]["accepting"], 10, "the resume")
+    page.close()
