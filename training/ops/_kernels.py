@@ -76,9 +76,9 @@ def _quantize_kernel(
         mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     nan = x != x
-    has_nan = tl.max(nan.to(tl.int32), axis=1) > 0
-    # a sum propagates NaN on every backend (max may not): NaN exactly where has_nan
+    # a sum propagates NaN on every backend (max may not): NaN iff the row holds one
     nan_or_zero = tl.sum(tl.where(nan, x, 0.0), axis=1)
+    has_nan = nan_or_zero != nan_or_zero
     absmax = tl.max(tl.where(nan, 0.0, tl.abs(x)), axis=1)
     a = tl.maximum(absmax, _MIN_ABSMAX)
     scale = tl.math.div_rn(a, tl.full((ROWS,), 127.0, tl.float32))
@@ -89,7 +89,7 @@ def _quantize_kernel(
     frac = y - floor
     odd = (floor - 2.0 * tl.floor(0.5 * floor)) != 0.0
     rounded = floor + tl.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0)
-    finite = (a < _INF) & (has_nan == 0)
+    finite = (a < _INF) & ~has_nan
     codes = tl.where(finite[:, None], rounded, 0.0).to(tl.int8)
     tl.store(codes_ptr + offs, codes, mask=mask)
     tl.store(scales_ptr + rows, tl.where(has_nan, nan_or_zero, scale), mask=row_mask)
