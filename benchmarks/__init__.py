@@ -1,0 +1,1 @@
+"""Benchmarks: measured figures against baselines (not part of `make test`)."""
