@@ -446,6 +446,8 @@ def test_the_loss_chart_draws_what_it_is_given() -> None:
     assert 'data-points="2" data-val-points="2"' in chart  # nan, bad step, bool skipped
     assert "loss (log)" in chart  # 2.3 / 0.02 spans more than 10x
     assert XSS not in chart and "&lt;script&gt;" in chart
+    result_only = str(loss_chart([], 400, final_val=(400, 0.15), final_train=(400, 0.12)))
+    assert 'data-points="1" data-val-points="1"' in result_only  # too short for a heartbeat
     linear = str(loss_chart([[1, 0.5, None], [2, 0.4, None]], 2))
     assert "loss (log)" not in linear and linear.count('class="series train"') == 2  # + legend
 

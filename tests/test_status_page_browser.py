@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import stat
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 XSS = "<script>alert(1)</script>"
-# long enough to watch the loss curve grow (a few seconds to half a minute here)
+LONG_STEPS = 30_000  # trains for 25 s or more on 2 cores; cancelled once seen growing
 SPEC = """name = "{name}"
 seed = 0
 [model]
@@ -191,36 +192,46 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     expect(page.locator("#peers tbody tr")).to_have_count(3)
     page.screenshot(path=shots / "network.png", full_page=True)
 
-    # submit from the page: pasted TOML
+    # submit from the page (pasted TOML) a job long enough to watch
     page.goto(owner.api + "/jobs")
     _live(page)
-    page.fill("#spec", SPEC.format(name="digits-from-the-page", steps=3000))
+    page.fill("#spec", SPEC.format(name="digits-live", steps=LONG_STEPS))
+    page.click("#submit-button")
+    page.wait_for_url("**/jobs/*")
+    live_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("#job-name")).to_have_text("digits-live")
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+    # its loss curve gains points while it trains (one per worker heartbeat), no reload
+    seen = _wait_points(page, 1, 60)
+    expect(page.locator("#job-state .state")).to_have_text("running")
+    _wait_points(page, max(seen, 7), 30)
+    expect(page.locator("#job-state .state")).to_have_text("running")
+    expect(page.locator("#samples-per-s")).not_to_have_text("–")
+    assert page.evaluate("window.__sameDocument === true")
+    page.screenshot(path=shots / "job-training.png", full_page=True)
+
+    # the worker's overview names the unit it is training now
+    job = owner.get(f"/api/v1/jobs/{live_id}")
+    worker = next(n for n in network if n.peer_id == job["worker"])
+    assert worker is not owner
+    other = _new_page(browser, errors)
+    other.goto(worker.api + "/")
+    expect(other.locator("#training")).to_contain_text("digits-live")
+    other.close()
+
+    # cancelled from its page
+    page.click("#cancel-button")
+    expect(page.locator("#job-state .state")).to_have_text("cancelled")
+    assert page.evaluate("window.__sameDocument === true")
+
+    # a short job: completed, and its weights download as safetensors
+    page.goto(owner.api + "/jobs")
+    page.fill("#spec", SPEC.format(name="digits-mlp", steps=400))
     page.click("#submit-button")
     page.wait_for_url("**/jobs/*")
     job_id = page.url.rsplit("/", 1)[1]
-    expect(page.locator("#job-name")).to_have_text("digits-from-the-page")
-    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
-
-    # the loss curve gains points while the job trains, without a reload
-    seen = _wait_points(page, 1, 60)
-    expect(page.locator("#job-state .state")).to_have_text("running")
-    _wait_points(page, seen, 30)
-    assert page.evaluate("window.__sameDocument === true")
-    expect(page.locator("#samples-per-s")).not_to_have_text("–")
-
-    # the worker's overview names the unit it is training now
-    job = owner.get(f"/api/v1/jobs/{job_id}")
-    worker = next(n for n in network if n.peer_id == job["worker"])
-    assert worker is not owner
-    other = _new_page(browser)
-    other.goto(worker.api + "/")
-    expect(other.locator("#training")).to_contain_text("digits-from-the-page")
-    other.close()
-
-    # completed, still the same document; the weights download as safetensors
     expect(page.locator("#job-state .state")).to_have_text("completed", timeout=120_000)
-    assert page.evaluate("window.__sameDocument === true")
-    assert _points(page) > seen
     with page.expect_download() as download_info:
         page.click("#weights-link")
     weights = tmp_path / "weights.safetensors"
@@ -230,11 +241,13 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     with safe_open(str(weights), framework="pt") as f:
         assert len(list(f.keys())) >= 2
     expect(page.locator("#receipt")).to_contain_text("co-signed by owner and worker")
+    expect(page.locator("svg.chart")).to_have_attribute("data-val-points", "1")  # the result
     page.screenshot(path=shots / "job.png", full_page=True)
 
     page.goto(owner.api + "/jobs")
     _live(page)
     expect(page.locator(f'tr[data-job="{job_id}"]')).to_contain_text("completed")
+    expect(page.locator(f'tr[data-job="{live_id}"]')).to_contain_text("cancelled")
     page.screenshot(path=shots / "jobs.png", full_page=True)
 
     # the ledger: the receipt as work received, and a passing verification
@@ -278,7 +291,7 @@ def test_a_script_like_job_name_is_text_and_unknown_jobs_get_a_404_page(
 
 
 def test_writes_without_the_token_are_refused_on_a_non_loopback_node(
-    browser: Any, network: list[LocalNode]
+    browser: Any, network: list[LocalNode], tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect
 
@@ -287,7 +300,10 @@ def test_writes_without_the_token_are_refused_on_a_non_loopback_node(
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     page = _new_page(browser)
     page.goto(node.api + "/jobs")
-    page.fill("#spec", SPEC.format(name="no-token", steps=20))
+    spec_file = tmp_path / "job.toml"
+    spec_file.write_text(SPEC.format(name="no-token", steps=20))
+    page.set_input_files("#spec-file", spec_file)  # an uploaded spec fills the form
+    expect(page.locator("#spec")).to_have_value(spec_file.read_text())
     page.click("#submit-button")
     expect(page.locator("#submit-result")).to_contain_text("401")
     expect(page.locator("#submit-result")).to_contain_text("api.token")
@@ -309,7 +325,9 @@ def test_the_page_reconnects_after_a_node_restart(browser: Any, network: list[Lo
     _live(page)
     boot = page.evaluate("document.body.dataset.boot")
     page.evaluate("window.__sameDocument = true")
+    started = time.monotonic()
     assert node.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 5  # an open event stream does not hold it up
     expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
     node.start()
     _live(page)

@@ -50,9 +50,11 @@ def loss_chart(
     total_steps: int = 0,
     final_val: tuple[int, float] | None = None,
     title: str = "loss",
+    final_train: tuple[int, float] | None = None,
 ) -> Markup:
-    """An SVG of `history` ([step, loss, val_loss] rows); `final_val` adds the
-    validation loss measured at the end as one more validation point."""
+    """An SVG of `history` ([step, loss, val_loss] rows). `final_val` and `final_train`
+    add the figures of the result (validation loss after the last step, mean training
+    loss over the last steps) as points at its last step, unless one is there."""
     train: list[tuple[float, float]] = []
     val: list[tuple[float, float]] = []
     for row in history:
@@ -65,10 +67,11 @@ def loss_chart(
             train.append((step, loss))
         if len(row) > 2 and (v := _num(row[2])) is not None:
             val.append((step, v))
-    if final_val is not None:
-        step, v = _num(final_val[0]), _num(final_val[1])
-        if step is not None and v is not None and all(s != step for s, _ in val):
-            val.append((step, v))
+    for final, series in ((final_val, val), (final_train, train)):
+        if final is not None:
+            step, v = _num(final[0]), _num(final[1])
+            if step is not None and v is not None and all(s != step for s, _ in series):
+                series.append((step, v))
     points = train + val
     head = (
         f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '

@@ -320,10 +320,20 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
             return error_page(request, 404, "No such job", f"No job {job_id!r} on this node.")
         receipt = describe_receipt(view.pop("receipt_bytes"))
         metrics = view.get("metrics") or {}
-        final_val = None
-        if isinstance(metrics.get("val_loss"), int | float) and metrics.get("steps"):
-            final_val = (metrics["steps"], metrics["val_loss"])
-        return render(request, "job.html", job=view, receipt=receipt, final_val=final_val)
+        final_val = final_train = None
+        if metrics.get("steps"):
+            if isinstance(metrics.get("val_loss"), int | float):
+                final_val = (metrics["steps"], metrics["val_loss"])
+            if isinstance(metrics.get("train_loss"), int | float):
+                final_train = (metrics["steps"], metrics["train_loss"])
+        return render(
+            request,
+            "job.html",
+            job=view,
+            receipt=receipt,
+            final_val=final_val,
+            final_train=final_train,
+        )
 
     async def ledger(request: web.Request) -> web.Response:
         try:

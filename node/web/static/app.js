@@ -110,6 +110,41 @@
     });
   }
 
+  function tokenHeaders() {
+    const token = document.getElementById("token");
+    const value = token ? token.value.trim() : "";
+    if (!value) return {};
+    sessionStorage.setItem("meshminer-token", value);
+    return { Authorization: "Bearer " + value };
+  }
+
+  function setupCancel() {
+    const token = document.getElementById("token");
+    if (token && !token.value) token.value = sessionStorage.getItem("meshminer-token") || "";
+    document.addEventListener("click", async (e) => {
+      const button = e.target.closest("button[data-cancel]");
+      if (!button) return;
+      const result = document.getElementById("action-result");
+      button.disabled = true;
+      let response, answer;
+      try {
+        response = await fetch("/api/v1/jobs/" + encodeURIComponent(button.dataset.cancel) + "/cancel",
+          { method: "POST", headers: tokenHeaders() });
+        answer = await response.json();
+      } catch (err) {
+        answer = { error: "the node did not answer: " + err };
+      }
+      if (response && response.ok) {
+        result.className = "ok";
+        result.textContent = "cancelled";
+      } else {
+        button.disabled = false;
+        result.className = "error";
+        result.textContent = (response ? response.status + ": " : "") + (answer.error || "");
+      }
+    });
+  }
+
   function setupSubmit() {
     const form = document.getElementById("submit-form");
     if (!form) return;
@@ -127,11 +162,7 @@
       const body = new FormData();
       body.append("spec", spec.value);
       if (dataFile.files.length) body.append("data", dataFile.files[0], dataFile.files[0].name);
-      const headers = {};
-      if (token && token.value.trim()) {
-        headers.Authorization = "Bearer " + token.value.trim();
-        sessionStorage.setItem("meshminer-token", token.value.trim());
-      }
+      const headers = tokenHeaders();
       result.className = "";
       result.textContent = "submitting…";
       let response, answer;
@@ -156,5 +187,6 @@
 
   setupCopy();
   setupSubmit();
+  setupCancel();
   if (window.EventSource) connect(); else setConn("connecting", "no live updates in this browser");
 })();
