@@ -30,7 +30,7 @@ from tests.conftest import FAST_GOSSIP
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path(os.environ.get("MESHMINER_CHROMIUM", "/usr/bin/chromium"))  # Debian's
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
