@@ -3,6 +3,7 @@ speed against the unfused torch reference, in the same run.
 
     .venv/bin/python -m benchmarks.ops [--numel N] [--k 8] [--block-size 256]
                                        [--repeats 20] [--adamw-tensors 200]
+                                       [--quiet 1.0 --quiet-wait 0]
 
 On a CUDA machine, for each op:
 - **bytes**: what the op must read and write once (e.g. quantizing n bf16 values
@@ -18,7 +19,9 @@ On a CUDA machine, for each op:
 Times are CUDA-event medians of `--repeats` runs of a few launches each, after warm-up.
 
 Without a GPU it times the references on the CPU only (and a CPU copy for scale), and
-says that no GPU was found: the kernels' figures need a GPU. With `--interpreter`
+says that no GPU was found: the kernels' figures need a GPU. CPU timings move with
+other work on the machine: `--quiet-wait S` waits up to S seconds for a load average
+below `--quiet` first, and the load is recorded with the results. With `--interpreter`
 (and TRITON_INTERPRET=1 in the environment) it runs the GPU path's code on small CPU
 tensors in Triton's interpreter, to check this script itself; those times mean
 nothing and are not written to the results.
@@ -228,6 +231,15 @@ def run(args: argparse.Namespace, device: torch.device, with_kernels: bool) -> l
     return rows
 
 
+def wait_for_quiet(below: float, at_most_s: float) -> float:
+    """Wait (up to `at_most_s`) for the 1-minute load average to drop below `below`:
+    on a 2-core machine other work moves CPU timings more than anything measured."""
+    started = time.monotonic()
+    while os.getloadavg()[0] >= below and time.monotonic() - started < at_most_s:
+        time.sleep(2)
+    return time.monotonic() - started
+
+
 def machine(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -290,6 +302,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--inner", type=int, default=None, help="calls per timed sample")
     parser.add_argument("--adamw-tensors", type=int, default=200)
+    parser.add_argument("--quiet", type=float, default=1.0, help="CPU: wait for a load below")
+    parser.add_argument("--quiet-wait", type=float, default=0, help="CPU: for at most this long")
     parser.add_argument(
         "--interpreter",
         action="store_true",
@@ -329,6 +343,9 @@ def main() -> None:
             "no GPU found: timing the pure-torch references on the CPU only; the Triton "
             "kernels' bandwidth and speedups need a CUDA machine"
         )
+        waited = wait_for_quiet(args.quiet, args.quiet_wait)
+        if waited:
+            print(f"waited {waited:.0f} s for a load average below {args.quiet}")
         rows = run(args, device, with_kernels=False)
 
     result = {

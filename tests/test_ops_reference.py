@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -553,3 +554,24 @@ def test_the_base_install_without_triton_uses_the_references():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_the_quantization_table_in_the_docs_holds():
+    """docs/ops.md's block-size table: bytes per element, RMS and max error on N(0,1)."""
+    text = (ROOT / "docs" / "ops.md").read_text()
+    rows = re.findall(
+        r"^\| \**(\d+)\** \| \**([\d.]+)\**.*?\| \**([\d.]+)%\** \| ([\d.]+)% \|$", text, re.M
+    )
+    assert {int(r[0]) for r in rows} == {16, 64, 256, 1024, 4096}
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+    for block_size, per_element, rms, worst in rows:
+        q = ops.quantize_blockwise(x, int(block_size))
+        err = x - ops.dequantize_blockwise(q)
+        assert q.nbytes / x.numel() == pytest.approx(float(per_element), abs=6e-4)
+        assert 100 * err.pow(2).mean().sqrt() / x.pow(2).mean().sqrt() == pytest.approx(
+            float(rms), abs=0.011
+        )
+        by_block = err.abs().view(-1, int(block_size)).amax(1) / x.abs().view(
+            -1, int(block_size)
+        ).amax(1)
+        assert 100 * by_block.max() == pytest.approx(float(worst), abs=6e-4)

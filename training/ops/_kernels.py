@@ -1,8 +1,9 @@
 """The Triton kernels, and the launchers that size their grids.
 
-Imported only when Triton is installed, and only by `_dispatch.kernels()`, on
-first use: Triton decides whether a kernel compiles for the GPU or runs in the
-CPU interpreter when it wraps it (`TRITON_INTERPRET`, see `_dispatch`).
+Imported lazily, by `_dispatch.kernels()` on first use, never by `import
+training.ops` (the base install has no Triton). Whether the kernels compile for the
+GPU or run in the CPU interpreter is fixed for the process (`TRITON_INTERPRET`, see
+`_dispatch`).
 
 Every kernel works on flat, contiguous memory, in tiles of ROWS x BLOCK_SIZE
 elements (one quantization block per row) or BLOCK elements, loads once, computes
