@@ -575,3 +575,17 @@ def test_the_quantization_table_in_the_docs_holds():
             -1, int(block_size)
         ).amax(1)
         assert 100 * by_block.max() == pytest.approx(float(worst), abs=6e-4)
+
+
+def test_flat_adamw_takes_over_from_torch_adamw():
+    a, b = small_model(), small_model()
+    opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    train(a, opt_a, 3)
+    b.load_state_dict(a.state_dict())
+    opt_b = ops.FlatAdamW(b.parameters(), lr=1e-2)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    assert opt_b.steps == 3
+    train(a, opt_a, 2, seed=1)
+    train(b, opt_b, 2, seed=1)
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)

@@ -257,15 +257,28 @@ class FlatAdamW(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load moments and the step count into the flat buffers (the views are kept)."""
+        """Load moments and the step count into the flat buffers (the views are kept).
+
+        Takes a `torch.optim.AdamW` state dict too (same parameters, one group): its
+        per-parameter `step` must agree, as one launch has one step count."""
         state_dict = dict(state_dict)
-        flat = state_dict.pop("flat", {"steps": 0})
+        flat = state_dict.pop("flat", None)
         super().load_state_dict(state_dict)
+        steps = set()
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 loaded, views = self.state[p], self._moments(i)
                 for key, view in views.items():
                     if key in loaded and loaded[key] is not view:
                         view.copy_(loaded[key])
+                if "step" in loaded:
+                    steps.add(int(loaded["step"]))
                 self.state[p] = views
-        self.steps = int(flat["steps"])
+        if flat is not None:
+            self.steps = int(flat["steps"])
+        elif len(steps) > 1:
+            raise ValueError(
+                f"parameters were at different steps {sorted(steps)}; FlatAdamW has one"
+            )
+        else:
+            self.steps = steps.pop() if steps else 0
