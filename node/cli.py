@@ -102,6 +102,7 @@ def node_run(
     """
     import trio
 
+    from ledger import LedgerError
     from node.config import ConfigError, data_dir_from, load_settings
     from node.daemon import run_node
     from node.identity import IdentityError, load_or_create_identity
@@ -140,6 +141,8 @@ def node_run(
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
     except (HostError, DataDirInUse) as exc:
         raise fail(str(exc)) from None
+    except LedgerError as exc:
+        raise fail(f"{exc}\nThe node did not start.", 2) from None
     except OSError as exc:
         raise fail(
             f"{exc}\nIs another node using this port? Pick another with --http or --listen."

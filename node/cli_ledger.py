@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
     def ledger(
         ctx: typer.Context,
         api: ApiOption = None,
-        limit: Annotated[int, typer.Option(help="how many recent entries")] = 20,
+        limit: Annotated[int, typer.Option(help="how many recent entries", min=1, max=1000)] = 20,
     ) -> None:
         """Recent entries, this node's balance and the network's, from the audit table."""
         if ctx.invoked_subcommand is not None:
@@ -102,10 +102,10 @@ def register(app: typer.Typer) -> None:
                 report = ledger.verify()
             finally:
                 ledger.close()
-            ok, text, first = report.ok, str(report), report.first_bad_seq
+            ok, text = report.ok, str(report)
         else:
             report = get(api, "/api/v1/ledger/verify")
-            ok, first = report["ok"], report["first_bad_seq"]
+            ok = report["ok"]
             text = (
                 f"ledger ok: {report['entries']} entries, head seq {report['head_seq']}, "
                 f"{report['signatures_checked']} signatures"
@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         if ok:
             console.print(f"[green]{text}[/green]", highlight=False)
             return
-        err.print(f"[red]ledger broken at seq {first}:[/red] {text}", highlight=False)
+        err.print(f"[red]{text}[/red]", highlight=False)
         raise typer.Exit(1)
 
     @ledger_app.command("export")

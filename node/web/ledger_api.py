@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
@@ -32,20 +31,6 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
-def report_json(report: Any) -> dict[str, Any]:
-    return {
-        "ok": report.ok,
-        "entries": report.entries,
-        "head_seq": report.head_seq,
-        "head_hash": report.head_hash.hex(),
-        "first_bad_seq": report.first_bad_seq,
-        "error": report.error,
-        "problems": report.problems,
-        "signatures_checked": report.signatures_checked,
-        "elapsed_s": round(report.elapsed_s, 4),
-    }
-
-
 def ledger_routes(ledger: Ledger, audit: AuditLog) -> Callable[[web.Application], None]:
     async def entries(request: web.Request) -> web.Response:
         after = _int_param(request, "after", -1, -1, 2**62)
@@ -56,7 +41,7 @@ def ledger_routes(ledger: Ledger, audit: AuditLog) -> Callable[[web.Application]
         )
 
     async def verify(request: web.Request) -> web.Response:
-        return web.json_response(report_json(await asyncio.to_thread(ledger.verify)))
+        return web.json_response((await asyncio.to_thread(ledger.verify)).to_json())
 
     async def balances(request: web.Request) -> web.Response:
         node, network, conflicts = await asyncio.to_thread(

@@ -294,7 +294,7 @@ class OwnerRole:
         job = self.ctx.jobs.get(result.job_id)
         if unit is None or job is None:
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
-            if job is not None:
+            if job is not None and why != "unknown unit":  # a unit this peer really had
                 self.ctx.jobs.update(job, note=f"late result from {peer} rejected: {why}")
                 self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")

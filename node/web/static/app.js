@@ -39,7 +39,8 @@
 
   function schedule(el) {
     if (el._timer) return;
-    const wait = Math.max(0, (el._last || 0) + MIN_INTERVAL_MS - Date.now());
+    const every = Number(el.dataset.liveEveryMs || MIN_INTERVAL_MS);
+    const wait = Math.max(0, (el._last || 0) + every - Date.now());
     el._timer = setTimeout(() => { el._timer = null; refresh(el); }, wait);
   }
 
