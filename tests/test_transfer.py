@@ -23,7 +23,7 @@ from nacl.signing import SigningKey
 from node.identity import Identity
 from node.localnet import free_port
 from node.net.host import MeshHost
-from node.work import transfer
+from node.work import blob_server, transfer
 from node.work.blobs import BlobStore
 from node.work.transfer import (
     CHUNK_SIZE,
@@ -285,7 +285,7 @@ def test_oversized_request_frame_is_refused(setup: Setup) -> None:
 
 
 def test_a_trickled_request_is_cut_off(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer, "REQUEST_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(blob_server, "REQUEST_TIMEOUT_S", 0.3)  # read where BlobServer uses it
     with socket.create_connection(("127.0.0.1", setup.port), timeout=5) as sock:
         sock.sendall(b"\x00\x00")  # half a length, then nothing
         t0 = time.monotonic()
