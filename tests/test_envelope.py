@@ -44,6 +44,7 @@ from protocol.blobs import (
 )
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.receipts import CoSignedReceipt
+from protocol.tensors import CompressedTensor
 from protocol.schema import to_plain
 from protocol.work import (
     WORK_LIMITS,
@@ -279,7 +280,10 @@ def _message_types() -> set[type]:
 
 
 #: message types with a wire form of their own (not a signed envelope), tested elsewhere
-OWN_WIRE_FORM = {CoSignedReceipt}  # tests/test_ledger.py, tests/test_audit.py
+OWN_WIRE_FORM = {
+    CoSignedReceipt,  # tests/test_ledger.py, tests/test_audit.py
+    CompressedTensor,  # tests/test_tensor_codec.py
+}
 
 
 def test_every_message_type_has_a_round_trip_strategy():
