@@ -44,8 +44,8 @@ from protocol.blobs import (
 )
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.receipts import CoSignedReceipt
-from protocol.tensors import CompressedTensor
 from protocol.schema import to_plain
+from protocol.tensors import CompressedTensor
 from protocol.work import (
     WORK_LIMITS,
     OfferReply,
