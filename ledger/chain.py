@@ -60,6 +60,12 @@ BUSY_TIMEOUT_S = BUSY_TIMEOUT_MS / 1000
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM entries"
 _INSERT = f"INSERT INTO entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+# the IN term lets SQLite use the partial index (a bound `kind = ?` alone does not imply
+# the index's WHERE, and the lookup would scan the whole table on every append)
+_SELECT_UNIT = (
+    _SELECT + " WHERE kind IN ('work_done', 'work_received') AND kind = ? AND owner = ? "
+    "AND job_id = ? AND unit_id = ?"
+)
 _SCHEMA = (
     "CREATE UNIQUE INDEX IF NOT EXISTS entries_work_unit ON entries (kind, owner, job_id, "
     "unit_id) WHERE kind IN ('work_done', 'work_received')",
@@ -232,9 +238,7 @@ class Ledger:
                 )
         key = (kind, verified.owner, verified.job_id, verified.unit_id)
         with self._lock, immediate(self._conn):
-            existing = self._conn.execute(
-                _SELECT + " WHERE kind = ? AND owner = ? AND job_id = ? AND unit_id = ?", key
-            ).fetchone()
+            existing = self._conn.execute(_SELECT_UNIT, key).fetchone()
             if existing is not None:
                 entry = Entry.from_row(existing)
                 if entry.payload == verified.raw:

@@ -193,6 +193,15 @@ def test_a_second_receipt_for_the_same_unit_is_refused(ledger: Ledger) -> None:
     ledger.append_work("work_done", cosigned(OTHER, NODE), DIGITS_CREDIT, DIGITS_CREDIT)
 
 
+def test_the_duplicate_lookup_uses_the_index_not_a_scan(ledger: Ledger) -> None:
+    from ledger.chain import _SELECT_UNIT
+
+    plan = sqlite3.connect(str(ledger.path)).execute(
+        "EXPLAIN QUERY PLAN " + _SELECT_UNIT, ("work_done", "o", "j", "u")
+    )
+    assert "INDEX entries_work_unit" in " ".join(str(row) for row in plan)
+
+
 def test_credit_within_the_tolerance_is_accepted_and_the_signed_value_stored(
     ledger: Ledger,
 ) -> None:
