@@ -7,6 +7,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,15 @@ def _stored_blobs(node: LocalNode) -> list[Path]:
     return sorted(p for p in (node.data_dir / "blobs").rglob("*") if p.is_file())
 
 
-@pytest.fixture
-def node(localnet: LocalNetwork) -> LocalNode:
-    return localnet.add(["--not-accepting"])
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
+    """One paused node for the whole module: refused submissions change nothing, so the
+    cases cannot disturb each other (the one accepted job comes last)."""
+    net = LocalNetwork(tmp_path_factory.mktemp("submit"), ["--not-accepting"])
+    try:
+        yield net.add()
+    finally:
+        net.stop()
 
 
 @pytest.mark.parametrize(
