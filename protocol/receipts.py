@@ -31,14 +31,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+import msgpack
 from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.signing import SigningKey, VerifyKey
 
 from protocol.codec import Limits, decode, encode
 from protocol.envelope import open_envelope
-from protocol.errors import DecodeError, ProtocolError, SignatureError, SignerMismatch
+from protocol.errors import DecodeError, ProtocolError, SignatureError, SignerMismatch, TooLarge
 from protocol.peer_id import peer_id_from_public_key, public_key_from_peer_id
 from protocol.work import Receipt
 
@@ -241,11 +242,33 @@ def peek_receipt(envelope: bytes) -> ReceiptHeader:
     payload, key = outer["p"], outer["k"]
     if type(payload) is not bytes or type(key) is not bytes or len(key) != 32:
         raise DecodeError("receipt envelope payload and key must be bytes (key: 32)")
-    fields = decode(payload, RECEIPT_LIMITS)
+    fields = _decode_shallow(payload)
     names = ("job_id", "unit_id", "owner", "worker")
     if not isinstance(fields, dict) or any(type(fields.get(n)) is not str for n in names):
         raise DecodeError("receipt payload must hold job_id, unit_id, owner and worker as text")
     return ReceiptHeader(*(fields[n] for n in names), sealer_key=key)
+
+
+def _decode_shallow(payload: bytes) -> Any:
+    """`decode` with RECEIPT_LIMITS' size limits but without walking the result for its
+    depth (that walk, in Python, is most of the cost of re-reading a stored receipt).
+    Only for `peek_receipt`, which then reads four top-level text fields and nothing
+    else; msgpack's own stack bound still refuses deep nesting."""
+    if len(payload) > RECEIPT_LIMITS.max_bytes:
+        raise TooLarge(f"receipt payload is {len(payload)} bytes")
+    try:
+        return msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=RECEIPT_LIMITS.max_str_len,
+            max_bin_len=RECEIPT_LIMITS.max_bin_len,
+            max_array_len=RECEIPT_LIMITS.max_container_len,
+            max_map_len=RECEIPT_LIMITS.max_container_len,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise DecodeError(f"receipt payload is not valid msgpack: {type(exc).__name__}") from exc
 
 
 def verify_claim(role: Role, peer_id: str, receipt: bytes, credit: float, sig: bytes) -> None:

@@ -3,6 +3,7 @@ with the ledger unchanged; the co-signed receipt format."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -50,6 +51,7 @@ from protocol.receipts import (
     issue,
     open_cosigned,
     parse_cosigned,
+    peek_receipt,
 )
 from protocol.receipts import CreditMismatch as ReceiptCreditMismatch
 
@@ -370,6 +372,14 @@ def test_msgpack_shaped_garbage_is_a_protocol_error(msg: object) -> None:
     data = msgpack.packb(msg, use_bin_type=True)
     with pytest.raises(ProtocolError):
         open_cosigned(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(envelope=st.binary(max_size=512) | PLAIN.map(lambda v: msgpack.packb(v, use_bin_type=True)))
+def test_peeking_at_a_stored_receipt_raises_only_protocol_errors(envelope: bytes) -> None:
+    """verify reads stored receipts with peek_receipt before any signature is checked."""
+    with contextlib.suppress(ProtocolError):
+        peek_receipt(envelope)
 
 
 def test_rejected_entries_hold_the_reason_and_the_node_signature(ledger: Ledger) -> None:
