@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from dataclasses import replace
 from typing import Any
 
@@ -30,3 +31,15 @@ def capacity_ad(peer_id: str, seq: int, *, age_s: float = 0.0, **changes: Any) -
         timestamp=time.time() - age_s,
     )
     return replace(ad, **changes)
+
+
+def rejections(api: str, metric: str) -> dict[str, float]:
+    """A node's `<metric>_total{reason=...}` counters from /metrics, by reason."""
+    with urllib.request.urlopen(f"{api}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith(f"{metric}_total{{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            counts[reason] = float(line.rsplit(" ", 1)[1])
+    return counts

@@ -7,12 +7,11 @@ every node keeps running.
 from __future__ import annotations
 
 import os
-import urllib.request
 
 import multiaddr
 import pytest
 import trio
-from factories import capacity_ad
+from factories import capacity_ad, rejections
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -45,21 +44,13 @@ def _forged(ad: CapacityAd, claimed: SigningKey, actual: SigningKey) -> bytes:
 
 
 def _rejections(node: LocalNode) -> dict[str, float]:
-    with urllib.request.urlopen(f"{node.api}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    counts = {}
-    for line in text.splitlines():
-        if line.startswith("meshminer_ads_rejected_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            counts[reason] = float(line.rsplit(" ", 1)[1])
-    return counts
+    return rejections(node.api, "meshminer_ads_rejected")
 
 
 async def _wait(cond, timeout: float, what: str) -> None:
     with trio.fail_after(timeout):
         while not await trio.to_thread.run_sync(cond):
             await trio.sleep(0.2)
-    assert True, what
 
 
 async def _attack(nodes: list[LocalNode], attacker_seed: bytes, other: SigningKey) -> None:

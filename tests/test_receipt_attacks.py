@@ -5,10 +5,10 @@ table; each gossip rejection is counted under its reason; the nodes keep running
 from __future__ import annotations
 
 import os
-import urllib.request
 
 import pytest
 import trio
+from factories import rejections
 from nacl.signing import SigningKey
 
 from node.client import request_json
@@ -36,14 +36,7 @@ steps = 10
 
 
 def _rejections(node: LocalNode) -> dict[str, float]:
-    with urllib.request.urlopen(f"{node.api}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("meshminer_receipts_rejected_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = float(line.rsplit(" ", 1)[1])
-    return out
+    return rejections(node.api, "meshminer_receipts_rejected")
 
 
 def _flip(data: bytes, index: int) -> bytes:
