@@ -68,6 +68,13 @@ class Settings:
     max_upload_mb: int = field(
         default=1024, metadata=_meta("largest data file the API accepts with a job, in MiB")
     )
+    max_units: int = field(
+        default=1, metadata=_meta("units this node trains at once (its own jobs' and peers')")
+    )
+    max_unit_download_mb: int = field(
+        default=16384,
+        metadata=_meta("most data one unit may make this node fetch, in MiB (larger: declined)"),
+    )
     # [policy]: the owner's terms, advertised in every capacity ad
     accepting: bool = field(
         default=True, metadata=_meta("accept work from peers", section="policy")
@@ -107,6 +114,10 @@ class Settings:
         _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
         _check_range("lease_s", 3 <= self.lease_s <= 3600, "must be 3..3600")
+        _check_range("max_units", 1 <= self.max_units <= 64, "must be 1..64")
+        _check_range(
+            "max_unit_download_mb", 1 <= self.max_unit_download_mb <= 2**24, "must be 1..16777216"
+        )
         _check_range("max_upload_mb", self.max_upload_mb > 0, "must be > 0")
         _check_range("load_limit_pct", 0 <= self.load_limit_pct <= 100, "must be 0..100")
         _check_range("max_job_hours", self.max_job_hours > 0, "must be > 0")

@@ -39,6 +39,7 @@ from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore
 from node.work.service import SubmitError, WorkService
+from node.work.unit_keys import UnitKeys
 from protocol import CapacityAd, Policy, ProtocolError, seal
 from protocol.capacity import MAX_ADDRS
 from protocol.schema import to_plain
@@ -261,6 +262,9 @@ async def _serve(
                     ledger=PublishingLedger(ledger, events),  # type: ignore[arg-type]
                     publish_receipt=receipts.publish,
                     lease_s=settings.lease_s,
+                    unit_keys=UnitKeys(db, identity.seed),
+                    max_units=settings.max_units,
+                    max_unit_download_bytes=settings.max_unit_download_mb << 20,
                     on_load=node.set_load,
                 ),
                 memory_limit_mb=_memory_limit_mb(),

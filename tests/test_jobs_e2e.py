@@ -165,27 +165,31 @@ def test_paused_node_gets_no_work(localnet: LocalNetwork, tmp_path: Path) -> Non
     assert job["worker"] == worker.peer_id
 
 
-def test_owner_restarted_mid_job_picks_it_up_again(localnet: LocalNetwork, tmp_path: Path) -> None:
-    owner = localnet.add(["--lease", "4"])
+def test_owner_restarted_mid_job_reattaches_to_the_training_worker(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """The unit's key survives the restart (sealed in node.db), so the owner takes the
+    same worker's result instead of training the job a second time."""
+    owner = localnet.add(["--lease", "4", "--not-accepting"])
     worker = localnet.add()
     localnet.wait_all_see_each_other(timeout=20)
     job_id = _submit(owner, _spec(tmp_path, steps=3000))
-    wait_for(
-        lambda: _job(owner, job_id)["progress"].get("step", 0) > 0,
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["progress"].get("step", 0) > 0 and j,
         60,
         "training to start on the worker",
     )
+    unit_id = job["unit_id"]
     assert owner.stop(signal.SIGTERM) == 0
     owner.start()
-    job = _job(owner, job_id)
-    assert any("owner restarted" in e["note"] for e in job["timeline"])
     job = wait_for(
         lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
         240,
         "the job to finish after the restart",
     )
     assert job["state"] == "completed", job["reason"]
-    assert job["worker"] in (worker.peer_id, owner.peer_id)
+    assert (job["worker"], job["unit_id"], job["attempts"]) == (worker.peer_id, unit_id, 1)
+    assert worker.log_tail(400).count("accepted unit") == 1
 
 
 def test_failing_training_fails_the_job_not_the_daemon(

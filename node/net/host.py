@@ -262,6 +262,13 @@ class MeshHost:
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def allow_redial(self, peer_id: str) -> None:
+        """Forget that dialling `peer_id` failed recently: py-libp2p refuses to dial a
+        peer for 60 s after one failed attempt, too long for a peer we must reach
+        again (an owner that restarted)."""
+        with suppress(Exception):
+            self._host.get_network().unblock_peer(ID.from_base58(peer_id))
+
     def serve_stream(self, protocol: str, handler: StreamHandler) -> None:
         """Hand each incoming stream on `protocol` to `handler(remote peer id, stream)`.
 

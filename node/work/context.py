@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,10 @@ from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.work.blobs import BlobStore
 from node.work.jobs import JobStore
+from node.work.unit_keys import UnitKeys
 from protocol import CapacityAd, Policy
+
+_UNIT_ID = re.compile(r"[0-9a-f]{16,32}")
 
 
 @dataclass
@@ -35,6 +39,9 @@ class WorkContext:
     # (job_id, unit_id) -> secretstream key for the blobs this node serves under a grant.
     # Read by the blob server's thread: entries are only ever set or deleted whole.
     grant_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    unit_keys: UnitKeys | None = None  # the owner's keys, sealed in node.db for restarts
+    max_units: int = 1  # units this node trains at once (its own and peers')
+    max_unit_download_bytes: int = 16 << 30  # what one unit's grant may make it fetch
 
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
     # units training on this machine (a peer's, or the owner's own): one at a time
@@ -42,18 +49,37 @@ class WorkContext:
 
     def claim(self, unit_id: str) -> None:
         self.units_here.add(unit_id)
-        self.on_load(100)
+        self.on_load(self.load_pct())
 
     def release(self, unit_id: str) -> None:
         self.units_here.discard(unit_id)
-        if not self.units_here:
-            self.on_load(0)
+        self.on_load(self.load_pct())
+
+    def load_pct(self) -> int:
+        return min(100, round(100 * len(self.units_here) / max(1, self.max_units)))
+
+    def has_room(self) -> bool:
+        return len(self.units_here) < self.max_units
+
+    def remember_unit_key(self, job_id: str, unit_id: str, key: bytes) -> None:
+        self.grant_keys[(job_id, unit_id)] = key
+        if self.unit_keys is not None:
+            self.unit_keys.remember(job_id, unit_id, key)
+
+    def forget_unit_key(self, job_id: str, unit_id: str) -> None:
+        self.grant_keys.pop((job_id, unit_id), None)
+        if self.unit_keys is not None:
+            self.unit_keys.forget(unit_id)
 
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
 
     def unit_dir(self, unit_id: str) -> Path:
+        """A unit's folder. Ids reach here checked by `protocol`; this refuses anything
+        else again, since no path is ever built from a string a peer chose freely."""
+        if not _UNIT_ID.fullmatch(unit_id):
+            raise ValueError(f"not a unit id: {unit_id[:80]!r}")
         return self.data_dir / "units" / unit_id
 
     def peer_ip(self, peer_id: str) -> str | None:

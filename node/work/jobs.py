@@ -1,8 +1,14 @@
 """Jobs, their units and receipts in `node.db`: the owner's durable record of work.
 
-A job is what a user submitted; a unit is one attempt to train it on one worker
-(a job whose worker vanished gets a new unit elsewhere). State survives restarts,
-so an owner restarted mid-job picks its jobs up again.
+A job is what a user submitted; a unit is one piece of it given to one worker (the
+attempt of a single job; later a round's share, a trial, a replica). A job may have
+many live units at once.
+
+Every change of a job or unit is one SQLite transaction that re-reads the row and
+checks the state it starts from (compare-and-set): a caller says which states it
+expects, and gets None when the row has moved on (a cancel that won a race against an
+offer, a second result for a unit already being verified). No row is ever rewritten
+from an in-memory copy, so two coroutines that interleave cannot undo each other.
 """
 
 from __future__ import annotations
@@ -10,9 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import sqlite3
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
@@ -21,9 +28,16 @@ log = logging.getLogger(__name__)
 
 JOB_STATES = ("queued", "running", "completed", "failed", "cancelled")
 FINAL_STATES = ("completed", "failed", "cancelled")
-UNIT_STATES = ("offered", "running", "done", "failed", "expired", "cancelled")
+UNIT_STATES = ("offered", "running", "verifying", "done", "failed", "expired", "cancelled")
+LIVE_UNIT_STATES = ("offered", "running", "verifying")
 
 _JSON_FIELDS = ("spec", "summary", "progress", "metrics", "data_blobs", "timeline", "excluded")
+TIMELINE_MAX = 200  # a job's timeline keeps its newest entries
+
+
+def new_id() -> str:
+    """A fresh job or unit id in the one format ids have on the wire (16 hex)."""
+    return secrets.token_hex(8)
 
 
 @dataclass
@@ -35,10 +49,13 @@ class Job:
     summary: dict[str, Any]
     data_blobs: list[str]
     state: str = "queued"
-    worker: str = ""
-    unit_id: str = ""
+    worker: str = ""  # the worker of the newest unit
+    unit_id: str = ""  # the newest unit
     progress: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # "local" (trained here), "claimed" (a remote worker's word, not verified yet),
+    # "verified" (checked by replay or replica)
+    metrics_status: str = ""
     reason: str = ""
     weights_sha256: str = ""
     attempts: int = 0
@@ -46,6 +63,10 @@ class Job:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     created_at: float = 0.0
     updated_at: float = 0.0
+
+    @property
+    def max_hours(self) -> float:
+        return float(self.spec.get("requirements", {}).get("max_hours", 1.0))
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -63,6 +84,11 @@ class Unit:
     started_at: float
     ended_at: float = 0.0
     reason: str = ""
+    deadline: float = 0.0  # no heartbeat holds the unit past this (the job's max_hours)
+
+
+_JOB_COLUMNS = {f.name for f in fields(Job)}
+_UNIT_COLUMNS = {f.name for f in fields(Unit)}
 
 
 class JobStore:
@@ -71,27 +97,9 @@ class JobStore:
     ) -> None:
         self._db = db
         self._on_change = on_change  # told of every created or updated job (the event feed)
+        types = {"attempts": int, "created_at": float, "updated_at": float}
         db["jobs"].create(
-            {
-                "id": str,
-                "name": str,
-                "spec": str,
-                "placement": str,
-                "summary": str,
-                "data_blobs": str,
-                "state": str,
-                "worker": str,
-                "unit_id": str,
-                "progress": str,
-                "metrics": str,
-                "reason": str,
-                "weights_sha256": str,
-                "attempts": int,
-                "excluded": str,
-                "timeline": str,
-                "created_at": float,
-                "updated_at": float,
-            },
+            {name: types.get(name, str) for name in _JOB_COLUMNS if name != "id"} | {"id": str},
             pk="id",
             if_not_exists=True,
         )
@@ -105,10 +113,18 @@ class JobStore:
                 "started_at": float,
                 "ended_at": float,
                 "reason": str,
+                "deadline": float,
             },
             pk="unit_id",
             if_not_exists=True,
         )
+        # node.db files written before these columns existed
+        if "metrics_status" not in db["jobs"].columns_dict:
+            db["jobs"].add_column("metrics_status", str, not_null_default="")
+        if "deadline" not in db["units"].columns_dict:
+            db["units"].add_column("deadline", float, not_null_default=0.0)
+        db["units"].create_index(["job_id"], if_not_exists=True)
+        db["units"].create_index(["state"], if_not_exists=True)
         db["receipts"].create(
             {
                 "unit_id": str,
@@ -135,7 +151,7 @@ class JobStore:
     ) -> Job:
         now = time.time()
         job = Job(
-            id=secrets.token_hex(8),
+            id=new_id(),
             name=name,
             spec=spec,
             placement=placement,
@@ -150,11 +166,8 @@ class JobStore:
         return job
 
     def get(self, job_id: str) -> Job | None:
-        try:
-            row = self._db["jobs"].get(job_id)
-        except sqlite_utils.db.NotFoundError:
-            return None
-        return Job(**_decode(row))
+        rows = list(self._db["jobs"].rows_where("id = ?", [job_id], limit=1))
+        return Job(**_decode(rows[0])) if rows else None
 
     def list(self, limit: int = 100) -> list[Job]:
         rows = self._db["jobs"].rows_where(order_by="created_at desc", limit=limit)
@@ -167,17 +180,51 @@ class JobStore:
         )
         return [Job(**_decode(r)) for r in rows]
 
-    def update(self, job: Job, note: str = "", **changes: Any) -> Job:
-        """Apply `changes`, record a timeline entry when the state changes, persist."""
-        old_state = job.state
-        for key, value in changes.items():
-            setattr(job, key, value)
-        job.updated_at = time.time()
-        if job.state != old_state or note:
-            job.timeline.append({"t": job.updated_at, "state": job.state, "note": note})
-        self._db["jobs"].update(job.id, _encode(asdict(job)))
+    def transition(
+        self, job_id: str, from_states: Iterable[str], note: str = "", **changes: Any
+    ) -> Job | None:
+        """Apply `changes` if the job is in one of `from_states`; None if it is not.
+
+        One transaction: the row is re-read, checked and only the named columns are
+        written; the timeline gets an entry when the state changes or `note` is given."""
+        unknown = set(changes) - _JOB_COLUMNS
+        if unknown:
+            raise ValueError(f"unknown job fields: {sorted(unknown)}")
+        allowed = tuple(from_states)
+        with self._tx():
+            job = self.get(job_id)
+            if job is None or job.state not in allowed:
+                return None
+            old_state = job.state
+            for key, value in changes.items():
+                setattr(job, key, value)
+            job.updated_at = time.time()
+            written = {**changes, "updated_at": job.updated_at}
+            if job.state != old_state or note:
+                job.timeline.append({"t": job.updated_at, "state": job.state, "note": note})
+                job.timeline = job.timeline[-TIMELINE_MAX:]
+                written["timeline"] = job.timeline
+            cols = ", ".join(f"{k} = ?" for k in written)
+            cursor = self._db.execute(
+                f"UPDATE jobs SET {cols} WHERE id = ? AND state = ?",
+                [*_encode(written).values(), job_id, old_state],
+            )
+            if cursor.rowcount != 1:  # unreachable inside the transaction; cheap to check
+                return None
         self._changed(job)
         return job
+
+    def update(self, job: Job, note: str = "", **changes: Any) -> Job:
+        """Compare-and-set from the state `job` was read in (see `transition`); raises
+        `StaleJob` when the job has moved on since."""
+        updated = self.transition(job.id, (job.state,), note, **changes)
+        if updated is None:
+            raise StaleJob(f"job {job.id} changed state since it was read")
+        return updated
+
+    def live(self, job_id: str) -> bool:
+        job = self.get(job_id)
+        return job is not None and job.state not in FINAL_STATES
 
     def _changed(self, job: Job) -> None:
         if self._on_change is not None:
@@ -186,12 +233,31 @@ class JobStore:
             except Exception:  # a listener never breaks the job's bookkeeping
                 log.exception("job %s: change listener failed", job.id)
 
+    def _tx(self) -> sqlite3.Connection:
+        return self._db.conn  # `with conn:` commits, or rolls back on an exception
+
     # -- units -----------------------------------------------------------------------
 
-    def add_unit(self, job_id: str, worker: str, lease_s: float) -> Unit:
+    def add_unit(
+        self,
+        job_id: str,
+        worker: str,
+        lease_s: float,
+        deadline: float = 0.0,
+        unit_id: str = "",
+    ) -> Unit:
         now = time.time()
-        unit = Unit(secrets.token_hex(8), job_id, worker, "offered", now + lease_s, now)
-        self._db["units"].insert(asdict(unit))
+        unit = Unit(
+            unit_id or new_id(),
+            job_id,
+            worker,
+            "offered",
+            now + lease_s,
+            now,
+            deadline=deadline or now + lease_s,
+        )
+        with self._tx():
+            self._db["units"].insert(asdict(unit))
         return unit
 
     def unit(self, unit_id: str) -> Unit | None:
@@ -206,35 +272,80 @@ class JobStore:
             Unit(**r) for r in self._db["units"].rows_where(f"state in ({marks})", list(states))
         ]
 
-    def update_unit(self, unit: Unit, **changes: Any) -> Unit:
-        for key, value in changes.items():
-            setattr(unit, key, value)
-        self._db["units"].update(unit.unit_id, asdict(unit))
-        return unit
+    def units_of(self, job_id: str, *states: str) -> list[Unit]:
+        where, args = "job_id = ?", [job_id]
+        if states:
+            where += f" AND state in ({', '.join('?' for _ in states)})"
+            args += list(states)
+        return [Unit(**r) for r in self._db["units"].rows_where(where, args, order_by="started_at")]
+
+    def unit_transition(
+        self, unit_id: str, from_states: Iterable[str], **changes: Any
+    ) -> Unit | None:
+        """Compare-and-set on a unit: apply `changes` only if it is in `from_states`."""
+        unknown = set(changes) - _UNIT_COLUMNS
+        if unknown:
+            raise ValueError(f"unknown unit fields: {sorted(unknown)}")
+        allowed = tuple(from_states)
+        marks = ", ".join("?" for _ in allowed)
+        cols = ", ".join(f"{k} = ?" for k in changes)
+        with self._tx():
+            cursor = self._db.execute(
+                f"UPDATE units SET {cols} WHERE unit_id = ? AND state in ({marks})",
+                [*changes.values(), unit_id, *allowed],
+            )
+            if cursor.rowcount != 1:
+                return None
+        return self.unit(unit_id)
+
+    def renew_lease(self, unit_id: str, until: float) -> Unit | None:
+        """Extend a live unit's lease to `until`, never past its deadline."""
+        with self._tx():
+            cursor = self._db.execute(
+                "UPDATE units SET lease_expires = MIN(?, deadline) "
+                "WHERE unit_id = ? AND state in ('offered', 'running', 'verifying')",
+                [until, unit_id],
+            )
+            if cursor.rowcount != 1:
+                return None
+        return self.unit(unit_id)
+
+    def forget_unit(self, unit_id: str) -> bool:
+        """Remove a unit that never started (its offer was declined for now)."""
+        with self._tx():
+            cursor = self._db.execute(
+                "DELETE FROM units WHERE unit_id = ? AND state = 'offered'", [unit_id]
+            )
+        return cursor.rowcount == 1
 
     # -- receipts --------------------------------------------------------------------
 
     def add_receipt(
         self, unit_id: str, job_id: str, role: str, owner: str, worker: str, envelope: bytes
     ) -> None:
-        self._db["receipts"].upsert(
-            {
-                "unit_id": unit_id,
-                "job_id": job_id,
-                "role": role,
-                "owner": owner,
-                "worker": worker,
-                "envelope": envelope,
-                "issued_at": time.time(),
-            },
-            pk="unit_id",
-        )
+        with self._tx():
+            self._db["receipts"].upsert(
+                {
+                    "unit_id": unit_id,
+                    "job_id": job_id,
+                    "role": role,
+                    "owner": owner,
+                    "worker": worker,
+                    "envelope": envelope,
+                    "issued_at": time.time(),
+                },
+                pk="unit_id",
+            )
 
     def receipt(self, unit_id: str) -> bytes | None:
         try:
             return self._db["receipts"].get(unit_id)["envelope"]
         except sqlite_utils.db.NotFoundError:
             return None
+
+
+class StaleJob(Exception):
+    """A job changed state between reading it and changing it."""
 
 
 def _encode(row: dict[str, Any]) -> dict[str, Any]:

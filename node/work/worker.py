@@ -1,17 +1,21 @@
 """The worker's side: check an offer against the owner's policy, then fetch, train,
 report progress, and return a signed result.
 
-One unit runs at a time (the node's load is then 100%). A unit whose owner answers a
-heartbeat with "stop" (lease expired, job cancelled) is cancelled here too.
+A node trains up to `max_units` units at once (of different jobs or owners). A unit
+whose owner answers a heartbeat with "stop" (lease expired, job cancelled, past its
+max_hours) is cancelled here too. Result and receipt exchanges that fail in transit
+are retried with backoff until a deadline; `work_done` enters the ledger only once
+the owner has taken the countersigned receipt, never on the worker's own word.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -36,10 +40,14 @@ from protocol.work import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SPEC_LIMITS = WORK_LIMITS
 HEARTBEAT_S = 1.0
-RESULT_TIMEOUT_S = 900.0
+RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks the weights)
+DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 15.0
 
 
 class Declined(Exception):
@@ -74,7 +82,12 @@ class WorkerRole:
         self._runner_request = runner_request
         self._validate_spec = validate_spec  # raises ValueError with the field path
         self._nursery = nursery
-        self.current: RunningUnit | None = None
+        self.units: dict[str, RunningUnit] = {}  # by unit id
+
+    @property
+    def current(self) -> RunningUnit | None:
+        """The oldest unit training here, if any (what the status page shows)."""
+        return next(iter(self.units.values()), None)
 
     # -- offers ----------------------------------------------------------------------
 
@@ -88,7 +101,7 @@ class WorkerRole:
             reason = str(exc) if isinstance(exc, Declined) else f"bad offer: {exc}"
             log.info("declined offer %s/%s from %s: %s", job_id, unit_id, peer, reason)
             return self._reply(job_id, unit_id, False, reason, getattr(exc, "transient", False))
-        self.current = unit
+        self.units[unit.package.unit_id] = unit
         self.ctx.claim(unit.package.unit_id)
         self._nursery.start_soon(self._run, unit)
         log.info("accepted unit %s of job %s from %s", unit_id, job_id, peer)
@@ -107,6 +120,8 @@ class WorkerRole:
         ).message
         if (package.job_id, package.unit_id) != (offer.job_id, offer.unit_id):
             raise Declined("the package does not match the offer")
+        if package.unit_id in self.units or ctx.jobs.receipt(package.unit_id) is not None:
+            raise Declined(f"unit {package.unit_id} is already known here")
         self._check_policy(peer, package)
         try:
             spec = self._validate_spec(decode(package.spec, SPEC_LIMITS))
@@ -120,7 +135,25 @@ class WorkerRole:
             ).message
             if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
                 raise Declined("the blob grant does not match the package")
+            self._check_download(grant.max_bytes * len(package.blobs))
         return RunningUnit(peer, package, grant, spec)
+
+    def _check_download(self, total: int) -> None:
+        """A unit may make this node fetch at most its per-unit cap, and never more
+        than the disk has free."""
+        cap = self.ctx.max_unit_download_bytes
+        if total > cap:
+            raise Declined(
+                f"the unit's data may be {total / 2**20:.0f} MiB; this node fetches at "
+                f"most {cap / 2**20:.0f} MiB per unit"
+            )
+        free = shutil.disk_usage(self.ctx.data_dir).free
+        if total > free // 2:
+            raise Declined(
+                f"the unit's data may be {total / 2**20:.0f} MiB; this node has "
+                f"{free / 2**20:.0f} MiB of disk free",
+                transient=True,
+            )
 
     def _check_policy(self, owner: str, package: WorkPackage) -> None:
         policy = self.ctx.policy()
@@ -130,8 +163,10 @@ class WorkerRole:
             raise Declined("this node does not take work from you (deny list)")
         if self.ctx.allow_owners and owner not in self.ctx.allow_owners:
             raise Declined("this node only takes work from its allow list")
-        if self.ctx.units_here:
-            raise Declined("busy with another unit (load 100%)", transient=True)
+        if not self.ctx.has_room():
+            raise Declined(
+                f"busy: {len(self.ctx.units_here)} unit(s) training here", transient=True
+            )
         if package.max_hours > policy.max_job_hours:
             raise Declined(
                 f"job may run {package.max_hours:g} h; this node takes up to "
@@ -168,34 +203,46 @@ class WorkerRole:
     # -- running a unit --------------------------------------------------------------
 
     def stop_current(self, hand_back: bool) -> None:
-        """Pause with hand-back: cancel the running unit and tell its owner."""
-        if self.current is not None and hand_back:
-            self.current.hand_back = True
-            self.current.scope.cancel()
+        """Pause with hand-back: cancel the running units and tell their owners."""
+        if not hand_back:
+            return
+        for unit in self.units.values():
+            unit.hand_back = True
+            unit.scope.cancel()
 
     async def _run(self, unit: RunningUnit) -> None:
         pkg = unit.package
         ctx = self.ctx
         ctx.grant_keys[(pkg.job_id, pkg.unit_id)] = pkg.job_key
-        outcome: Result | None = None
         try:
             async with trio.open_nursery() as heartbeat:
                 heartbeat.start_soon(self._heartbeat, unit)
-                with unit.scope:
-                    outcome = await self._train(unit)
+                outcome = await self._outcome(unit)
+                unit.phase = "uploading"  # heartbeats hold the lease while it is delivered
+                await self._deliver(unit, outcome)
                 heartbeat.cancel_scope.cancel()
-            if outcome is None:
-                why = (
-                    "handed back by the volunteer (node paused)"
-                    if unit.hand_back
-                    else ("stopped: the owner no longer wants this unit")
-                )
-                outcome = self._failure(pkg, why, retryable=True)
-            await self._send_result(unit, outcome)
+        except Exception:
+            log.exception("unit %s: result not delivered", pkg.unit_id)
         finally:
             ctx.grant_keys.pop((pkg.job_id, pkg.unit_id), None)
-            self.current = None
+            self.units.pop(pkg.unit_id, None)
             ctx.release(pkg.unit_id)
+
+    async def _outcome(self, unit: RunningUnit) -> Result:
+        """Train the unit; whatever happens, a Result to send (a failure says why)."""
+        pkg = unit.package
+        with unit.scope:
+            try:
+                return await self._train(unit)
+            except Exception as exc:  # a bug here fails this unit, not the node
+                log.exception("unit %s: internal error", pkg.unit_id)
+                return self._failure(pkg, f"internal error on the worker: {exc}", retryable=True)
+        why = (
+            "handed back by the volunteer (node paused)"
+            if unit.hand_back
+            else "stopped: the owner no longer wants this unit"
+        )
+        return self._failure(pkg, why, retryable=True)
 
     async def _train(self, unit: RunningUnit) -> Result:
         pkg = unit.package
@@ -289,21 +336,21 @@ class WorkerRole:
                 log.debug("heartbeat for %s failed: %s", pkg.unit_id, exc)
             await trio.sleep(interval)
 
-    async def _send_result(self, unit: RunningUnit, result: Result) -> None:
-        ctx = self.ctx
-        try:
-            raw = await ctx.host.request(
-                unit.owner,
-                RESULT_PROTOCOL,
-                seal(result, ctx.identity.signing_key),
-                WORK_LIMITS.max_bytes,
-                timeout=RESULT_TIMEOUT_S,
+    async def _deliver(self, unit: RunningUnit, result: Result) -> None:
+        """Send the result (retrying what fails in transit) and countersign the receipt."""
+        owner = unit.owner
+        sealed = seal(result, self.ctx.identity.signing_key)
+
+        async def send() -> ReceiptReply:
+            raw = await self.ctx.host.request(
+                owner, RESULT_PROTOCOL, sealed, WORK_LIMITS.max_bytes, timeout=RESULT_TIMEOUT_S
             )
-            reply = open_envelope(
-                raw, ReceiptReply, expected_signer=unit.owner, limits=WORK_LIMITS
+            return open_envelope(
+                raw, ReceiptReply, expected_signer=owner, limits=WORK_LIMITS
             ).message
-        except Exception as exc:
-            log.warning("unit %s: result not delivered to %s: %s", result.unit_id, unit.owner, exc)
+
+        reply = await self._with_retries(send, owner, f"result of unit {result.unit_id}")
+        if reply is None:
             return
         if not reply.accepted or not reply.receipt:
             log.info("unit %s: owner answered: %s", result.unit_id, reply.reason or "ok")
@@ -312,12 +359,13 @@ class WorkerRole:
             await self._countersign(unit, result, reply.receipt)
         except (ProtocolError, LedgerError, ValueError) as exc:
             log.warning(
-                "unit %s: receipt from %s not countersigned: %s", result.unit_id, unit.owner, exc
+                "unit %s: receipt from %s not countersigned: %s", result.unit_id, owner, exc
             )
 
     async def _countersign(self, unit: RunningUnit, result: Result, half_signed: bytes) -> None:
         """Check the owner's receipt against our result and our own credit figure, sign
-        it, record it in our ledger, hand it back to the owner and gossip it."""
+        it and hand it back; once the owner has recorded it, record it in our ledger
+        and gossip it."""
         ctx = self.ctx
         receipt = parse_cosigned(half_signed)
         issued = open_receipt(receipt.receipt)
@@ -332,20 +380,43 @@ class WorkerRole:
         data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
         credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
         cosigned = countersign(half_signed, ctx.identity.signing_key, credit)
+
+        async def hand_back() -> tuple[bool, str]:
+            raw = await ctx.host.request(
+                unit.owner, RECEIPT_PROTOCOL, cosigned, WORK_LIMITS.max_bytes
+            )
+            return decode_ack(raw)
+
+        answer = await self._with_retries(
+            hand_back, unit.owner, f"receipt of unit {result.unit_id}"
+        )
+        if answer is None or not answer[0]:
+            why = "no answer" if answer is None else answer[1]
+            log.warning(
+                "unit %s: owner did not take the receipt (%s); no credit", result.unit_id, why
+            )
+            return
         ctx.ledger.append_work("work_done", cosigned, credit, credit)
         ctx.jobs.add_receipt(
             result.unit_id, result.job_id, "worker", unit.owner, ctx.peer_id, cosigned
         )
-        try:
-            raw = await ctx.host.request(
-                unit.owner, RECEIPT_PROTOCOL, cosigned, WORK_LIMITS.max_bytes
-            )
-            ok, why = decode_ack(raw)
-        except Exception as exc:  # recorded here; gossip still tells the network
-            ok, why = False, str(exc)
-        if not ok:
-            log.warning(
-                "unit %s: owner did not take the countersigned receipt: %s", result.unit_id, why
-            )
         await ctx.publish_receipt(cosigned)
         log.info("unit %s done; co-signed receipt recorded (%.6f TFLOP)", result.unit_id, credit)
+
+    async def _with_retries(
+        self, call: Callable[[], Awaitable[T]], peer: str, what: str
+    ) -> T | None:
+        """`await call()` until it answers, with backoff, for DELIVERY_DEADLINE_S; None
+        when it never did. An answer of any kind (a refusal too) ends the retries."""
+        delay = RETRY_FIRST_S
+        with trio.move_on_after(DELIVERY_DEADLINE_S):
+            while True:
+                try:
+                    return await call()
+                except Exception as exc:
+                    log.info("%s to %s failed (%s); again in %.0f s", what, peer, exc, delay)
+                await trio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                self.ctx.host.allow_redial(peer)
+        log.warning("%s to %s: gave up after %.0f s", what, peer, DELIVERY_DEADLINE_S)
+        return None

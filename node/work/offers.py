@@ -1,0 +1,74 @@
+"""Offering one unit to one peer: the sealed work package and the peer's answer.
+
+The package (spec, blob hashes, a blob grant and the unit's own key) is sealed to
+the worker with crypto_box and signed by the owner, so only that worker can read it
+and it cannot be replayed to another. What the answer means is the placement's
+business (`placement.py`); this module only builds, sends and reads.
+"""
+
+from __future__ import annotations
+
+import time
+
+from node.work.context import WorkContext
+from node.work.grants import issue_grant
+from node.work.jobs import Job, Unit
+from protocol import ProtocolError, encode, open_envelope, public_key_from_peer_id, seal
+from protocol.crypto import seal_to
+from protocol.names import TASK_PROTOCOL
+from protocol.work import WORK_LIMITS, OfferReply, WorkOffer, WorkPackage
+
+GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
+
+
+def build_offer(ctx: WorkContext, job: Job, unit: Unit, key: bytes) -> bytes:
+    """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker."""
+    peer = unit.worker
+    max_bytes = max((ctx.blobs.size(s) for s in job.data_blobs), default=0)
+    grant = (
+        issue_grant(
+            ctx,
+            job.id,
+            unit.unit_id,
+            peer,
+            job.data_blobs,
+            max_bytes,
+            job.max_hours * 3600 + GRANT_SLACK_S,
+        )
+        if job.data_blobs
+        else b""  # built-in data sets need no blobs
+    )
+    package = WorkPackage(
+        job.id,
+        unit.unit_id,
+        encode(job.spec),
+        job.data_blobs,
+        grant,
+        key,
+        job.max_hours,
+        ctx.lease_s,
+    )
+    sealed = seal_to(
+        public_key_from_peer_id(peer),
+        ctx.identity.signing_key,
+        seal(package, ctx.identity.signing_key),
+    )
+    return seal(
+        WorkOffer(job.id, unit.unit_id, peer, sealed, time.time()), ctx.identity.signing_key
+    )
+
+
+async def send_offer(ctx: WorkContext, job: Job, unit: Unit, key: bytes) -> OfferReply:
+    """Offer `unit` to its worker. A peer that cannot be reached or answers nonsense
+    counts as a transient decline: it says nothing about the job."""
+    offer = build_offer(ctx, job, unit, key)
+    try:
+        raw = await ctx.host.request(unit.worker, TASK_PROTOCOL, offer, WORK_LIMITS.max_bytes)
+        reply = open_envelope(
+            raw, OfferReply, expected_signer=unit.worker, limits=WORK_LIMITS
+        ).message
+        if (reply.job_id, reply.unit_id) != (job.id, unit.unit_id):
+            raise ProtocolError("the reply names another job or unit")
+    except Exception as exc:  # unreachable or garbled: not a refusal of this job
+        return OfferReply(job.id, unit.unit_id, False, f"offer failed: {exc}"[:1000], True)
+    return reply

@@ -1,0 +1,206 @@
+"""A worker's result: verified, its weights fetched and checked, answered with a receipt.
+
+Checked before anything is accepted: the signature (the worker's own), that the unit
+is this worker's and live, the weights grant, and the weights themselves against the
+job's model plan (tensor names, shapes, dtypes and an exact size bound read from the
+safetensors header in the daemon; finite values checked in a subprocess, since the
+daemon parses no untrusted bulk data). The unit moves running -> verifying before the
+fetch, so a second result for it is refused at once and at most one receipt is ever
+issued. Credit comes from the spec, never from the worker; the worker's metrics are
+shown as its claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from training.result_check import (
+    WeightsRejected,
+    check_weights_header,
+    check_weights_values,
+    expected_tensors,
+    max_weights_bytes,
+)
+
+from ledger.errors import LedgerError
+from node.work.context import WorkContext
+from node.work.grants import fetch_granted
+from node.work.jobs import Job, Unit
+from node.work.leases import Leases
+from node.work.lifecycle import Lifecycle
+from protocol import ProtocolError, open_envelope, seal
+from protocol.blobs import BlobGrant
+from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
+from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
+
+log = logging.getLogger(__name__)
+
+RESULT_FETCH_S = 900.0  # the result stream's timeout: verification holds the unit this long
+
+
+class Results:
+    def __init__(self, ctx: WorkContext, lifecycle: Lifecycle, leases: Leases) -> None:
+        self.ctx = ctx
+        self._lifecycle = lifecycle
+        self._leases = leases
+
+    async def handle_result(self, peer: str, data: bytes) -> bytes:
+        """Verify a worker's result, fetch and check the weights, answer with a receipt."""
+        try:
+            result = open_envelope(data, Result, expected_signer=peer, limits=WORK_LIMITS).message
+        except ProtocolError as exc:
+            return self._reply(False, f"bad result: {exc}")
+        unit, why = self._leases.active_unit(peer, result.job_id, result.unit_id)
+        job = self.ctx.jobs.get(result.job_id)
+        if unit is None or job is None:
+            log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
+            if job is not None and why != "unknown unit":  # a unit this peer really had
+                self.ctx.jobs.transition(
+                    job.id, (job.state,), f"late result from {peer} rejected: {why}"
+                )
+                self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
+            return self._reply(False, f"result rejected: {why}")
+        if not result.ok:
+            if result.retryable:  # not the job's fault: offer it elsewhere
+                self._lifecycle.lost(unit.unit_id, f"{peer} returned the unit: {result.error}")
+            else:  # the spec fails deterministically: retrying elsewhere fails the same way
+                self._lifecycle.fatal(unit.unit_id, f"training failed on {peer}: {result.error}")
+            return self._reply(True, "failure recorded")
+        verifying = self.ctx.jobs.unit_transition(
+            unit.unit_id,
+            ("offered", "running"),
+            state="verifying",
+            lease_expires=time.time() + RESULT_FETCH_S,
+        )
+        if verifying is None:
+            return self._reply(False, "result rejected: a result for this unit is already here")
+        try:
+            await self._fetch_and_check(job, peer, result)
+        except Exception as exc:
+            reason = f"weights from {peer} rejected: {exc}"
+            log.info("unit %s: %s", unit.unit_id, reason)
+            self._lifecycle.lost(unit.unit_id, reason)
+            self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
+            return self._reply(False, f"weights rejected: {exc}")
+        return self._accept(job, unit, peer, result)
+
+    def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+        """Issue the half-signed receipt, then complete the unit and the job; a job
+        cancelled while the weights were checked stays cancelled and gives no receipt."""
+        receipt = seal(
+            Receipt(
+                job.id,
+                unit.unit_id,
+                self.ctx.peer_id,
+                peer,
+                result.weights_sha256,
+                result.steps,
+                result.samples,
+                dict(result.metrics),
+                time.time(),
+            ),
+            self.ctx.identity.signing_key,
+        )
+        half_signed = issue(receipt, credit_of(job), self.ctx.identity.signing_key)
+        metrics = {
+            **dict(result.metrics),
+            "steps": result.steps,
+            "samples": result.samples,
+            "wall_time_s": result.wall_time_s,
+            "device": result.device,
+        }
+        completed = self._lifecycle.done(
+            unit.unit_id,
+            ("verifying",),
+            result.weights_sha256,
+            metrics,
+            "claimed",
+            f"result from {peer} checked; receipt issued",
+        )
+        if completed is None:
+            return self._reply(False, "result rejected: the job ended while it was checked")
+        self.ctx.jobs.add_receipt(
+            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
+        )
+        log.info("job %s completed by %s", job.id, peer)
+        return self._reply(True, "", half_signed)
+
+    async def handle_countersigned(self, peer: str, data: bytes) -> bytes:
+        """The worker's countersigned receipt: record it in the ledger and gossip it.
+        Idempotent: a worker retrying after a lost answer gets the same yes."""
+        try:
+            verified = open_cosigned(data)
+        except ProtocolError as exc:
+            return encode_ack(False, f"bad receipt: {exc}")
+        if verified.worker != peer or verified.owner != self.ctx.peer_id:
+            return encode_ack(False, "the receipt names other peers")
+        issued = self.ctx.jobs.receipt(verified.unit_id)
+        job = self.ctx.jobs.get(verified.job_id)
+        if (
+            issued is None
+            or job is None
+            or parse_cosigned(issued).receipt != verified.cosigned.receipt
+        ):
+            return encode_ack(False, "this node issued no such receipt")
+        if issued == data:
+            return encode_ack(True)  # recorded already
+        try:
+            self.ctx.ledger.append_work("work_received", data, verified.credit, credit_of(job))
+        except LedgerError as exc:
+            log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
+            return encode_ack(False, str(exc))
+        self.ctx.jobs.add_receipt(verified.unit_id, job.id, "owner", self.ctx.peer_id, peer, data)
+        await self.ctx.publish_receipt(data)
+        log.info(
+            "unit %s: co-signed receipt recorded (%.6f TFLOP)", verified.unit_id, verified.credit
+        )
+        return encode_ack(True)
+
+    def _record_rejection(self, job_id: str, unit_id: str, worker: str, reason: str) -> None:
+        try:
+            self.ctx.ledger.append_rejected(job_id, unit_id, worker, self.ctx.peer_id, reason)
+        except LedgerError as exc:
+            log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
+
+    async def _fetch_and_check(self, job: Job, peer: str, result: Result) -> None:
+        """Fetch the weights under the worker's grant, at most the plan's size, and
+        check them; what fails is not kept."""
+        grant = open_envelope(
+            result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
+        ).message
+        if (
+            grant.grantee != self.ctx.peer_id
+            or grant.blobs != [result.weights_sha256]
+            or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
+        ):
+            raise ProtocolError("the weights grant does not match the result")
+        key = self.ctx.grant_keys.get((result.job_id, result.unit_id))
+        if key is None:
+            raise ProtocolError("no key for this unit (it ended)")
+        expected = expected_tensors(job.spec)
+        bound = max_weights_bytes(expected)
+        if result.weights_size > bound:
+            raise WeightsRejected(
+                f"weights of {result.weights_size} bytes; this model's are at most {bound}"
+            )
+        had = self.ctx.blobs.has(result.weights_sha256)
+        await fetch_granted(
+            self.ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], bound
+        )
+        path = self.ctx.blobs.path(result.weights_sha256)
+        try:
+            check_weights_header(path, expected)
+            await check_weights_values(path)
+        except Exception:
+            if not had:  # what was just fetched for this result is not kept
+                self.ctx.blobs.remove(result.weights_sha256)
+            raise
+
+    def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
+        return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)
+
+
+def credit_of(job: Job) -> float:
+    """The credit a unit of `job` earns, from the spec's summary computed at submit."""
+    return flops_to_credit(int(job.summary.get("training_flops", 0)))
