@@ -1,0 +1,215 @@
+"""The owner's work engine on a real node.db: compare-and-set transitions, races
+between cancel, offers, results and leases, backoff, sealed unit keys, recovery."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import sqlite_utils
+from nacl.signing import SigningKey
+
+from node.identity import Identity
+from node.work.context import WorkContext
+from node.work.jobs import JobStore, StaleJob
+from node.work.leases import Leases
+from node.work.lifecycle import MAX_ATTEMPTS, Lifecycle
+from node.work.placement import BACKOFF_MAX_S, Backoff
+from node.work.unit_keys import UnitKeys
+
+WORKER = "12D3KooWworker"
+
+
+def _ctx(tmp_path: Path, seed: bytes | None = None) -> WorkContext:
+    db = sqlite_utils.Database(tmp_path / "node.db")
+    identity = Identity(SigningKey(seed) if seed else SigningKey.generate())
+    return WorkContext(
+        identity=identity,
+        host=None,  # type: ignore[arg-type]  (no network in these tests)
+        peers=None,  # type: ignore[arg-type]
+        jobs=JobStore(db),
+        blobs=None,  # type: ignore[arg-type]
+        data_dir=tmp_path,
+        own_ad=None,  # type: ignore[arg-type]
+        policy=None,  # type: ignore[arg-type]
+        allow_owners=[],
+        deny_owners=[],
+        ledger=None,  # type: ignore[arg-type]
+        publish_receipt=None,  # type: ignore[arg-type]
+        unit_keys=UnitKeys(db, bytes(identity.signing_key)),
+    )
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> WorkContext:
+    return _ctx(tmp_path)
+
+
+def _lifecycle(ctx: WorkContext) -> tuple[Lifecycle, list[int]]:
+    woken: list[int] = []
+    return Lifecycle(ctx, lambda: woken.append(1)), woken
+
+
+def _job_with_unit(ctx: WorkContext, worker: str = WORKER):
+    job = ctx.jobs.create("j", {"requirements": {"max_hours": 1.0}}, "auto", {}, [])
+    unit = ctx.jobs.add_unit(job.id, worker, 30, deadline=time.time() + 3600)
+    ctx.remember_unit_key(job.id, unit.unit_id, b"k" * 32)
+    return job, unit
+
+
+def test_transition_is_compare_and_set(ctx: WorkContext) -> None:
+    job = ctx.jobs.create("j", {}, "auto", {}, [])
+    assert ctx.jobs.transition(job.id, ("running",), state="completed") is None
+    running = ctx.jobs.transition(job.id, ("queued",), "go", state="running")
+    assert running is not None and running.state == "running"
+    assert running.timeline[-1]["note"] == "go"
+    # an update from a stale copy is refused instead of undoing the change
+    with pytest.raises(StaleJob):
+        ctx.jobs.update(job, state="failed")
+    assert ctx.jobs.get(job.id).state == "running"
+
+
+def test_transition_writes_only_the_named_columns(ctx: WorkContext) -> None:
+    job = ctx.jobs.create("j", {}, "auto", {}, [])
+    ctx.jobs.transition(job.id, ("queued",), reason="waiting")
+    ctx.jobs.transition(job.id, ("queued",), progress={"step": 3})
+    fresh = ctx.jobs.get(job.id)
+    assert (fresh.reason, fresh.progress) == ("waiting", {"step": 3})
+    with pytest.raises(ValueError, match="unknown job fields"):
+        ctx.jobs.transition(job.id, ("queued",), nonsense=1)
+
+
+def test_two_results_for_one_unit_one_wins(ctx: WorkContext) -> None:
+    _, unit = _job_with_unit(ctx)
+    first = ctx.jobs.unit_transition(unit.unit_id, ("offered", "running"), state="verifying")
+    second = ctx.jobs.unit_transition(unit.unit_id, ("offered", "running"), state="verifying")
+    assert first is not None and first.state == "verifying"
+    assert second is None
+
+
+def test_lease_renewal_never_passes_the_deadline(ctx: WorkContext) -> None:
+    job = ctx.jobs.create("j", {}, "auto", {}, [])
+    deadline = time.time() + 10
+    unit = ctx.jobs.add_unit(job.id, WORKER, 5, deadline=deadline)
+    renewed = ctx.jobs.renew_lease(unit.unit_id, time.time() + 3600)
+    assert renewed is not None and renewed.lease_expires == pytest.approx(deadline)
+    ctx.jobs.unit_transition(unit.unit_id, ("offered",), state="done")
+    assert ctx.jobs.renew_lease(unit.unit_id, time.time() + 1) is None
+
+
+def test_cancel_during_the_offer_stays_cancelled(ctx: WorkContext) -> None:
+    life, _ = _lifecycle(ctx)
+    job, unit = _job_with_unit(ctx)
+    life.cancel(job.id)
+    assert life.start(unit, "accepted") is None  # the worker's yes arrives too late
+    assert ctx.jobs.get(job.id).state == "cancelled"
+    assert ctx.jobs.unit(unit.unit_id).state == "cancelled"
+    assert (job.id, unit.unit_id) not in ctx.grant_keys
+    assert ctx.unit_keys.load() == {}
+
+
+def test_cancel_during_the_weights_fetch_gives_no_completion(ctx: WorkContext) -> None:
+    life, _ = _lifecycle(ctx)
+    job, unit = _job_with_unit(ctx)
+    life.start(unit, "accepted")
+    ctx.jobs.unit_transition(unit.unit_id, ("running",), state="verifying")
+    life.cancel(job.id)
+    assert life.done(unit.unit_id, ("verifying",), "ab" * 32, {}, "claimed", "ok") is None
+    fresh = ctx.jobs.get(job.id)
+    assert (fresh.state, fresh.weights_sha256) == ("cancelled", "")
+
+
+def test_an_expired_lease_during_the_offer_is_not_revived(ctx: WorkContext) -> None:
+    life, woken = _lifecycle(ctx)
+    job, unit = _job_with_unit(ctx)
+    life.lost(unit.unit_id, "worker vanished", "expired")
+    assert life.start(unit, "accepted") is None
+    fresh = ctx.jobs.get(job.id)
+    assert fresh.state == "queued" and WORKER in fresh.excluded
+    assert woken
+
+
+def test_a_lost_unit_requeues_until_the_attempts_run_out(ctx: WorkContext) -> None:
+    life, _ = _lifecycle(ctx)
+    job = ctx.jobs.create("j", {}, "auto", {}, [])
+    for attempt in range(MAX_ATTEMPTS):
+        unit = ctx.jobs.add_unit(job.id, f"{WORKER}{attempt}", 30, deadline=time.time() + 99)
+        assert life.start(unit, "accepted") is not None
+        life.lost(unit.unit_id, f"lost {attempt}")
+    fresh = ctx.jobs.get(job.id)
+    assert fresh.state == "failed" and fresh.attempts == MAX_ATTEMPTS
+    assert "giving up" in fresh.timeline[-1]["note"]
+
+
+def test_fatal_fails_the_job_once(ctx: WorkContext) -> None:
+    life, _ = _lifecycle(ctx)
+    job, unit = _job_with_unit(ctx)
+    life.start(unit, "accepted")
+    life.fatal(unit.unit_id, "spec broken")
+    life.fatal(unit.unit_id, "again")  # a duplicate failure changes nothing
+    fresh = ctx.jobs.get(job.id)
+    assert (fresh.state, fresh.reason) == ("failed", "spec broken")
+
+
+def test_a_transient_decline_leaves_no_unit_row(ctx: WorkContext) -> None:
+    job, unit = _job_with_unit(ctx)
+    assert ctx.jobs.forget_unit(unit.unit_id)
+    assert ctx.jobs.units_of(job.id) == []
+    started, _ = _job_with_unit(ctx)
+    running = ctx.jobs.units_of(started.id)[0]
+    ctx.jobs.unit_transition(running.unit_id, ("offered",), state="running")
+    assert not ctx.jobs.forget_unit(running.unit_id)  # a unit that ran is history
+
+
+def test_backoff_doubles_per_peer_and_is_capped() -> None:
+    backoff = Backoff()
+    now = 1000.0
+    delays = [backoff.failed("job", "peer", now) for _ in range(10)]
+    assert delays[:3] == [1.0, 2.0, 4.0] and max(delays) == BACKOFF_MAX_S
+    assert backoff.waiting("job", now) == {"peer"}
+    assert backoff.waiting("other", now) == set()
+    assert backoff.waiting("job", now + BACKOFF_MAX_S + 1) == set()
+    backoff.succeeded("job", "peer")
+    assert backoff.failed("job", "peer", now) == 1.0
+
+
+def test_unit_keys_are_sealed_at_rest(tmp_path: Path) -> None:
+    seed = b"s" * 32
+    ctx = _ctx(tmp_path, seed)
+    key = b"K" * 32
+    ctx.remember_unit_key("a" * 16, "b" * 16, key)
+    raw = (tmp_path / "node.db").read_bytes()
+    assert key not in raw
+    assert UnitKeys(sqlite_utils.Database(tmp_path / "node.db"), seed).load() == {
+        ("a" * 16, "b" * 16): key
+    }
+    stranger = UnitKeys(sqlite_utils.Database(tmp_path / "node.db"), b"x" * 32)
+    assert stranger.load() == {}
+
+
+def test_recovery_keeps_units_with_keys_and_loses_the_rest(tmp_path: Path) -> None:
+    seed = b"r" * 32
+    ctx = _ctx(tmp_path, seed)
+    life, _ = _lifecycle(ctx)
+    kept_job, kept = _job_with_unit(ctx)
+    life.start(kept, "accepted")
+    lost_job = ctx.jobs.create("j2", {}, "auto", {}, [])
+    lost = ctx.jobs.add_unit(lost_job.id, WORKER, 30, deadline=time.time() + 99)
+    life.start(lost, "accepted")  # no key remembered for this one
+    # a restart: new context over the same node.db
+    again = _ctx(tmp_path, seed)
+    relife, _ = _lifecycle(again)
+    Leases(again, relife, lambda *a: None).recover()
+    assert again.jobs.unit(kept.unit_id).state == "running"
+    assert again.grant_keys[(kept_job.id, kept.unit_id)] == b"k" * 32
+    assert again.jobs.get(kept_job.id).state == "running"
+    assert again.jobs.unit(lost.unit_id).state == "expired"
+    assert again.jobs.get(lost_job.id).state == "queued"
+
+
+def test_unit_dir_refuses_anything_but_an_id(ctx: WorkContext) -> None:
+    assert ctx.unit_dir("0123456789abcdef").name == "0123456789abcdef"
+    for bad in ("../../etc", "/tmp/x", "abc\x00def0123456789", "A" * 16, "ab", "a" * 33):
+        with pytest.raises(ValueError, match="not a unit id"):
+            ctx.unit_dir(bad)
