@@ -85,6 +85,9 @@ def node_run(
     max_upload_mb: Annotated[
         int | None, typer.Option(help="largest data file accepted with a job [default 1024]")
     ] = None,
+    max_units: Annotated[
+        int | None, typer.Option(help="units this node trains at once [default 1]")
+    ] = None,
     allow_owner: Annotated[
         list[str] | None,
         typer.Option(help="take work only from this peer id (repeatable)"),
@@ -127,6 +130,7 @@ def node_run(
         "max_gpu_memory_share": max_gpu_memory_share,
         "lease_s": lease,
         "max_upload_mb": max_upload_mb,
+        "max_units": max_units,
         "allow_owners": allow_owner or None,
         "deny_owners": deny_owner or None,
     }
