@@ -96,10 +96,13 @@ class Leases:
         while True:
             await trio.sleep(CHECK_EVERY_S)
             now = time.time()
-            for unit in self.ctx.jobs.units_in_state("offered", "running"):
+            for unit in self.ctx.jobs.units_in_state("offered", "running", "verifying"):
                 if unit.worker == self.ctx.peer_id:
                     continue  # trained here: the executor's time limit holds it
-                if now > unit.deadline:
+                if unit.state == "verifying":  # its result handler never finished
+                    if now > unit.lease_expires:
+                        self._lifecycle.lost(unit.unit_id, "the result's check did not finish")
+                elif now > unit.deadline:
                     self._lifecycle.lost(
                         unit.unit_id, "the unit ran past the job's max_hours", "expired"
                     )

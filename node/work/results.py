@@ -15,14 +15,6 @@ from __future__ import annotations
 import logging
 import time
 
-from training.result_check import (
-    WeightsRejected,
-    check_weights_header,
-    check_weights_values,
-    expected_tensors,
-    max_weights_bytes,
-)
-
 from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.grants import fetch_granted
@@ -33,6 +25,13 @@ from protocol import ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
 from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
 from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
+from training.result_check import (
+    WeightsRejected,
+    check_weights_header,
+    check_weights_values,
+    expected_tensors,
+    max_weights_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,12 @@ class Results:
             self._lifecycle.lost(unit.unit_id, reason)
             self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
             return self._reply(False, f"weights rejected: {exc}")
-        return self._accept(job, unit, peer, result)
+        try:
+            return self._accept(job, unit, peer, result)
+        except Exception as exc:  # a bug here loses this unit, never the node
+            log.exception("unit %s: accepting the result failed", unit.unit_id)
+            self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
+            return self._reply(False, "the owner could not record the result; it retries")
 
     def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         """Issue the half-signed receipt, then complete the unit and the job; a job
