@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,35 @@ def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path) -> 
     )
     assert job["state"] == "completed", job["reason"]
     assert job["worker"] == owner.peer_id  # the volunteer is paused: the owner trains it
+
+
+def test_a_worker_with_room_trains_two_units_at_once(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """`--max-units 2`: both jobs' units run on the one worker at the same time, and
+    the busy third one waits without leaving a unit row per retry."""
+    owner = localnet.add(["--not-accepting"])
+    worker = localnet.add(["--max-units", "2"])
+    localnet.wait_all_see_each_other(timeout=20)
+    ids = [_submit(owner, _spec(tmp_path, steps=2500, name=f"j{i}.toml")) for i in range(3)]
+    wait_for(
+        lambda: sum(_job(owner, i)["state"] == "running" for i in ids) == 2
+        and worker.get("/api/v1/status")["load"] == 100,
+        90,
+        "two units training on the worker at once",
+    )
+    jobs = [
+        wait_for(
+            lambda i=i: (j := _job(owner, i))["state"] in ("completed", "failed") and j,
+            300,
+            f"job {i} to finish",
+        )
+        for i in ids
+    ]
+    assert [j["state"] for j in jobs] == ["completed"] * 3, [j["reason"] for j in jobs]
+    assert {j["worker"] for j in jobs} == {worker.peer_id}
+    assert all(j["metrics_status"] == "claimed" for j in jobs)
+    assert [j["attempts"] for j in jobs] == [1, 1, 1]
+    with closing(sqlite3.connect(owner.data_dir / "node.db")) as db:
+        units = db.execute("SELECT job_id, state FROM units").fetchall()
+    assert sorted(units) == sorted((i, "done") for i in ids)  # busy declines left no rows
