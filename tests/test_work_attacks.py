@@ -468,7 +468,7 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
             sha, size = rogue.serve(data)
             envelope = seal(rogue.result(package, owner.peer_id, sha, size), rogue.key)
             observed[name] = await _rejected(
-                owner, rogue, envelope, package.job_id, "weights are not a safetensors file"
+                owner, rogue, envelope, package.job_id, "not a safetensors file"
             )
             job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
             assert job["state"] == "queued"
