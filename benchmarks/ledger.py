@@ -61,7 +61,7 @@ def signed_appends(data_dir: Path, node: SigningKey, worker_id: str, n: int) -> 
         owner_id = ledger.peer_id
         started = time.perf_counter()
         for i in range(n):
-            ledger.append_rejected("job-bench", f"unit-{i}", worker_id, owner_id, REASON)
+            ledger.append_rejected("34c2fc8bf8156816", f"{i:016x}", worker_id, owner_id, REASON)
         return time.perf_counter() - started
 
 
@@ -99,8 +99,8 @@ def make_receipts(owner: SigningKey, worker: SigningKey, n: int, credit: float) 
     for i in range(n):
         envelope = seal(
             Receipt(
-                "job-bench",
-                f"unit-{i}",
+                "34c2fc8bf8156816",
+                f"{i:016x}",
                 peer_id(owner),
                 peer_id(worker),
                 "ab" * 32,

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from protocol.codec import Limits
 from protocol.errors import DecodeError
+from protocol.ids import check_id, check_peer
 
 MAX_ID_LEN = 128
 #: the most blobs one grant may name (a unit's dataset shards plus its weights)
@@ -59,10 +60,6 @@ def _require(ok: bool, path: str, rule: str) -> None:
         raise DecodeError(f"{path} {rule}")
 
 
-def _check_id(value: str, path: str) -> None:
-    _require(0 < len(value) <= MAX_ID_LEN, path, f"must be 1..{MAX_ID_LEN} chars")
-
-
 @dataclass(frozen=True)
 class BlobGrant:
     """Permission for `grantee` to fetch `blobs` from `owner`, sealed by `owner`.
@@ -83,10 +80,10 @@ class BlobGrant:
     data_port: int = 0  # the owner's direct data channel port; 0 = none (libp2p only)
 
     def check(self, path: str) -> None:
-        _check_id(self.job_id, f"{path}.job_id")
-        _check_id(self.unit_id, f"{path}.unit_id")
-        _check_id(self.owner, f"{path}.owner")
-        _check_id(self.grantee, f"{path}.grantee")
+        check_id(self.job_id, f"{path}.job_id")
+        check_id(self.unit_id, f"{path}.unit_id")
+        check_peer(self.owner, f"{path}.owner")
+        check_peer(self.grantee, f"{path}.grantee")
         _require(
             0 < len(self.blobs) <= MAX_GRANT_BLOBS,
             f"{path}.blobs",

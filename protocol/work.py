@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
+from protocol.ids import check_id, check_peer
 
 #: offers carry a sealed spec and a grant; results carry metrics: small messages
 WORK_LIMITS = Limits(
@@ -24,7 +25,6 @@ WORK_LIMITS = Limits(
     max_str_len=4096,
     max_bin_len=200 * 1024,
 )
-MAX_ID_LEN = 128
 
 
 def _require(ok: bool, path: str, rule: str) -> None:
@@ -34,8 +34,7 @@ def _require(ok: bool, path: str, rule: str) -> None:
 
 def _check_ids(obj: object, path: str) -> None:
     for name in ("job_id", "unit_id"):
-        value = getattr(obj, name)
-        _require(0 < len(value) <= MAX_ID_LEN, f"{path}.{name}", f"must be 1..{MAX_ID_LEN} chars")
+        check_id(getattr(obj, name), f"{path}.{name}")
 
 
 def _check_sha(value: str, path: str, allow_empty: bool = False) -> None:
@@ -93,7 +92,7 @@ class WorkOffer:
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
-        _require(0 < len(self.worker) <= MAX_ID_LEN, f"{path}.worker", "must be a peer id")
+        check_peer(self.worker, f"{path}.worker")
 
 
 @dataclass(frozen=True)
@@ -192,6 +191,8 @@ class Receipt:
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
+        check_peer(self.owner, f"{path}.owner")
+        check_peer(self.worker, f"{path}.worker")
         _check_sha(self.weights_sha256, f"{path}.weights_sha256")
         _check_metrics(self.metrics, f"{path}.metrics")
 

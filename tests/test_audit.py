@@ -55,19 +55,19 @@ def test_receipts_that_disagree_on_a_unit_are_a_conflict_and_both_kept(
     [unit] = audit.conflicts()
     assert (unit["owner"], unit["job_id"], unit["unit_id"]) == (
         peer_id_of(ALICE),
-        "job-1",
-        "unit-1",
+        "026ab639c21df8aa",
+        "d1b608530bb248d3",
     )
     assert len(unit["receipts"]) == 2
     assert {r["worker"] for r in unit["receipts"]} == {peer_id_of(BOB), peer_id_of(worker)}
 
 
 def test_network_credit_counts_agreed_receipts_and_names_conflicts(audit: AuditLog) -> None:
-    audit.add(cosigned(ALICE, BOB, 2.0, unit_id="u1"))
-    audit.add(cosigned(ALICE, BOB, 3.0, unit_id="u2"))
-    audit.add(cosigned(BOB, CAROL, 5.0, unit_id="u3"))
-    audit.add(cosigned(ALICE, BOB, 7.0, unit_id="u4"))
-    assert audit.add(cosigned(ALICE, CAROL, 7.0, unit_id="u4")) == "conflict"
+    audit.add(cosigned(ALICE, BOB, 2.0, unit_id="bb82030dbc2bcaba"))
+    audit.add(cosigned(ALICE, BOB, 3.0, unit_id="6ca202c88e549dff"))
+    audit.add(cosigned(BOB, CAROL, 5.0, unit_id="011e39efe22590f4"))
+    audit.add(cosigned(ALICE, BOB, 7.0, unit_id="e9c981a479986215"))
+    assert audit.add(cosigned(ALICE, CAROL, 7.0, unit_id="e9c981a479986215")) == "conflict"
     credit = audit.network_credit()
     alice, bob, carol = (credit[peer_id_of(k)] for k in (ALICE, BOB, CAROL))
     assert alice == {"earned": 0.0, "spent": 5.0, "receipts": 2, "conflicts": 1}
@@ -111,11 +111,11 @@ def test_garbage_raises_only_typed_errors(audit: AuditLog, data: bytes) -> None:
 
 def test_the_table_is_capped(tmp_path: Path) -> None:
     with AuditLog.open(tmp_path, max_receipts=2) as log:
-        log.add(cosigned(ALICE, BOB, unit_id="a"))
-        log.add(cosigned(ALICE, BOB, unit_id="b"))
+        log.add(cosigned(ALICE, BOB, unit_id="ca978112ca1bbdca"))
+        log.add(cosigned(ALICE, BOB, unit_id="3e23e8160039594a"))
         with pytest.raises(AuditFull, match="holds 2 receipts"):
-            log.add(cosigned(ALICE, BOB, unit_id="c"))
-        assert log.add(cosigned(ALICE, BOB, unit_id="a")) == "duplicate"
+            log.add(cosigned(ALICE, BOB, unit_id="2e7d2c03a9507ae2"))
+        assert log.add(cosigned(ALICE, BOB, unit_id="ca978112ca1bbdca")) == "duplicate"
         assert log.count() == 2
 
 
@@ -125,7 +125,7 @@ def test_it_persists_and_lives_beside_the_ledger_without_touching_it(tmp_path: P
         ledger.append_work("work_done", receipt, DIGITS_CREDIT, DIGITS_CREDIT)
         with AuditLog.open(tmp_path) as log:
             assert log.add(receipt) == "added"
-            log.add(cosigned(ALICE, CAROL, unit_id="x"))
+            log.add(cosigned(ALICE, CAROL, unit_id="2d711642b726b044"))
         assert ledger.verify().ok and ledger.count() == 2
     assert (tmp_path / "audit.db").exists() and (tmp_path / "ledger.db").exists()
     with AuditLog.open(tmp_path) as log:

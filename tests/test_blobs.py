@@ -39,6 +39,7 @@ from protocol import (
 )
 from protocol.blobs import MAX_BLOB_BYTES, MAX_GRANT_BLOBS, MAX_ID_LEN
 from protocol.envelope import signing_bytes
+from protocol.ids import ID_MAX_LEN, ID_MIN_LEN
 
 KEY = SigningKey(hashlib.sha256(b"meshminer blob test key").digest())
 PEER = peer_id_from_public_key(bytes(KEY.verify_key))
@@ -47,8 +48,8 @@ SHA = hashlib.sha256(b"a blob").hexdigest()
 
 def grant(**changes) -> BlobGrant:
     g = BlobGrant(
-        job_id="job-1",
-        unit_id="unit-1",
+        job_id="026ab639c21df8aa",
+        unit_id="d1b608530bb248d3",
         owner=PEER,
         grantee=PEER,
         blobs=[SHA],
@@ -70,14 +71,17 @@ def request(**changes) -> BlobRequest:
 
 shas = st.binary(min_size=32, max_size=32).map(lambda b: b.hex())
 # ASCII: check() counts characters, the codec's max_str_len counts UTF-8 bytes
-ids = st.text(st.characters(max_codepoint=127), min_size=1, max_size=MAX_ID_LEN)
+ids = st.text("0123456789abcdef", min_size=ID_MIN_LEN, max_size=ID_MAX_LEN)
+peers = st.binary(min_size=32, max_size=32).map(
+    lambda seed: peer_id_from_public_key(bytes(SigningKey(seed).verify_key))
+)
 #: valid grants (sizes bounded by the real limits, not by the strategy)
 blob_grants = st.builds(
     BlobGrant,
     job_id=ids,
     unit_id=ids,
-    owner=ids,
-    grantee=ids,
+    owner=peers,
+    grantee=peers,
     blobs=st.lists(shas, min_size=1, max_size=MAX_GRANT_BLOBS),
     max_bytes=st.integers(min_value=0, max_value=MAX_BLOB_BYTES),
     expires_at=st.floats(min_value=0, max_value=1e12, exclude_min=True),
@@ -108,10 +112,8 @@ def test_request_round_trip(r: BlobRequest) -> None:
 
 def test_the_largest_valid_grant_and_request_fit_their_limits() -> None:
     big = grant(
-        job_id="j" * MAX_ID_LEN,
-        unit_id="u" * MAX_ID_LEN,
-        owner="o" * MAX_ID_LEN,
-        grantee="g" * MAX_ID_LEN,
+        job_id="f" * ID_MAX_LEN,
+        unit_id="e" * ID_MAX_LEN,
         blobs=[hashlib.sha256(bytes([i % 256, i // 256])).hexdigest() for i in range(256)],
         max_bytes=MAX_BLOB_BYTES,
         expires_at=1e12 + 0.5,

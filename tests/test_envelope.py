@@ -156,7 +156,10 @@ capacity_ads = st.builds(
     version=st.text(max_size=12),
 )
 
-ids = st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)
+ids = st.text(alphabet="0123456789abcdef", min_size=16, max_size=32)
+peers = st.binary(min_size=32, max_size=32).map(
+    lambda seed: peer_id_from_public_key(bytes(SigningKey(seed).verify_key))
+)
 shas = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 small_bytes = st.binary(max_size=256)
 times = st.floats(min_value=1.0, max_value=1e11)
@@ -173,7 +176,7 @@ work_packages = st.builds(
     lease_s=st.floats(1, 3600),
 )
 work_offers = st.builds(
-    WorkOffer, job_id=ids, unit_id=ids, worker=ids, sealed=small_bytes, created_at=times
+    WorkOffer, job_id=ids, unit_id=ids, worker=peers, sealed=small_bytes, created_at=times
 )
 offer_replies = st.builds(
     OfferReply,
@@ -218,8 +221,8 @@ receipts = st.builds(
     Receipt,
     job_id=ids,
     unit_id=ids,
-    owner=ids,
-    worker=ids,
+    owner=peers,
+    worker=peers,
     weights_sha256=shas,
     steps=st.integers(0, 2**31),
     samples=st.integers(0, 2**40),
@@ -233,8 +236,8 @@ blob_grants = st.builds(
     BlobGrant,
     job_id=ids,
     unit_id=ids,
-    owner=ids,
-    grantee=ids,
+    owner=peers,
+    grantee=peers,
     blobs=st.lists(shas, min_size=1, max_size=3),
     max_bytes=st.integers(0, 2**30),
     expires_at=times,

@@ -271,8 +271,10 @@ def test_a_worker_with_room_trains_two_units_at_once(
     localnet.wait_all_see_each_other(timeout=20)
     ids = [_submit(owner, _spec(tmp_path, steps=2500, name=f"j{i}.toml")) for i in range(3)]
     wait_for(
-        lambda: sum(_job(owner, i)["state"] == "running" for i in ids) == 2
-        and worker.get("/api/v1/status")["load"] == 100,
+        lambda: (
+            sum(_job(owner, i)["state"] == "running" for i in ids) == 2
+            and worker.get("/api/v1/status")["load"] == 100
+        ),
         90,
         "two units training on the worker at once",
     )

@@ -70,13 +70,15 @@ def fill(ledger: Ledger, n: int) -> None:
     """n entries after the genesis: work done, work received and rejected, in turn."""
     for i in range(n):
         if i % 3 == 0:
-            receipt = cosigned(PEER, NODE, 0.5 + i, unit_id=f"u{i}")
+            receipt = cosigned(PEER, NODE, 0.5 + i, unit_id=f"{i:016x}")
             ledger.append_work("work_done", receipt, 0.5 + i, 0.5 + i)
         elif i % 3 == 1:
-            receipt = cosigned(NODE, PEER, 0.25, unit_id=f"u{i}")
+            receipt = cosigned(NODE, PEER, 0.25, unit_id=f"{i:016x}")
             ledger.append_work("work_received", receipt, 0.25, 0.25)
         else:
-            ledger.append_rejected("job-1", f"u{i}", peer_id_of(PEER), ledger.peer_id, f"bad {i}")
+            ledger.append_rejected(
+                "026ab639c21df8aa", f"u{i}", peer_id_of(PEER), ledger.peer_id, f"bad {i}"
+            )
 
 
 def state(ledger: Ledger) -> tuple[int, bytes]:
@@ -149,11 +151,18 @@ def test_updates_and_deletes_are_refused_by_the_database(ledger: Ledger) -> None
 
 
 def test_work_entries_carry_the_cosigned_receipt_and_its_signatures(ledger: Ledger) -> None:
-    receipt = cosigned(PEER, NODE, DIGITS_CREDIT, job_id="j9", unit_id="u9")
+    receipt = cosigned(
+        PEER, NODE, DIGITS_CREDIT, job_id="348e5c2415f23c9c", unit_id="553f26abeeebe4be"
+    )
     entry = ledger.append_work("work_done", receipt, DIGITS_CREDIT, DIGITS_CREDIT)
     parsed = parse_cosigned(entry.payload)
     assert entry.payload == receipt
-    assert (entry.seq, entry.kind, entry.job_id, entry.unit_id) == (1, "work_done", "j9", "u9")
+    assert (entry.seq, entry.kind, entry.job_id, entry.unit_id) == (
+        1,
+        "work_done",
+        "348e5c2415f23c9c",
+        "553f26abeeebe4be",
+    )
     assert (entry.owner, entry.worker, entry.credit) == (
         peer_id_of(PEER),
         peer_id_of(NODE),
@@ -188,7 +197,9 @@ def test_a_second_receipt_for_the_same_unit_is_refused(ledger: Ledger) -> None:
     )
     before = state(ledger)
     reissued = cosigned(PEER, NODE, issued_at=2.0)
-    with pytest.raises(DuplicateUnit, match="seq 1 already records work_done for unit unit-1"):
+    with pytest.raises(
+        DuplicateUnit, match="seq 1 already records work_done for unit d1b608530bb248d3"
+    ):
         ledger.append_work("work_done", reissued, DIGITS_CREDIT, DIGITS_CREDIT)
     assert state(ledger) == before
     # the same unit id under another owner is another unit
@@ -219,7 +230,7 @@ def test_a_receipt_whose_credit_disagrees_is_refused(ledger: Ledger, which: str)
     figures[which] = DIGITS_CREDIT * (1 + 1e-6)
     with pytest.raises(CreditMismatch, match=f"{which} is .* TFLOP") as err:
         ledger.append_work("work_done", cosigned(PEER, NODE), **figures)
-    assert "unit unit-1 of job job-1" in str(err.value)
+    assert "unit d1b608530bb248d3 of job 026ab639c21df8aa" in str(err.value)
     assert state(ledger) == before
 
 
@@ -383,7 +394,9 @@ def test_peeking_at_a_stored_receipt_raises_only_protocol_errors(envelope: bytes
 
 
 def test_rejected_entries_hold_the_reason_and_the_node_signature(ledger: Ledger) -> None:
-    entry = ledger.append_rejected("job-7", "unit-7", peer_id_of(PEER), ledger.peer_id, "x" * 5000)
+    entry = ledger.append_rejected(
+        "c37bd1a8462d7ad6", "2f3c64ad0364f2a9", peer_id_of(PEER), ledger.peer_id, "x" * 5000
+    )
     assert entry.kind == "rejected" and entry.credit == 0.0 and entry.worker_sig == b""
     assert decode(entry.payload, Limits(max_str_len=5000)) == {"reason": "x" * 4000}
     NODE.verify_key.verify(entry.body(), entry.owner_sig)

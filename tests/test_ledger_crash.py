@@ -37,7 +37,7 @@ def append_forever(data_dir: Path, out_fd: int, tag: str) -> None:
     while True:
         if i % 2 == 0:
             credit = 0.001 * (i + 1)
-            receipt = cosigned(OWNER, NODE, credit, job_id=tag, unit_id=f"u{i}")
+            receipt = cosigned(OWNER, NODE, credit, job_id=tag, unit_id=f"{i:016x}")
             entry = ledger.append_work("work_done", receipt, credit, credit)
         else:
             entry = ledger.append_rejected(tag, f"u{i}", owner, node, "weights hash mismatch")
@@ -89,7 +89,7 @@ def test_kill_9_at_random_moments_leaves_a_valid_chain(tmp_path: Path) -> None:
         first_in_dir = kill % KILLS_PER_DIR == 0
         # the first run in a dir is killed early, often while it creates the genesis
         delay = rng.uniform(0, 0.004) if first_in_dir else rng.uniform(0.004, 0.04)
-        reported = kill_forked_appender(data_dir, f"run{kill}", delay)
+        reported = kill_forked_appender(data_dir, f"{kill + 0xABC0:016x}", delay)
         if reported:
             mid_append += 1
         elif first_in_dir:
@@ -120,7 +120,7 @@ def test_kill_9_of_a_fresh_interpreter(tmp_path: Path) -> None:
     tests_dir = str(Path(__file__).parent)
     for run in range(4):
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(tmp_path), tests_dir, f"proc{run}"],
+            [sys.executable, "-c", CHILD, str(tmp_path), tests_dir, f"{run + 0xCAFE0000:016x}"],
             stdout=subprocess.PIPE,
         )
         assert child.stdout is not None

@@ -263,14 +263,14 @@ def test_the_job_page_shows_progress_chart_timeline_result_and_receipt(
     job = site.add_job(
         state="completed",
         worker=worker,
-        unit_id="unit-1",
+        unit_id="d1b608530bb248d3",
         weights_sha256="ab" * 32,
         metrics={"val_loss": 0.05, "val_accuracy": 0.97, "steps": 40},
         progress={"phase": "training", "step": 40, "total_steps": 40, "history": history},
         note=f"result from {worker} verified; receipt issued",
     )
-    receipt = cosigned(site.key, worker_key, job_id=job.id, unit_id="unit-1")
-    site.jobs.add_receipt("unit-1", job.id, "owner", site.peer_id, worker, receipt)
+    receipt = cosigned(site.key, worker_key, job_id=job.id, unit_id="d1b608530bb248d3")
+    site.jobs.add_receipt("d1b608530bb248d3", job.id, "owner", site.peer_id, worker, receipt)
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"weights")
     site.work.weights[job.id] = weights
@@ -335,7 +335,7 @@ def test_the_network_page_lists_peers_with_credit_and_reputation(site: Site) -> 
 def _fill(ledger: Ledger, n: int) -> None:
     worker, owner = peer_id_of(key_from(2)), ledger.peer_id
     for i in range(n):
-        ledger.append_rejected(f"job-{i}", f"unit-{i}", worker, owner, f"bad weights {i}")
+        ledger.append_rejected(f"{i + 2**40:016x}", f"{i:016x}", worker, owner, f"bad weights {i}")
 
 
 def test_ledger_pages_newest_first_and_verifies(site: Site) -> None:
@@ -470,13 +470,13 @@ def test_training_now_names_a_peers_unit_or_our_own() -> None:
     work = FakeWork(jobs, "me")
     assert page_data.training_now(work) is None
     job = jobs.create("mine", {}, "auto", {}, [])
-    jobs.update(job, state="running", worker="me", unit_id="u1", progress={"step": 3})
-    work.ctx.units_here.add("u1")
+    jobs.update(job, state="running", worker="me", unit_id="bb82030dbc2bcaba", progress={"step": 3})
+    work.ctx.units_here.add("bb82030dbc2bcaba")
     assert page_data.training_now(work)["role"] == "owner"
     work.worker = SimpleNamespace(
         current=SimpleNamespace(
             owner="peer",
-            package=SimpleNamespace(job_id="j", unit_id="u"),
+            package=SimpleNamespace(job_id="189f40034be7a199", unit_id="0bfe935e70c321c7"),
             spec={"name": "theirs"},
             phase="training",
             progress={"step": 7, "total_steps": 10, "loss": 0.1, "samples_per_s": 5.0},

@@ -48,7 +48,7 @@ from protocol import (
     seal,
 )
 
-JOB, UNIT = "job-1", "unit-1"
+JOB, UNIT = "026ab639c21df8aa", "d1b608530bb248d3"
 KEY = new_job_key()
 BIG = 1 << 30
 _LEN = struct.Struct(">I")
@@ -201,7 +201,7 @@ def test_grant_sealed_by_another_node(setup: Setup) -> None:
 
 def test_another_jobs_grant_or_another_blobs_sha(setup: Setup) -> None:
     other_sha = setup.owner_store.put_bytes(b"another job's data")
-    g = grant(setup.owner, setup.worker, [other_sha], job="job-2")
+    g = grant(setup.owner, setup.worker, [other_sha], job="0e753487879fb8a9")
     # job-2's grant does not name this job's blob ...
     assert setup.refused(make_request(setup.worker, g, setup.sha)) == "not_granted"
     # ... and this node holds no key for job-2 (a finished or unknown job)

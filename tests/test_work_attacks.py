@@ -164,7 +164,7 @@ def _work_offer(
 ) -> WorkOffer:
     """An offer as `OwnerRole._offer` builds one (built-in data: no blobs, no grant),
     optionally broken; the caller signs it."""
-    job_id, unit_id = f"attack-{secrets.token_hex(6)}", secrets.token_hex(8)
+    job_id, unit_id = "a77ac4" + secrets.token_hex(5), secrets.token_hex(8)
     package = WorkPackage(job_id, unit_id, encode(spec), [], b"", new_job_key(), 1.0, 15.0)
     sealed = seal_to(
         sealed_to or public_key_from_peer_id(worker_id),

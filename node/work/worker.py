@@ -26,6 +26,7 @@ from node.work.grants import fetch_granted, issue_grant
 from protocol import ProtocolError, decode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
+from protocol.ids import is_id
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL
 from protocol.receipts import countersign, open_receipt, parse_cosigned
 from protocol.work import (
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SPEC_LIMITS = WORK_LIMITS
+NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be read
 HEARTBEAT_S = 1.0
 RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks the weights)
 DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
@@ -92,7 +94,7 @@ class WorkerRole:
     # -- offers ----------------------------------------------------------------------
 
     async def handle_offer(self, peer: str, data: bytes) -> bytes:
-        job_id = unit_id = "unknown"
+        job_id = unit_id = NO_ID
         try:
             offer = open_envelope(data, WorkOffer, expected_signer=peer, limits=WORK_LIMITS)
             job_id, unit_id = offer.message.job_id, offer.message.unit_id
@@ -191,8 +193,8 @@ class WorkerRole:
     ) -> bytes:
         return seal(
             OfferReply(
-                job_id[:128] or "unknown",
-                unit_id[:128] or "unknown",
+                job_id if is_id(job_id) else NO_ID,  # a malformed offer's ids are not echoed
+                unit_id if is_id(unit_id) else NO_ID,
                 accepted,
                 reason[:1000],
                 transient,
