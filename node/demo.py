@@ -20,26 +20,9 @@ from rich.table import Table
 
 from node.client import request_json
 from node.localnet import LocalNetwork, LocalNode
+from training.examples import digits_toml
 
-DEMO_SPEC = """\
-name = "digits-mlp"
-mode = "single"
-seed = 0
-[model]
-arch = "mlp"
-hidden = [128, 64]
-activation = "relu"
-[data]
-source = "builtin:digits"
-batch_size = 64
-validation = 0.2
-[optim]
-name = "adamw"
-lr = 1e-3
-steps = 500
-[requirements]
-gpu = "preferred"
-"""
+DEMO_SPEC = digits_toml()
 
 
 def run_demo(nodes: int, keep: bool, console: Console) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import tomllib
 import urllib.request
 from dataclasses import replace
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key
+from training.examples import digits_toml
+from training.spec import parse_spec, spec_to_plain
 
 
 def peer_id_of(key: SigningKey) -> str:
@@ -43,3 +46,7 @@ def rejections(api: str, metric: str) -> dict[str, float]:
             reason = line.split('reason="', 1)[1].split('"', 1)[0]
             counts[reason] = float(line.rsplit(" ", 1)[1])
     return counts
+
+
+#: the digits job most tests train (the demo's, smaller), as a plain spec
+DIGITS_PLAIN = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=20, hidden=(32,)))))

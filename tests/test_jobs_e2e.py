@@ -17,28 +17,9 @@ import pytest
 from safetensors import safe_open
 
 from node.localnet import LocalNetwork, LocalNode, wait_for
+from training.examples import digits_toml
 
 pytestmark = pytest.mark.slow
-
-DIGITS = """
-name = "digits-mlp"
-mode = "single"
-seed = 0
-[model]
-arch = "mlp"
-hidden = [32]
-activation = "relu"
-[data]
-source = "builtin:digits"
-batch_size = 64
-validation = 0.2
-[optim]
-name = "adamw"
-lr = 3e-3
-steps = {steps}
-[requirements]
-gpu = "preferred"
-"""
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -53,7 +34,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def _spec(tmp_path: Path, steps: int, name: str = "job.toml") -> Path:
     path = tmp_path / name
-    path.write_text(DIGITS.format(steps=steps))
+    path.write_text(digits_toml(steps=steps, hidden=(32,), lr=3e-3))
     return path
 
 

@@ -11,22 +11,11 @@ import sys
 import pytest
 
 from node.localnet import LocalNetwork, wait_for
+from training.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 
-SPEC = """
-name = "ledger-digits"
-mode = "single"
-seed = 1
-[model]
-arch = "mlp"
-hidden = [32]
-[data]
-source = "builtin:digits"
-batch_size = 32
-[optim]
-steps = 40
-"""
+SPEC = digits_toml("ledger-digits", seed=1, hidden=(32,), batch_size=32, steps=40)
 
 
 def test_receipts_reach_both_ledgers_and_the_third_nodes_audit(localnet: LocalNetwork) -> None:

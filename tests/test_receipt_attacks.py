@@ -19,20 +19,11 @@ from protocol import decode
 from protocol.names import RECEIPT_PROTOCOL, RECEIPTS_TOPIC
 from protocol.receipts import CoSignedReceipt, parse_cosigned
 from protocol.work import decode_ack
+from training.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 
-SPEC = """
-name = "receipt-target"
-mode = "single"
-[model]
-arch = "mlp"
-hidden = [8]
-[data]
-source = "builtin:digits"
-[optim]
-steps = 10
-"""
+SPEC = digits_toml("receipt-target", steps=10, hidden=(8,))
 
 
 def _rejections(node: LocalNode) -> dict[str, float]:

@@ -55,32 +55,15 @@ from protocol.work import (
     WorkOffer,
     WorkPackage,
 )
+from training.examples import digits_toml
+from training.result_check import expected_tensors
 from training.spec import parse_spec, spec_to_plain
 
 pytestmark = pytest.mark.slow
 
-DIGITS = """
-name = "{name}"
-mode = "single"
-seed = 0
-[model]
-arch = "mlp"
-hidden = [16]
-[data]
-source = "builtin:digits"
-batch_size = 64
-validation = 0.2
-[optim]
-name = "adamw"
-lr = 3e-3
-steps = {steps}
-[requirements]
-gpu = "none"
-"""
-
 
 def _digits_toml(name: str, steps: int = 20) -> str:
-    return DIGITS.format(name=name, steps=steps)
+    return digits_toml(name, steps=steps, hidden=(16,), lr=3e-3, gpu="none")
 
 
 def _digits_plain(name: str, steps: int = 20) -> dict[str, Any]:
@@ -276,8 +259,14 @@ def test_a_rogue_owners_broken_offers_are_declined(localnet: LocalNetwork) -> No
 
 
 def _weights(seed: int) -> bytes:
-    """A small, valid safetensors file."""
-    return save_safetensors({"w": np.arange(8, dtype=np.float32) * seed})
+    """A safetensors file with exactly the tensors the digits job's model has."""
+    spec = spec_to_plain(parse_spec(tomllib.loads(_digits_toml("weights"))))
+    return save_safetensors(
+        {
+            name: np.full(shape, 0.01 * seed, dtype=np.float32)
+            for name, (shape, _) in expected_tensors(spec).items()
+        }
+    )
 
 
 def _pickle_bytes() -> bytes:

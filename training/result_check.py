@@ -26,6 +26,8 @@ DTYPE_BYTES = {
     "BOOL": 1,
 }
 
+_THREADS_ONE = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
 Expected = dict[str, tuple[tuple[int, ...], str]]
 
 
@@ -33,10 +35,26 @@ class WeightsRejected(ValueError):
     """The weights are not what the job's model produces; the message says how."""
 
 
-def expected_tensors(spec_plain: dict[str, Any]) -> Expected:
-    """Tensor name -> (shape, dtype) of the weights a run of `spec_plain` writes.
-    Empty: not known here, and only the file's own consistency is checked."""
-    return {}
+def expected_tensors(spec_plain: dict[str, Any], data_file: Path | None = None) -> Expected:
+    """Tensor name -> (shape, dtype) of the weights a run of `spec_plain` writes: the
+    model's state dict, built on torch's "meta" device so nothing is allocated.
+    `data_file` is the job's own data (the owner's blob), probed for its shapes."""
+    import torch
+
+    from training.datainfo import probe
+    from training.models import build_model
+    from training.plan import plan_model
+    from training.spec import parse_spec
+    from training.weights import DTYPES
+
+    spec = parse_spec(spec_plain)
+    plan = plan_model(spec.model, probe(spec, data_file))
+    with torch.device("meta"):
+        model = build_model(plan)
+    return {
+        name: (tuple(tensor.shape), DTYPES[tensor.dtype])
+        for name, tensor in model.state_dict().items()
+    }
 
 
 def max_weights_bytes(expected: Expected) -> int:
@@ -64,6 +82,8 @@ def check_weights_header(path: Path, expected: Expected) -> None:
     if not isinstance(header, dict):
         raise WeightsRejected("not a safetensors file (header is not a map)")
     header.pop("__metadata__", None)
+    if expected:
+        _compare(header, expected)
     end = 0
     for name, info in sorted(header.items(), key=lambda kv: _offsets(kv)[0]):
         dtype, shape = info.get("dtype"), tuple(info.get("shape", ()))
@@ -79,8 +99,46 @@ def check_weights_header(path: Path, expected: Expected) -> None:
         raise WeightsRejected("the tensors do not exactly fill the file")
 
 
-async def check_weights_values(path: Path) -> None:
-    """Every value finite (checked outside the daemon)."""
+def _compare(header: dict[str, Any], expected: Expected) -> None:
+    missing = sorted(set(expected) - set(header))
+    extra = sorted(set(header) - set(expected))
+    if missing or extra:
+        raise WeightsRejected(
+            f"tensor names differ from the model's: missing {missing[:5]}, unexpected "
+            f"{[name[:64] for name in extra[:5]]}"
+        )
+    for name, (shape, dtype) in expected.items():
+        info = header[name]
+        found = (tuple(info.get("shape", ())), info.get("dtype")) if isinstance(info, dict) else ()
+        if found != (shape, dtype):
+            raise WeightsRejected(
+                f"tensor {name!r}: expected {dtype} {list(shape)}, found "
+                f"{found[1] if found else '?'} {list(found[0]) if found else '?'}"
+            )
+
+
+async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
+    """Every value finite: read in a subprocess (`python -m training.check_weights`),
+    since the daemon parses no untrusted bulk data itself."""
+    import subprocess
+    import sys
+
+    import trio
+
+    with trio.move_on_after(time_limit_s) as deadline:
+        done = await trio.run_process(
+            [sys.executable, "-m", "training.check_weights", str(path)],
+            env={**_THREADS_ONE, "PATH": "/usr/bin:/bin"},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    if deadline.cancelled_caught:
+        raise WeightsRejected(f"checking the values took over {time_limit_s:g} s")
+    answer = done.stdout.decode(errors="replace").strip()[-500:]
+    if done.returncode != 0 or answer != "ok":
+        raise WeightsRejected(answer or f"the value check exited with {done.returncode}")
 
 
 def _offsets(item: tuple[str, Any]) -> tuple[int, int]:

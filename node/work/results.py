@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import time
 
+import trio
+
 from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.grants import fetch_granted
@@ -182,7 +184,8 @@ class Results:
         key = self.ctx.grant_keys.get((result.job_id, result.unit_id))
         if key is None:
             raise ProtocolError("no key for this unit (it ended)")
-        expected = expected_tensors(job.spec)
+        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
+        expected = await trio.to_thread.run_sync(expected_tensors, job.spec, data)
         bound = max_weights_bytes(expected)
         if result.weights_size > bound:
             raise WeightsRejected(

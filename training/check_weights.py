@@ -1,0 +1,42 @@
+"""`python -m training.check_weights PATH`: are all values in a weights file finite?
+
+Run by the owner in a subprocess of its own, so that reading a peer's tensor bytes
+happens outside the daemon, under an address-space limit. Prints `ok`, or one line
+naming the first tensor that is not, and exits 1.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+SLACK_BYTES = 1 << 30  # the interpreter, numpy and safetensors themselves
+
+
+def first_problem(path: Path) -> str | None:
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+            values = f.get_tensor(name)
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                return f"tensor {name!r} holds NaN or Inf values"
+    return None
+
+
+def main() -> int:
+    path = Path(sys.argv[1])
+    limit = 3 * path.stat().st_size + SLACK_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        problem = first_problem(path)
+    except Exception as exc:
+        problem = f"not a readable safetensors file ({type(exc).__name__}: {exc})"
+    print(problem or "ok")
+    return 1 if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
