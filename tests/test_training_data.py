@@ -221,3 +221,47 @@ def test_a_path_outside_the_allowed_folder_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match="outside the allowed"):
         load_spec(spec, allowed_root=allowed)
+
+
+def _zip_bomb(path: Path, y_bytes: int) -> Path:
+    """An npz whose y.npy inflates to `y_bytes` of zeros from a few MB of deflate."""
+    import zipfile
+
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.int64))
+    header["shape"] = (y_bytes // 8,)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w") as member:
+            np.lib.format.write_array(member, np.zeros((y_bytes // 8, 1), np.float32))
+        with archive.open("y.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            chunk = b"\0" * (1 << 24)
+            for _ in range(y_bytes // len(chunk)):
+                member.write(chunk)
+    return path
+
+
+def test_a_zip_bomb_npz_is_refused_from_its_headers(tmp_path: Path) -> None:
+    """Probing (what the node daemon does for credit) never inflates the bomb: it is
+    refused from the declared sizes, in a process whose peak memory stays small."""
+    import subprocess
+    import sys
+
+    bomb = _zip_bomb(tmp_path / "bomb.npz", 1 << 30)
+    assert bomb.stat().st_size < 8 << 20
+    probe_code = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from training.errors import SpecError\n"
+        "from training.formats import read_npz\n"
+        "try:\n"
+        "    read_npz(Path(sys.argv[1]), load_x=False)\n"
+        "except SpecError as exc:\n"
+        "    print(exc)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe_code, str(bomb)], capture_output=True, text=True, timeout=60
+    )
+    message, peak_kib = out.stdout.strip().splitlines()
+    assert "at most 128 MiB of labels" in message
+    assert int(peak_kib) < 300 * 1024, f"peak RSS {int(peak_kib) >> 10} MiB"

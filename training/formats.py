@@ -26,6 +26,10 @@ from training.errors import SpecError
 
 _INT = re.compile(r"\s*[+-]?\d+\s*")
 MAX_TEXT_BYTES = 1 << 30
+#: labels are read in full wherever a spec is checked, the node daemon included, so
+#: their size is bounded before a byte of them is inflated (a zip "bomb" stays a header)
+MAX_LABEL_BYTES = 128 << 20
+MAX_NPZ_MEMBERS = 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ def _open_error(path: Path, exc: Exception) -> SpecError:
 def read_npz(path: Path, load_x: bool) -> Arrays:
     try:
         with zipfile.ZipFile(path) as archive:
+            if len(archive.infolist()) > MAX_NPZ_MEMBERS:
+                raise SpecError(
+                    f"data.source: {path.name} holds over {MAX_NPZ_MEMBERS} arrays; an npz "
+                    "data file holds `x` and `y`"
+                )
             names = set(archive.namelist())
             for key in ("x", "y"):
                 if f"{key}.npy" not in names:
@@ -67,6 +76,9 @@ def read_npz(path: Path, load_x: bool) -> Arrays:
                         f"but holds only {member.file_size} bytes"
                     )
                 shapes[key] = (shape, dtype)
+            _check_label_bytes(math.prod(shapes["y"][0]) * shapes["y"][1].itemsize, path)
+            if archive.getinfo("y.npy").file_size > MAX_LABEL_BYTES + 4096:
+                _check_label_bytes(archive.getinfo("y.npy").file_size, path)
             with archive.open("y.npy") as handle:
                 y = _read_npy(handle, "y", path)
             if not load_x:
@@ -105,6 +117,14 @@ def _read_npy(handle, key: str, path: Path) -> np.ndarray:
     return array
 
 
+def _check_label_bytes(size: int, path: Path) -> None:
+    if size > MAX_LABEL_BYTES:
+        raise SpecError(
+            f"data.source: the labels y in {path.name} are {size} bytes; at most "
+            f"{MAX_LABEL_BYTES >> 20} MiB of labels are accepted"
+        )
+
+
 def _check_dtype(dtype: np.dtype, key: str, path: Path) -> None:
     if dtype.kind not in "biuf":
         raise SpecError(
@@ -126,6 +146,10 @@ def read_safetensors(path: Path, load_x: bool) -> Arrays:
                         f"data.source: {path.name} has no tensor {key!r} (found: {found}); "
                         "a safetensors data file holds features `x` and labels `y`"
                     )
+            labels = handle.get_slice("y")
+            _check_label_bytes(
+                math.prod(labels.get_shape()) * _st_dtype(labels.get_dtype(), path).itemsize, path
+            )
             y = handle.get_tensor("y")
             _check_dtype(y.dtype, "y", path)
             if load_x:
