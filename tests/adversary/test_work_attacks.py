@@ -14,9 +14,11 @@ no blob that failed the checks is kept, and the owner keeps answering.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import secrets
+import shutil
 import sqlite3
 import time
 import tomllib
@@ -42,18 +44,26 @@ from node.net.host import HostError, MeshHost
 from node.work.blobs import BlobStore
 from node.work.transfer import serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
-from protocol.blobs import BlobGrant
+from protocol.blobs import MAX_BLOB_BYTES, BlobGrant
 from protocol.crypto import new_job_key, open_from, seal_to
 from protocol.envelope import signing_bytes
-from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.names import (
+    ADS_PROTOCOL,
+    CAPACITY_TOPIC,
+    PROGRESS_PROTOCOL,
+    RESULT_PROTOCOL,
+    TASK_PROTOCOL,
+)
 from protocol.schema import to_plain
 from protocol.work import (
     WORK_LIMITS,
     OfferReply,
+    Progress,
     ReceiptReply,
     Result,
     WorkOffer,
     WorkPackage,
+    decode_ack,
 )
 from training.examples import digits_toml
 from training.result_check import expected_tensors
@@ -144,11 +154,23 @@ def _work_offer(
     package_signer: SigningKey | None = None,
     sealed_to: bytes | None = None,
     flip_bit: bool = False,
+    unit_id: str = "",
+    grant_bytes: int = 0,
 ) -> WorkOffer:
-    """An offer as `OwnerRole._offer` builds one (built-in data: no blobs, no grant),
-    optionally broken; the caller signs it."""
-    job_id, unit_id = "a77ac4" + secrets.token_hex(5), secrets.token_hex(8)
-    package = WorkPackage(job_id, unit_id, encode(spec), [], b"", new_job_key(), 1.0, 15.0)
+    """An offer as `node/work/offers.py` builds one (built-in data: no blobs, no grant,
+    unless `grant_bytes` asks for a grant of that size), optionally broken; the caller
+    signs it."""
+    job_id, unit_id = "a77ac4" + secrets.token_hex(5), unit_id or secrets.token_hex(8)
+    blobs, grant = [], b""
+    if grant_bytes:
+        blobs = [sha256(b"data").hexdigest()]
+        grant = seal(
+            BlobGrant(
+                job_id, unit_id, _peer_id(owner), worker_id, blobs, grant_bytes, time.time() + 60
+            ),
+            owner,
+        )
+    package = WorkPackage(job_id, unit_id, encode(spec), blobs, grant, new_job_key(), 1.0, 15.0)
     sealed = seal_to(
         sealed_to or public_key_from_peer_id(worker_id),
         owner,
@@ -170,6 +192,24 @@ async def _send_offer(host: MeshHost, worker: LocalNode, offer: bytes) -> tuple[
     return reply.message.accepted, reply.message.reason
 
 
+BAD_UNIT_IDS = {
+    "parent path": "../../../../meshminer-escape",
+    "absolute path": "/tmp/meshminer-escape",
+    "NUL byte": "0123456789abcdef\x00",
+    "overlong": "a" * 4000,
+    "upper case": "0123456789ABCDEF",
+}
+
+
+def _tree(root: Path) -> set[tuple[str, int, float]]:
+    """Every file under `root` with its size and mtime (what a stray write would change)."""
+    return {
+        (str(p), p.stat().st_size, p.stat().st_mtime)
+        for p in root.rglob("*")
+        if p.is_file() and "-wal" not in p.name and "-shm" not in p.name and p.suffix != ".log"
+    }
+
+
 def _units(node: LocalNode) -> list[str]:
     units = node.data_dir / "units"
     return sorted(p.name for p in units.iterdir()) if units.exists() else []
@@ -179,6 +219,8 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
     key, other = SigningKey.generate(), SigningKey.generate()
     wid = worker.peer_id
     spec = _digits_plain("attack")
+    disk = shutil.disk_usage(worker.data_dir).total
+    outside = _tree(worker.data_dir.parent)
     layers = {
         "arch": "layers",
         "layers": [{"type": "Linear", "out_features": 10}, {"type": "PythonEval"}],
@@ -222,7 +264,16 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
             ),
             "invalid job spec: model: 1,000,0",
         ),
+        "6 a grant for ten times the disk (or the 64 GiB grant maximum)": (
+            seal(_work_offer(key, wid, spec, grant_bytes=min(10 * disk, MAX_BLOB_BYTES)), key),
+            "this node fetches at most",
+        ),
     }
+    for name, bad_id in BAD_UNIT_IDS.items():
+        cases[f"7 unit id: {name}"] = (
+            seal(_work_offer(key, wid, spec, unit_id=bad_id), key),
+            "bad offer: WorkOffer.unit_id must be 16..32 lowercase hex",
+        )
     observed = {}
     async with MeshHost.start(Identity(key), f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
         await host.connect(worker.multiaddr)
@@ -236,12 +287,21 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
             assert _units(worker) == [], f"{name}: a unit ran"
             assert _stored_blobs(worker) == set(), f"{name}: a blob was stored"
             assert _receipt_count(worker) == 0, f"{name}: a receipt was stored"
+        # nothing beside the worker's data dir was created or changed
+        assert _tree(worker.data_dir.parent) - outside <= _tree(worker.data_dir)
 
         # control: the same offer, unbroken, is taken (so the refusals above were
         # about what was broken, not about how this test builds offers)
-        accepted, reason = await _send_offer(host, worker, seal(_work_offer(key, wid, spec), key))
+        good = _work_offer(key, wid, spec)
+        accepted, reason = await _send_offer(host, worker, seal(good, key))
         assert accepted, reason
         await _until(lambda: worker.get("/api/v1/status")["load"] == 100, 10, "load 100%")
+        # the same unit id again, in a new offer: refused, the running unit untouched
+        again = dataclasses.replace(_work_offer(key, wid, spec, unit_id=good.unit_id))
+        accepted, reason = await _send_offer(host, worker, seal(again, key))
+        observed["8 duplicate unit id"] = reason
+        assert not accepted and f"unit {good.unit_id} is already known here" in reason
+        assert _units(worker) == [good.unit_id]
     return observed
 
 
@@ -258,15 +318,17 @@ def test_a_rogue_owners_broken_offers_are_declined(localnet: LocalNetwork) -> No
 # -- owner side: a rogue worker's results --------------------------------------------------
 
 
-def _weights(seed: int) -> bytes:
-    """A safetensors file with exactly the tensors the digits job's model has."""
+def _honest_tensors(seed: int = 1) -> dict[str, np.ndarray]:
+    """Exactly the tensors the digits job's model has."""
     spec = spec_to_plain(parse_spec(tomllib.loads(_digits_toml("weights"))))
-    return save_safetensors(
-        {
-            name: np.full(shape, 0.01 * seed, dtype=np.float32)
-            for name, (shape, _) in expected_tensors(spec).items()
-        }
-    )
+    return {
+        name: np.full(shape, 0.01 * seed, dtype=np.float32)
+        for name, (shape, _) in expected_tensors(spec).items()
+    }
+
+
+def _weights(seed: int) -> bytes:
+    return save_safetensors(_honest_tensors(seed))
 
 
 def _pickle_bytes() -> bytes:
@@ -500,6 +562,56 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         assert job["state"] == "queued"
         assert any("late result" in n and "lease expired" in n for n in _notes(job)), job
 
+        # 10-13: weights that are not this model's, or not finite, or too big
+        honest = _honest_tensors()
+        shaped = {**honest, "body.0.bias": np.zeros(33, np.float32)}
+        poisoned = {**honest, "body.2.weight": honest["body.2.weight"].copy()}
+        poisoned["body.2.weight"][0, 0] = np.nan
+        for name, job_name, tensors, expected in (
+            (
+                "10 another model's tensors",
+                "names",
+                {"w": np.arange(8, dtype=np.float32)},
+                "tensor names differ",
+            ),
+            ("11 a wrong shape", "shape", shaped, "expected F32 [16], found F32 [33]"),
+            ("12 NaN", "nan", poisoned, "NaN or Inf"),
+        ):
+            package = await _submit_and_accept(owner, rogue, job_name)
+            sha, size = rogue.serve(save_safetensors(tensors))
+            envelope = seal(rogue.result(package, owner.peer_id, sha, size), rogue.key)
+            observed[name] = await _rejected(owner, rogue, envelope, package.job_id, expected)
+        package = await _submit_and_accept(owner, rogue, "oversized")
+        big = dataclasses.replace(
+            rogue.result(package, owner.peer_id, good, good_size), weights_size=1 << 30
+        )
+        observed["13 oversized"] = await _rejected(
+            owner, rogue, seal(big, rogue.key), package.job_id, "this model's are at most"
+        )
+
+        # 14: a result for a unit this worker never had
+        stranger = dataclasses.replace(
+            rogue.result(late, owner.peer_id, good, good_size), unit_id=secrets.token_hex(8)
+        )
+        reply = await rogue.send_result(owner, seal(stranger, rogue.key))
+        observed["14 someone else's unit"] = reply.reason
+        assert not reply.accepted and "unknown unit" in reply.reason
+
+        # 15: two results for one unit at once: one receipt at most
+        package = await _submit_and_accept(owner, rogue, "twice")
+        twice = seal(rogue.result(package, owner.peer_id, good, good_size), rogue.key)
+        replies: list[ReceiptReply] = []
+
+        async def send() -> None:
+            replies.append(await rogue.send_result(owner, twice))
+
+        async with trio.open_nursery() as both:
+            both.start_soon(send)
+            both.start_soon(send)
+        assert sorted(r.accepted for r in replies) == [False, True], replies
+        observed["15 two results at once"] = next(r.reason for r in replies if not r.accepted)
+        assert _receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
+
         # control: the same good weights in a genuine result are accepted with a receipt
         # (so the refusals above were about what was broken)
         package = await _submit_and_accept(owner, rogue, "control")
@@ -532,5 +644,69 @@ def test_a_rogue_workers_bad_results_are_rejected(localnet: LocalNetwork, tmp_pa
         "bad-hash": "queued",
         "pickle": "queued",
         "zip": "queued",
+        "names": "queued",
+        "shape": "queued",
+        "nan": "queued",
+        "oversized": "queued",
+        "twice": "completed",
         "control": "completed",
     }
+
+
+async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, dict]:
+    """A worker that takes a unit and heartbeats, never returning a result: how long
+    until the owner says stop, and why."""
+    rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root, durable=False))
+    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
+        rogue.host = host
+        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
+        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
+        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
+        await host.connect(owner.multiaddr)
+        nursery.start_soon(rogue.publish_ads)
+        await _until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+        body = {"spec": digits_toml("forever", steps=20, extra="max_hours = 0.002")}
+        job = await trio.to_thread.run_sync(
+            lambda: request_json(owner.api, "POST", "/api/v1/jobs", body)
+        )
+        with trio.fail_after(20):
+            while job["id"] not in rogue.packages:
+                await trio.sleep(0.05)
+        package = rogue.packages[job["id"]]
+        accepted_at = time.monotonic()
+        with trio.fail_after(60):
+            while True:
+                beat = Progress(
+                    package.job_id, package.unit_id, "training", 1, 20, 0.5, 1.0, 64, time.time()
+                )
+                raw = await host.request(
+                    owner.peer_id, PROGRESS_PROTOCOL, seal(beat, rogue.key), 4096
+                )
+                ok, reason = decode_ack(raw)
+                if not ok:
+                    break
+                await trio.sleep(0.5)
+        held = time.monotonic() - accepted_at
+        job = await _until(
+            lambda: (j := owner.get(f"/api/v1/jobs/{job['id']}"))["state"] != "running" and j,
+            5,
+            "the owner to end the unit",
+        )
+        nursery.cancel_scope.cancel()
+    return held, reason, job
+
+
+def test_heartbeats_cannot_hold_a_unit_past_max_hours(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """max_hours = 0.002 (7.2 s), lease 3 s: the unit's deadline is 7.2 + 4 x 3 = 19.2 s
+    after the offer, however often the worker heartbeats."""
+    owner = localnet.add(["--not-accepting", "--lease", "3"])
+    held, reason, job = trio.run(_heartbeat_forever, owner, tmp_path / "rogue")
+    print(f"the unit was held {held:.1f} s; then: {reason}")
+    assert "ran past the job's max_hours" in reason
+    assert 15 < held < 30
+    assert job["state"] == "queued" and job["weights_sha256"] == ""
+    assert any("max_hours" in n for n in _notes(job)), job
+    assert owner.get("/api/v1/ledger")["entries"][-1]["kind"] != "work_received"
