@@ -145,7 +145,7 @@ def node_run(
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
     except (HostError, DataDirInUse) as exc:
         raise fail(str(exc)) from None
-    except LedgerError as exc:
+    except (LedgerError, IdentityError) as exc:
         raise fail(f"{exc}\nThe node did not start.", 2) from None
     except OSError as exc:
         raise fail(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -9,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from node.client import ApiError, NodeUnreachable, api_url, get_json
+from node.client import ApiError, NodeUnreachable, api_url, request_json
 
 T = TypeVar("T")
 
@@ -57,7 +58,10 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def get(api: str | None, path: str, timeout: float = 30) -> Any:
-    return call(get_json, api_url(api), path, timeout=timeout)
+    """A read; a node not bound to loopback wants the token for reads too
+    (`MESHMINER_TOKEN`)."""
+    token = os.environ.get("MESHMINER_TOKEN") or None
+    return call(request_json, api_url(api), "GET", path, token=token, timeout=timeout)
 
 
 def short(peer_id: str) -> str:

@@ -19,6 +19,7 @@ from protocol import peer_id_from_public_key
 
 KEY_FILE = "identity.key"
 TOKEN_FILE = "api.token"
+MIN_TOKEN_CHARS = 32
 
 
 class IdentityError(Exception):
@@ -57,11 +58,19 @@ def load_or_create_identity(data_dir: Path) -> Identity:
 def load_or_create_api_token(data_dir: Path) -> str:
     """The bearer token HTTP writes need when the API is not bound to loopback."""
     fresh = secrets.token_urlsafe(32).encode()
-    return (
-        _read_or_create_secret(data_dir / TOKEN_FILE, fresh, "this node's API token")
+    path = data_dir / TOKEN_FILE
+    token = (
+        _read_or_create_secret(path, fresh, "this node's API token")
         .decode("ascii", errors="replace")
         .strip()
     )
+    if len(token) < MIN_TOKEN_CHARS:
+        raise IdentityError(
+            f"{path} holds a token of {len(token)} characters; it needs at least "
+            f"{MIN_TOKEN_CHARS} (about 128 bits or more). Delete the file to have a new one "
+            "made at the next start, or write a longer random token into it"
+        )
+    return token
 
 
 def _read_or_create_secret(path: Path, fresh: bytes, what: str) -> bytes:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from node.client import ApiError, NodeUnreachable, get_json
+from node.client import ApiError, NodeUnreachable, request_json
 
 T = TypeVar("T")
 
@@ -66,8 +66,14 @@ class LocalNode:
     def multiaddr(self) -> str:
         return f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
 
+    @property
+    def token(self) -> str | None:
+        """The node's API token (every request needs it on a non-loopback bind)."""
+        path = self.data_dir / "api.token"
+        return path.read_text().strip() if path.exists() else None
+
     def get(self, path: str) -> Any:
-        return get_json(self.api, path, timeout=5)
+        return request_json(self.api, "GET", path, token=self.token, timeout=5)
 
     def peer_ids(self) -> set[str]:
         return {p["peer_id"] for p in self.get("/api/v1/peers")}

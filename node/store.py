@@ -6,10 +6,14 @@ Only the trio thread touches it; the HTTP thread asks through the bridge.
 from __future__ import annotations
 
 import fcntl
+import logging
+import stat
 from pathlib import Path
 from typing import IO
 
 import sqlite_utils
+
+log = logging.getLogger(__name__)
 
 NODE_DB = "node.db"
 LOCK_FILE = "node.lock"
@@ -22,7 +26,11 @@ class DataDirInUse(Exception):
 def lock_data_dir(data_dir: Path) -> IO[bytes]:
     """Hold an exclusive lock on the data dir for this process's lifetime (keep the
     returned file open): two nodes sharing one identity and node.db corrupt both."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o077:  # keys, jobs' data and weights: for this user only
+        data_dir.chmod(0o700)
+        log.warning("data dir %s was mode %o; now 0700", data_dir, mode)
     handle = open(data_dir / LOCK_FILE, "wb")  # noqa: SIM115 (held open on purpose)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

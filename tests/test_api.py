@@ -64,7 +64,7 @@ def test_status_peers_metrics_and_errors(localnet: LocalNetwork) -> None:
 
 def test_writes_need_the_token_when_not_bound_to_loopback(localnet: LocalNetwork) -> None:
     node = localnet.add(http_host="0.0.0.0")
-    assert node.get("/api/v1/status")["peer_id"]  # reads stay open
+    assert node.get("/api/v1/status")["peer_id"]  # with the token
 
     code, body = _request(node, "POST", "/api/v1/capacity/refresh")
     assert code == 401

@@ -401,7 +401,7 @@ def test_writes_from_another_origin_or_host_are_refused_and_change_nothing(site:
                 "/api/v1/policy", json={"accepting": False}, headers=headers
             )
             assert response.status == 403, headers
-            assert "write refused" in (await response.json())["error"]
+            assert "refused" in (await response.json())["error"]
         assert site.node.policy["accepting"] is True
         response = await client.put(
             "/api/v1/policy", json={"accepting": False}, headers={"Origin": url}
@@ -412,22 +412,35 @@ def test_writes_from_another_origin_or_host_are_refused_and_change_nothing(site:
     serve(site, test)
 
 
-def test_a_non_loopback_node_needs_the_token_for_writes_and_its_form_asks_for_it(
+def test_a_non_loopback_node_needs_the_token_for_everything_and_its_login_sets_it(
     tmp_path: Path,
 ) -> None:
     site = Site(tmp_path, bind="0.0.0.0")
 
     async def test(client: TestClient) -> None:
-        body = await get(client, "/jobs")
-        assert 'id="token"' in body and "api.token" in body
+        body = await get(client, "/jobs")  # redirected to the login page
+        assert "asks for its API token" in body and "api.token" in body
+        for path in ("/api/v1/status", "/api/v1/jobs", "/api/v1/ledger", "/metrics"):
+            response = await client.get(path)
+            assert response.status == 401, path
         response = await client.put("/api/v1/policy", json={"accepting": False})
         assert response.status == 401
-        response = await client.put(
-            "/api/v1/policy",
-            json={"accepting": False},
-            headers={"Authorization": f"Bearer {TOKEN}"},
+        response = await client.post("/login", data={"token": "wrong"})
+        assert response.status == 401 and "not this node's token" in await response.text()
+        assert site.node.policy["accepting"] is True
+        response = await client.get(
+            "/api/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert response.status == 200
+        response = await client.post("/login", data={"token": TOKEN}, allow_redirects=False)
+        assert response.status == 303 and response.headers["Location"] == "/"
+        cookie = response.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        body = await get(client, "/jobs")
+        assert 'id="token"' in body
+        response = await client.put("/api/v1/policy", json={"accepting": False})
+        assert response.status == 200
+        assert site.node.policy["accepting"] is False
 
     try:
         serve(site, test)

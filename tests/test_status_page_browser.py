@@ -2,7 +2,7 @@
 node processes on loopback. A job submitted from the page trains on a peer while its
 loss curve grows without a reload, completes, and its weights download; the ledger
 shows the receipt and verifies; a script-like job name stays text; a restarted node's
-page reconnects; a non-loopback node refuses a write without its token.
+page reconnects; a non-loopback node asks for its token before showing anything.
 
 Screenshots of each page go to $MESHMINER_SCREENSHOTS when set (the ones in
 docs/images/ are made that way), else to the test's temporary directory.
@@ -290,7 +290,7 @@ def test_a_script_like_job_name_is_text_and_unknown_jobs_get_a_404_page(
     page.close()
 
 
-def test_writes_without_the_token_are_refused_on_a_non_loopback_node(
+def test_a_non_loopback_node_asks_for_its_token_before_anything(
     browser: Any, network: list[LocalNode], tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect
@@ -299,17 +299,21 @@ def test_writes_without_the_token_are_refused_on_a_non_loopback_node(
     token_file = node.data_dir / "api.token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     page = _new_page(browser)
+    page.goto(node.api + "/jobs")  # every page sends a stranger to the login form
+    expect(page.locator("h1")).to_contain_text("asks for its API token")
+    page.fill("input[name=token]", "wrong")
+    page.click("button[type=submit]")
+    expect(page.locator("body")).to_contain_text("not this node's token")
+    assert node.get("/api/v1/jobs") == []  # nothing stored
+
+    page.fill("input[name=token]", token_file.read_text().strip())
+    page.click("button[type=submit]")
+    page.wait_for_url(node.api + "/")
     page.goto(node.api + "/jobs")
     spec_file = tmp_path / "job.toml"
     spec_file.write_text(SPEC.format(name="no-token", steps=20))
     page.set_input_files("#spec-file", spec_file)  # an uploaded spec fills the form
     expect(page.locator("#spec")).to_have_value(spec_file.read_text())
-    page.click("#submit-button")
-    expect(page.locator("#submit-result")).to_contain_text("401")
-    expect(page.locator("#submit-result")).to_contain_text("api.token")
-    assert node.get("/api/v1/jobs") == []  # nothing stored
-
-    page.fill("#token", token_file.read_text().strip())
     page.click("#submit-button")
     page.wait_for_url("**/jobs/*")
     expect(page.locator("#job-name")).to_have_text("no-token")

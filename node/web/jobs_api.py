@@ -8,6 +8,7 @@ never opens a server path named by a request.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,7 +42,7 @@ def job_routes(
 
     async def submit(request: web.Request) -> web.Response:
         guard.check(request)
-        upload_dir.mkdir(parents=True, exist_ok=True)
+        upload_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         upload = upload_dir / f"upload-{secrets.token_hex(8)}"
         try:
             spec, filename, has_file = await _read_submission(request, upload, max_upload_bytes)
@@ -136,7 +137,7 @@ async def _read_submission(
 
 async def _save_part(part: BodyPartReader, path: Path, max_bytes: int) -> None:
     size = 0
-    with open(path, "wb") as f:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
         while chunk := await part.read_chunk(1 << 20):
             size += len(chunk)
             if size > max_bytes:

@@ -8,7 +8,9 @@ worker thread) without going through the node's trio loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -31,7 +33,38 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
+class VerifyCache:
+    """`GET /ledger/verify` re-checks every hash and signature, seconds of CPU on a big
+    ledger: one run at a time, its report reused until the ledger's head moves, so a
+    page hammering the endpoint costs one verify, not one per request."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._report: tuple[tuple[int, bytes], dict[str, Any]] | None = None
+        self._running: asyncio.Future[dict[str, Any]] | None = None
+
+    async def report(self) -> dict[str, Any]:
+        head = self._ledger.head()
+        key = (head.seq, head.hash)
+        if self._report is not None and self._report[0] == key:
+            return self._report[1]
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._run(key))
+        return await asyncio.shield(self._running)
+
+    async def _run(self, key: tuple[int, bytes]) -> dict[str, Any]:
+        try:
+            report = (await asyncio.to_thread(self._ledger.verify)).to_json()
+            report["checked_at"] = time.time()
+            self._report = (key, report)
+            return report
+        finally:
+            self._running = None
+
+
 def ledger_routes(ledger: Ledger, audit: AuditLog) -> Callable[[web.Application], None]:
+    cache = VerifyCache(ledger)
+
     async def entries(request: web.Request) -> web.Response:
         after = _int_param(request, "after", -1, -1, 2**62)
         limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
@@ -41,7 +74,7 @@ def ledger_routes(ledger: Ledger, audit: AuditLog) -> Callable[[web.Application]
         )
 
     async def verify(request: web.Request) -> web.Response:
-        return web.json_response((await asyncio.to_thread(ledger.verify)).to_json())
+        return web.json_response(await cache.report())
 
     async def balances(request: web.Request) -> web.Response:
         node, network, conflicts = await asyncio.to_thread(

@@ -1,0 +1,171 @@
+"""The HTTP API against a web page in the volunteer's browser, a stranger on the
+network and another local user, with real node processes.
+
+- bound to loopback: a request whose Host is not a loopback name (DNS rebinding: a
+  site that points its own name at 127.0.0.1) is refused, reads included;
+- bound to 0.0.0.0: every read needs the token (weights and specs are private);
+- a short token file stops the node at start; the data dir and the secrets in it are
+  for this user only; hammering the ledger verification costs one run.
+Every refused request leaves the node's jobs and policy as they were.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from node.localnet import LocalNetwork, LocalNode, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNetwork]:
+    network = LocalNetwork(tmp_path_factory.mktemp("http"), ["--not-accepting"])
+    try:
+        yield network
+    finally:
+        network.stop()
+
+
+@pytest.fixture(scope="module")
+def local(net: LocalNetwork) -> LocalNode:
+    return net.add()
+
+
+@pytest.fixture(scope="module")
+def public(net: LocalNetwork) -> LocalNode:
+    return net.add(http_host="0.0.0.0")
+
+
+def _call(
+    node: LocalNode,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+READS = [
+    "/api/v1/status",
+    "/api/v1/peers",
+    "/api/v1/jobs",
+    "/api/v1/jobs/0123456789abcdef",
+    "/api/v1/jobs/0123456789abcdef/weights",
+    "/api/v1/ledger",
+    "/api/v1/ledger/verify",
+    "/api/v1/ledger/balances",
+    "/api/v1/events",
+    "/metrics",
+]
+PAGES = ["/", "/network", "/jobs", "/ledger"]
+
+
+def test_a_rebound_dns_name_gets_nothing_from_a_loopback_node(local: LocalNode) -> None:
+    before = (local.get("/api/v1/jobs"), local.get("/api/v1/status")["policy"])
+    port = local.http_port
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+        for path in READS + PAGES:
+            code, _, body = _call(local, "GET", path, {"Host": host})
+            assert code == 403, (host, path, code)
+        code, _, body = _call(
+            local,
+            "PUT",
+            "/api/v1/policy",
+            {"Host": host, "Content-Type": "application/json"},
+            json.dumps({"accepting": True}).encode(),
+        )
+        assert code == 403 and b"loopback Host" in body
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+        assert _call(local, "GET", "/api/v1/status", {"Host": host})[0] == 200
+    # a page of another origin cannot write, even with a loopback Host
+    code, _, _ = _call(
+        local,
+        "PUT",
+        "/api/v1/policy",
+        {"Origin": "http://evil.example", "Content-Type": "application/json"},
+        json.dumps({"accepting": True}).encode(),
+    )
+    assert code == 403
+    assert (local.get("/api/v1/jobs"), local.get("/api/v1/status")["policy"]) == before
+
+
+def test_reads_need_the_token_on_a_non_loopback_bind(public: LocalNode) -> None:
+    token = public.token
+    assert token
+    for path in READS:
+        code, _, body = _call(public, "GET", path)
+        assert code == 401, (path, code)
+        assert b"api.token" in body
+        code, _, _ = _call(public, "GET", path, {"Authorization": "Bearer wrong"})
+        assert code == 401, path
+    for path in PAGES:
+        code, headers, _ = _call(public, "GET", path)
+        assert (code, headers.get("Location")) == (303, "/login"), path
+    assert _call(public, "GET", "/login")[0] == 200
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in ("/api/v1/status", "/api/v1/jobs", "/api/v1/ledger", "/metrics"):
+        assert _call(public, "GET", path, auth)[0] == 200, path
+    assert _call(public, "GET", "/", {"Cookie": f"meshminer_token={token}"})[0] == 200
+
+
+def test_hammering_ledger_verify_costs_one_run(local: LocalNode) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _call(local, "GET", "/api/v1/ledger/verify"), range(40)))
+    assert {code for code, _, _ in answers} == {200}
+    runs = {json.loads(body)["checked_at"] for _, _, body in answers}
+    assert len(runs) == 1, f"{len(runs)} verify runs for 40 requests"
+    assert local.get("/api/v1/status")["peer_id"] == local.peer_id
+
+
+def test_the_data_dir_and_its_secrets_are_for_this_user_only(local: LocalNode) -> None:
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(local.data_dir) == 0o700
+    assert mode(local.data_dir / "identity.key") == 0o600
+    assert mode(local.data_dir / "api.token") == 0o600
+
+
+def _run_node(data_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable, "-m", "node", "node", "run", "--data-dir", str(data_dir),
+            "--listen", f"/ip4/127.0.0.1/tcp/{free_port()}",
+            "--http", f"127.0.0.1:{free_port()}", "--no-mdns",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+
+def test_a_short_token_file_stops_the_node_at_start(tmp_path: Path) -> None:
+    data_dir = tmp_path / "short"
+    data_dir.mkdir(mode=0o755)
+    token = data_dir / "api.token"
+    token.write_text("hunter2\n")
+    token.chmod(0o600)
+    out = _run_node(data_dir)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "needs at least 32" in out.stderr and "Delete the file" in out.stderr
+    assert token.read_text() == "hunter2\n"  # left as it was
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700  # tightened on the way
