@@ -68,7 +68,8 @@ def node_run(
         typer.Option("--accepting/--not-accepting", help="accept work from peers [default yes]"),
     ] = None,
     load_limit: Annotated[
-        int | None, typer.Option(help="refuse work above this load percent [default 100]")
+        int | None,
+        typer.Option(help="train at most this percent of the time (duty cycle) [default 100]"),
     ] = None,
     max_job_hours: Annotated[
         float | None, typer.Option(help="longest job accepted, hours [default 24]")
@@ -169,6 +170,8 @@ def status(api: ApiOption = None) -> None:
     )
     table.add_row("policy", _policy(s["policy"]))
     table.add_row("load", f"{s['load']}%")
+    for name, state in s.get("sandbox", {}).items():
+        table.add_row(f"sandbox: {name.replace('_', ' ')}", state)
     table.add_row("peers", f"{s['peers']} known, {s['connections']} connected")
     table.add_row("uptime", f"{s['uptime_s']:.0f} s")
     table.add_row("version", s["version"])
@@ -220,4 +223,6 @@ def _device(g: dict) -> str:
 def _policy(p: dict) -> str:
     if not p["accepting"]:
         return "paused"
-    return f"accepting ≤{p['load_limit_pct']}% load, ≤{p['max_job_hours']:g} h jobs"
+    return (
+        f"accepting, training ≤{p['load_limit_pct']}% of the time, ≤{p['max_job_hours']:g} h jobs"
+    )

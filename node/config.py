@@ -75,6 +75,14 @@ class Settings:
         default=16384,
         metadata=_meta("most data one unit may make this node fetch, in MiB (larger: declined)"),
     )
+    unit_disk_quota_mb: int = field(
+        default=10240,
+        metadata=_meta("most a training unit may write into its folder, in MiB (over: killed)"),
+    )
+    unit_files_keep_hours: float = field(
+        default=24.0,
+        metadata=_meta("hours a finished unit's folder (log, weights copy) is kept"),
+    )
     # [policy]: the owner's terms, advertised in every capacity ad
     accepting: bool = field(
         default=True, metadata=_meta("accept work from peers", section="policy")
@@ -115,6 +123,8 @@ class Settings:
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
         _check_range("lease_s", 3 <= self.lease_s <= 3600, "must be 3..3600")
         _check_range("max_units", 1 <= self.max_units <= 64, "must be 1..64")
+        _check_range("unit_disk_quota_mb", self.unit_disk_quota_mb >= 1, "must be >= 1")
+        _check_range("unit_files_keep_hours", self.unit_files_keep_hours >= 0, "must be >= 0")
         _check_range(
             "max_unit_download_mb", 1 <= self.max_unit_download_mb <= 2**24, "must be 1..16777216"
         )

@@ -6,9 +6,11 @@ listener included) and SQLite, within a few seconds.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -84,6 +86,7 @@ class Node:
         )
         self.load_pct = 0
         self.started = time.time()
+        self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
         self.gossip: CapacityGossip | None = None
         self.work: WorkService | None = None
         self.events: NodeEvents | None = None
@@ -119,6 +122,7 @@ class Node:
             "peers": len(self.peer_table),
             "connections": len(self.host.connected_peers()),
             "uptime_s": round(time.time() - self.started, 3),
+            "sandbox": self.sandbox,
             "version": __version__,
         }
 
@@ -240,6 +244,7 @@ async def _serve(
         identity, settings.listen, gossip_rate_limit=settings.gossip_rate_limit, mdns=settings.mdns
     ) as host:
         node = Node(settings, identity, data_dir, capacity, host, peers, db, metrics)
+        node.sandbox = await probe_isolation()
         feed = EventFeed()
         node.events = events = NodeEvents(feed)
         node.gossip = CapacityGossip(
@@ -265,6 +270,8 @@ async def _serve(
                     unit_keys=UnitKeys(db, identity.seed),
                     max_units=settings.max_units,
                     max_unit_download_bytes=settings.max_unit_download_mb << 20,
+                    unit_disk_quota_bytes=settings.unit_disk_quota_mb << 20,
+                    unit_files_keep_s=settings.unit_files_keep_hours * 3600,
                     on_load=node.set_load,
                 ),
                 memory_limit_mb=_memory_limit_mb(),
@@ -309,6 +316,26 @@ async def _serve(
             finally:
                 await trio.to_thread.run_sync(http.stop)
                 nursery.cancel_scope.cancel()
+
+
+async def probe_isolation() -> dict[str, str]:
+    """Which isolation a training subprocess gets here (`training.isolation`), measured
+    once at start in a throwaway child."""
+    done = await trio.run_process(
+        [sys.executable, "-m", "training.isolation"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        report = {
+            "isolation": f"off: the probe failed ({done.stderr[-300:].decode(errors='replace')})"
+        }
+    for name, state in report.items():
+        (log.info if state.startswith("on") else log.warning)("sandbox %s: %s", name, state)
+    return report
 
 
 def _memory_limit_mb() -> int:

@@ -7,7 +7,9 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "out": "/abs/path/weights.safetensors",
      "device": "auto" | "cpu" | "cuda",          (default "auto")
      "gpu_memory_fraction": float in (0, 1],     (default 1.0)
-     "memory_limit_mb": int >= 0}                (default 0: no limit)
+     "memory_limit_mb": int >= 0,                (default 0: no limit)
+     "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
+                   "parent_pid": int}}           (optional; see training.isolation)
 
 It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
 and exit code 1) and writes the weights to `out` only on success. Everything in the
@@ -18,6 +20,7 @@ verifies each blob's sha256 before reading it.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -64,7 +67,23 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     device = section.string("device", "auto", choices=("auto", "cpu", "cuda"))
     fraction = section.number("gpu_memory_fraction", 1.0, lo=0, hi=1, lo_open=True)
     memory_mb = section.integer("memory_limit_mb", 0, lo=0, hi=2**40)
+    isolation = section.table("isolation")
+    cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
+    disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
+    parent_pid = isolation.integer("parent_pid", 0, lo=0, hi=2**31)
+    isolation.finish()
     section.finish()
+    if apply_limits and section.has("isolation"):  # before a byte of the spec is read
+        from training.isolation import isolate
+
+        report = isolate(
+            out.parent,
+            list(blobs.values()),
+            cpu_seconds=cpu_seconds,
+            max_file_bytes=disk_quota,
+            parent_pid=parent_pid or None,
+        )
+        emit({"event": "isolation", **report})
 
     spec = parse_spec(spec_raw)
     source = spec.data.parsed
@@ -162,7 +181,11 @@ def main() -> int:
     except Exception as exc:  # a bug or an unforeseen library error: report, never hang
         traceback.print_exc()
         text = str(exc).lower()
-        if isinstance(exc, RuntimeError) and ("out of memory" in text or "allocate memory" in text):
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:  # RLIMIT_FSIZE
+            emit({"event": "error", "message": "the unit wrote a file over its disk quota"})
+        elif isinstance(exc, RuntimeError) and (
+            "out of memory" in text or "allocate memory" in text
+        ):
             emit({"event": "error", "message": f"ran out of memory: {str(exc)[:500]}"})
         else:
             emit({"event": "error", "message": f"internal error: {type(exc).__name__}: {exc}"})

@@ -42,6 +42,8 @@ class WorkContext:
     unit_keys: UnitKeys | None = None  # the owner's keys, sealed in node.db for restarts
     max_units: int = 1  # units this node trains at once (its own and peers')
     max_unit_download_bytes: int = 16 << 30  # what one unit's grant may make it fetch
+    unit_disk_quota_bytes: int = 10 << 30  # what one unit may write into its folder
+    unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
 
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
     # units training on this machine (a peer's, or the owner's own): one at a time
@@ -54,6 +56,10 @@ class WorkContext:
     def release(self, unit_id: str) -> None:
         self.units_here.discard(unit_id)
         self.on_load(self.load_pct())
+
+    def duty_cycle(self) -> float:
+        """The share of the time (%) a runner may train: the volunteer's load limit."""
+        return float(self.policy().load_limit_pct)
 
     def load_pct(self) -> int:
         return min(100, round(100 * len(self.units_here) / max(1, self.max_units)))

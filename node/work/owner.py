@@ -107,7 +107,12 @@ class OwnerRole:
                 self._local[job.id] = scope
                 try:
                     result = await run_training(
-                        request, ctx.unit_dir(unit.unit_id), job.max_hours * 3600, on_event
+                        request,
+                        ctx.unit_dir(unit.unit_id),
+                        job.max_hours * 3600,
+                        on_event,
+                        duty_cycle=ctx.duty_cycle,
+                        disk_quota_bytes=ctx.unit_disk_quota_bytes,
                     )
                 except UnitFailed as exc:
                     self.lifecycle.fatal(unit.unit_id, str(exc))

@@ -16,6 +16,7 @@ from node.work.context import WorkContext
 from node.work.jobs import Job
 from node.work.owner import OwnerRole
 from node.work.transfer import BlobServer, serve_blobs_libp2p
+from node.work.unit_files import keep_sweeping
 from node.work.worker import WorkerRole
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
 from protocol.receipts import flops_to_credit
@@ -118,6 +119,12 @@ class WorkService:
                 )
                 log.info("blob data channel on port %d", self.ctx.data_port)
                 nursery.start_soon(self.owner.run)
+                nursery.start_soon(
+                    keep_sweeping,
+                    self.ctx.data_dir / "units",
+                    self.ctx.unit_files_keep_s,
+                    lambda: set(self.ctx.units_here),
+                )
                 await trio.sleep_forever()
         finally:
             self.blob_server.stop()  # quick; the scope may already be cancelled

@@ -274,7 +274,12 @@ class WorkerRole:
 
         try:
             result = await run_training(
-                request, ctx.unit_dir(pkg.unit_id), pkg.max_hours * 3600, on_event
+                request,
+                ctx.unit_dir(pkg.unit_id),
+                pkg.max_hours * 3600,
+                on_event,
+                duty_cycle=ctx.duty_cycle,
+                disk_quota_bytes=ctx.unit_disk_quota_bytes,
             )
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))

@@ -1,0 +1,49 @@
+"""Finished units' folders are removed after a while.
+
+A unit's folder (`units/<unit id>/`: the runner's log and its weights file) is kept
+`unit_files_keep_hours` after it was last written, for the post-mortem, then removed.
+A unit still training on this node is never touched, whatever its age.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import trio
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY_S = 600.0
+
+
+def sweep(units_dir: Path, keep_s: float, busy: Iterable[str], now: float) -> list[str]:
+    """Remove unit folders older than `keep_s` that are not in `busy`; their names."""
+    if not units_dir.is_dir():
+        return []
+    busy = set(busy)
+    removed = []
+    for folder in units_dir.iterdir():
+        if folder.name in busy or not folder.is_dir() or folder.is_symlink():
+            continue
+        newest = max(
+            (p.stat().st_mtime for p in folder.rglob("*") if not p.is_symlink()),
+            default=folder.stat().st_mtime,
+        )
+        if now - max(newest, folder.stat().st_mtime) > keep_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
+
+
+async def keep_sweeping(units_dir: Path, keep_s: float, busy: Callable[[], set[str]]) -> None:
+    while True:
+        removed = await trio.to_thread.run_sync(sweep, units_dir, keep_s, set(busy()), time.time())
+        if removed:
+            log.info(
+                "removed %d finished unit folder(s) older than %g h", len(removed), keep_s / 3600
+            )
+        await trio.sleep(SWEEP_EVERY_S)

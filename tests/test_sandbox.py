@@ -1,0 +1,193 @@
+"""The runner's sandbox, on real processes: what it cannot read, reach or leave
+behind, its limits, the duty cycle and the disk quota, and the cleanup of old units."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.localnet import LocalNetwork, wait_for
+from node.work.executor import UnitFailed, _duty_cycle, folder_bytes, run_training, runner_env
+from node.work.unit_files import sweep
+from training.examples import digits_toml
+
+ROOT = os.geteuid() == 0
+
+CHILD = r"""
+import json, os, resource, socket, sys
+from pathlib import Path
+from training.isolation import isolate
+unit, blob, key, other, port = sys.argv[1:6]
+report = isolate(Path(unit), [Path(blob)], cpu_seconds=60, max_file_bytes=1 << 20)
+
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except OSError as exc:
+        return type(exc).__name__
+
+def connect():
+    socket.create_connection(("127.0.0.1", int(port)), timeout=2).close()
+
+print(json.dumps({
+    "report": report,
+    "read key": attempt(lambda: Path(key).read_bytes()),
+    "list other unit": attempt(lambda: os.listdir(other)),
+    "read blob": attempt(lambda: Path(blob).read_bytes()),
+    "write unit": attempt(lambda: (Path(unit) / "x").write_text("x")),
+    "write outside": attempt(lambda: (Path(key).parent / "planted").write_text("x")),
+    "connect": attempt(connect),
+    "limits": {name: resource.getrlimit(getattr(resource, name))[0]
+               for name in ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU")},
+}))
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="full isolation (network namespace) needs root here")
+def test_a_runner_cannot_read_the_nodes_files_nor_reach_the_network(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    unit, other = data / "units" / ("a" * 16), data / "units" / ("b" * 16)
+    for folder in (unit, other, data / "blobs"):
+        folder.mkdir(parents=True)
+    key = data / "identity.key"
+    key.write_bytes(b"k" * 32)
+    blob = data / "blobs" / ("c" * 64)
+    blob.write_bytes(b"data")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(unit), str(blob), str(key), str(other),
+             str(listener.getsockname()[1])],
+            capture_output=True, text=True, timeout=60, env=runner_env(unit), cwd=unit,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert all(state.startswith("on") for state in seen["report"].values()), seen["report"]
+    assert seen["read key"] == "PermissionError"
+    assert seen["list other unit"] == "PermissionError"
+    assert seen["write outside"] == "PermissionError"
+    assert seen["connect"] != "allowed"
+    assert (seen["read blob"], seen["write unit"]) == ("allowed", "allowed")
+    assert not (data / "planted").exists()
+    limits = seen["limits"]
+    assert (limits["RLIMIT_CORE"], limits["RLIMIT_NOFILE"]) == (0, 4096)
+    assert (limits["RLIMIT_FSIZE"], limits["RLIMIT_CPU"]) == (1 << 20, 60)
+
+
+def test_the_runner_gets_a_clean_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MESHMINER_TOKEN", "secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    env = runner_env(tmp_path)
+    assert "secret" not in env.values()
+    assert env["HOME"] == env["TMPDIR"] == str(tmp_path)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_duty_cycle_caps_cpu_time_and_follows_changes() -> None:
+    """A CPU-bound process under a 40% duty cycle gets about 40% of a core; raised to
+    100% while it runs, all of it."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    share = {"pct": 40.0}
+
+    async def measure() -> tuple[float, float]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_duty_cycle, burner, lambda: share["pct"])
+            rates = []
+            for pct in (40.0, 100.0):
+                share["pct"] = pct
+                await trio.sleep(1.0)  # the change applies from the next period
+                cpu, wall = _cpu_seconds(burner.pid), time.monotonic()
+                await trio.sleep(4.0)
+                rates.append((_cpu_seconds(burner.pid) - cpu) / (time.monotonic() - wall))
+            nursery.cancel_scope.cancel()
+        return rates[0], rates[1]
+
+    try:
+        limited, full = trio.run(measure)
+    finally:
+        os.killpg(burner.pid, signal.SIGKILL)
+        burner.wait()
+    print(f"CPU share at 40%: {limited:.2f}; at 100%: {full:.2f}")
+    assert 0.2 < limited < 0.6
+    assert full > limited + 0.2
+
+
+def test_a_unit_over_its_disk_quota_is_killed(tmp_path: Path) -> None:
+    import tomllib
+
+    from node.work.service import runner_request
+    from training.spec import parse_spec, spec_to_plain
+
+    spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=5, hidden=(256,)))))
+    unit = tmp_path / ("d" * 16)
+    request = runner_request(
+        spec, {}, unit / "weights.safetensors", gpu_memory_fraction=1.0, memory_limit_mb=0
+    )
+    unit.mkdir()
+    with pytest.raises(UnitFailed, match="over its disk quota"):
+        trio.run(lambda: run_training(request, unit, 600, lambda e: None, disk_quota_bytes=4096))
+    assert folder_bytes(unit) < 1 << 20
+
+
+def test_old_finished_unit_folders_are_swept_and_running_ones_kept(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    now = time.time()
+    for name, age_h in (("old", 30), ("running", 30), ("fresh", 1)):
+        folder = units / name
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text("x")
+        for path in (folder / "stderr.log", folder):
+            os.utime(path, (now - age_h * 3600, now - age_h * 3600))
+    assert sweep(units, 24 * 3600, {"running"}, now) == ["old"]
+    assert sorted(p.name for p in units.iterdir()) == ["fresh", "running"]
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_daemon_leaves_no_runner(localnet: LocalNetwork) -> None:
+    node = localnet.add()
+    spec = 'placement = "local"\n' + digits_toml("long", steps=200_000, hidden=(64,))
+    from node.client import request_json
+
+    request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})
+    units = node.data_dir / "units"
+
+    def runner() -> int | None:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if (
+                    str(units) in os.readlink(proc / "cwd")
+                    and b"training.runner" in (proc / "cmdline").read_bytes()
+                ):
+                    return int(proc.name)
+            except OSError:
+                continue
+        return None
+
+    pid = wait_for(runner, 60, "the runner to start")
+    node.proc.send_signal(signal.SIGKILL)
+    node.proc.wait()
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10, "the runner to die")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
