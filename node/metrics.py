@@ -14,6 +14,13 @@ class NodeMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.ads_ignored = Counter(
+            "meshminer_ads_ignored",
+            "Capacity ads passed on but not used: an older sequence number than one already "
+            "held (out of order, e.g. from a pending queue), by reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.ads_accepted = Counter(
             "meshminer_ads_accepted",
             "Capacity ads accepted into the peer table",

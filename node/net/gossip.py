@@ -140,6 +140,13 @@ class CapacityGossip:
             check_ad(data, sender, self.peers, self.max_age_s, time.time())
         except DuplicateAd:
             return True  # let GossipSub forward it; the table already has it
+        except ReplayedMessage:
+            # a genuine, signed, fresh ad that lost a race with a newer one: py-libp2p's
+            # validators can only accept or reject, and a rejection would dent the
+            # forwarding peer's score for an honest reordering, so it passes and
+            # `_receive_loop` (which checks again) does not use it
+            self.metrics.ads_ignored.labels("out_of_order").inc()
+            return True
         except ProtocolError as exc:
             self.metrics.ads_rejected.labels(exc.reason).inc()
             log.info("ad rejected from %s: %s (%s)", sender, exc.reason, exc)

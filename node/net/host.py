@@ -37,6 +37,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 
 from node.identity import Identity
+from node.net.inbound import InboundLimiter
 from protocol import TooLarge
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class MeshHost:
         self, identity: Identity, listen: str, gossip_rate_limit: float, mdns: bool
     ) -> None:
         self.identity = identity
+        self._inbound = InboundLimiter()
         self._listen = multiaddr.Multiaddr(listen)
         key_pair = create_new_key_pair(identity.seed)
         self._host = new_host(key_pair=key_pair, listen_addrs=[self._listen], enable_mDNS=mdns)
@@ -231,15 +233,20 @@ class MeshHost:
 
         async def _on_stream(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
-            try:
-                with trio.fail_after(timeout):
-                    request = await read_frame(stream, max_request)
-                    await write_frame(stream, await handler(peer, request))
-            except Exception as exc:
-                log.debug("%s from %s failed: %s", protocol, peer, exc)
-                await stream.reset()
-                return
-            await stream.close()
+            with self._inbound.slot(peer, protocol) as admitted:
+                if not admitted:
+                    with suppress(Exception):
+                        await stream.reset()
+                    return
+                try:
+                    with trio.fail_after(timeout):
+                        request = await read_frame(stream, max_request)
+                        await write_frame(stream, await handler(peer, request))
+                except Exception as exc:
+                    log.debug("%s from %s failed: %s", protocol, peer, exc)
+                    await stream.reset()
+                    return
+                await stream.close()
 
         self._host.set_stream_handler(TProtocol(protocol), _on_stream)
 
@@ -280,17 +287,22 @@ class MeshHost:
 
         async def _on_stream(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
-            try:
-                await handler(peer, stream)
-            except Exception as exc:
-                log.info(
-                    "%s stream from %s failed: %s: %s", protocol, peer, type(exc).__name__, exc
-                )
+            with self._inbound.slot(peer, protocol) as admitted:
+                if not admitted:
+                    with suppress(Exception):
+                        await stream.reset()
+                    return
+                try:
+                    await handler(peer, stream)
+                except Exception as exc:
+                    log.info(
+                        "%s stream from %s failed: %s: %s", protocol, peer, type(exc).__name__, exc
+                    )
+                    with suppress(Exception):
+                        await stream.reset()
+                    return
                 with suppress(Exception):
-                    await stream.reset()
-                return
-            with suppress(Exception):
-                await stream.close()
+                    await stream.close()
 
         self._host.set_stream_handler(TProtocol(protocol), _on_stream)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -48,6 +49,33 @@ def _decrypted(receiver: _Receiver, frames: Iterator[bytes]) -> Iterator[tuple[b
             return
 
 
+class Cutoff:
+    """Ends a blocking direct fetch from another thread (deadline passed, unit handed
+    back, node shutting down): its socket is shut down, so the fetch's next read
+    fails at once and the fetch reports `why`."""
+
+    def __init__(self) -> None:
+        self.why = ""
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.why:
+                self._shut()
+
+    def cut(self, why: str) -> None:
+        with self._lock:
+            self.why = self.why or why
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+
 def fetch_blob_direct(
     host_ip: str,
     port: int,
@@ -59,6 +87,7 @@ def fetch_blob_direct(
     *,
     timeout: float = IO_TIMEOUT_S,
     pipeline: bool = True,
+    cutoff: Cutoff | None = None,
 ) -> Path:
     """Fetch one blob over a peer's direct data channel into `store`; returns its path.
 
@@ -73,6 +102,8 @@ def fetch_blob_direct(
         sock = socket.create_connection((host_ip, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         raise TransferUnreachable(f"cannot connect to the data channel at {peer}: {exc}") from exc
+    if cutoff is not None:
+        cutoff.attach(sock)
     receiver = _Receiver(store, sha256, cap, job_key, peer)
     rfile = sock.makefile("rb")
     ahead: _Ahead[bytes] | None = None
@@ -104,7 +135,11 @@ def fetch_blob_direct(
         raise TransferCorrupt(f"{peer}: {exc}", "oversized") from exc
     except TimeoutError as exc:
         raise TransferError(f"{peer} sent nothing for {timeout:.0f} s", "timeout") from exc
-    except OSError as exc:
+    except (OSError, TransferError) as exc:
+        if cutoff is not None and cutoff.why:  # ended from outside: say why
+            raise TransferError(f"{peer}: {cutoff.why}", "cut_off") from exc
+        if isinstance(exc, TransferError):
+            raise
         raise TransferError(f"connection to {peer} failed: {exc}", "connection") from exc
     finally:
         with contextlib.suppress(OSError):

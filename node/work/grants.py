@@ -7,17 +7,23 @@ stream `/meshminer/blob/1` is the fallback.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
 import trio
 
+from node.work.blob_auth import TransferError
+from node.work.blob_fetch import Cutoff
 from node.work.context import WorkContext
 from node.work.transfer import fetch_blob_direct, fetch_blob_libp2p, make_request
 from protocol import seal
 from protocol.blobs import BlobGrant
 
 log = logging.getLogger(__name__)
+
+MIN_RATE = 256 << 10  # bytes/s: a peer slower than this over a whole blob is cut off
+FIXED_S = 30.0  # on top: connecting, the first bytes, a slow start
 
 
 def issue_grant(
@@ -52,27 +58,78 @@ async def fetch_granted(
     shas: list[str],
     max_bytes: int,
 ) -> None:
-    """Fetch every blob in `shas` not already stored; raises on the first failure."""
+    """Fetch every blob in `shas` not already stored; raises on the first failure.
+
+    Each blob has an overall deadline, `fetch_deadline_s(max_bytes)`: a peer that
+    trickles below `MIN_RATE` (with `FIXED_S` of slack) is cut off, whichever path
+    carries the bytes. Cancelling the caller (hand-back, shutdown) ends a direct
+    fetch at once too, though it runs in a thread."""
     for sha in shas:
         if ctx.blobs.has(sha):
             continue
+        deadline_s = fetch_deadline_s(max_bytes)
+        too_slow = (
+            f"{peer_id} is too slow: {sha[:12]} (up to {max_bytes} bytes) did not arrive "
+            f"within {deadline_s:.0f} s (minimum rate {MIN_RATE >> 10} KiB/s)"
+        )
         request = make_request(ctx.identity, grant_env, sha)
         ip = ctx.peer_ip(peer_id)
+        started = trio.current_time()
         if grant.data_port and ip:
             try:
-                await trio.to_thread.run_sync(
-                    fetch_blob_direct,
-                    ip,
-                    grant.data_port,
-                    request,
-                    job_key,
-                    ctx.blobs,
-                    sha,
-                    max_bytes,
-                )
+                await _direct(ip, grant.data_port, request, job_key, ctx, sha, max_bytes,
+                              deadline_s, too_slow)  # fmt: skip
                 continue
-            except Exception as exc:  # unreachable or refused: try the libp2p stream
+            except TransferError as exc:
+                if exc.reason == "cut_off":
+                    raise
                 log.info(
                     "direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc
                 )
-        await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)
+        left = deadline_s - (trio.current_time() - started)
+        with trio.move_on_after(max(left, 1.0)) as scope:
+            await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)
+        if scope.cancelled_caught:
+            raise TransferError(too_slow, "cut_off")
+
+
+def fetch_deadline_s(max_bytes: int) -> float:
+    return FIXED_S + max_bytes / MIN_RATE
+
+
+async def _direct(
+    ip: str,
+    port: int,
+    request: bytes,
+    job_key: bytes,
+    ctx: WorkContext,
+    sha: str,
+    max_bytes: int,
+    deadline_s: float,
+    too_slow: str,
+) -> None:
+    """The blocking direct fetch in a thread, cut off at the deadline or when the
+    caller is cancelled."""
+    cutoff = Cutoff()
+    fetch = functools.partial(
+        fetch_blob_direct, ip, port, request, job_key, ctx.blobs, sha, max_bytes, cutoff=cutoff
+    )
+    async with trio.open_nursery() as watch:
+
+        async def watchdog() -> None:
+            try:
+                await trio.sleep(deadline_s)
+                cutoff.cut(too_slow)
+            finally:
+                cutoff.cut("the fetch was cancelled")  # no-op once the fetch is done
+
+        watch.start_soon(watchdog)
+        failed: TransferError | None = None
+        try:
+            await trio.to_thread.run_sync(fetch)
+        except TransferError as exc:  # raised below, not wrapped in the nursery's group
+            failed = exc
+        finally:
+            watch.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
