@@ -79,3 +79,21 @@ def test_corrupt_stored_ad_is_dropped_not_trusted(tmp_path: Path) -> None:
 
 def test_ad_sequence_counter_persists(tmp_path: Path) -> None:
     assert [next_counter(open_node_db(tmp_path), "ad_seq") for _ in range(3)] == [1, 2, 3]
+
+
+def test_a_flood_of_fresh_identities_cannot_push_out_established_peers(tmp_path: Path) -> None:
+    clock = Clock()
+    table = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock, max_peers=5)
+    established = [SigningKey.generate() for _ in range(3)]
+    for key in established:
+        table.accept(*_ad(key, 1))
+        clock.now += 1
+    for _ in range(200):  # one person, two hundred identities
+        table.accept(*_ad(SigningKey.generate(), 1))
+        clock.now += 0.01
+    kept = {e.ad.peer_id for e in table.entries()}
+    assert len(table) == 5 and table.evicted == 198
+    assert {peer_id_of(k) for k in established} <= kept
+    # an established peer's update is an update, not a newcomer: nothing is evicted for it
+    assert table.accept(*_ad(established[0], 2)) == "updated" and table.evicted == 198
+    assert len(list(open_node_db(tmp_path)["peers"].rows)) == 5

@@ -428,9 +428,7 @@ def test_a_non_loopback_node_needs_the_token_for_everything_and_its_login_sets_i
         response = await client.post("/login", data={"token": "wrong"})
         assert response.status == 401 and "not this node's token" in await response.text()
         assert site.node.policy["accepting"] is True
-        response = await client.get(
-            "/api/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}
-        )
+        response = await client.get("/api/v1/status", headers={"Authorization": f"Bearer {TOKEN}"})
         assert response.status == 200
         response = await client.post("/login", data={"token": TOKEN}, allow_redirects=False)
         assert response.status == 303 and response.headers["Location"] == "/"

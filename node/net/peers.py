@@ -3,6 +3,12 @@
 Held in memory for the trio thread and written through to `node.db`, so a restarted
 node shows what it last knew. Entries restored from disk are marked `stale` until
 the peer is heard from again, and are dropped if it is not heard within one TTL.
+
+The table holds at most `max_peers` entries. One identity holds one entry (its
+newest ad), so a flood of fresh identities is what could fill it: when it is full,
+a newcomer displaces a stale entry if there is one, else the most recently joined
+peer. Established peers are never the ones evicted, so a flood churns only among
+its own identities.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
 
+MAX_PEERS = 4096
+
 
 @dataclass
 class PeerEntry:
@@ -27,6 +35,7 @@ class PeerEntry:
     last_seen: float
     stale: bool = False
     refreshed_at: float = 0.0  # expiry clock: last_seen, or the restart time if stale
+    joined_at: float = 0.0  # when this node first took an ad of it (this run)
 
     def to_json(self) -> dict:
         ad = self.ad
@@ -49,10 +58,16 @@ class PeerEntry:
 
 class PeerTable:
     def __init__(
-        self, db: sqlite_utils.Database, ttl_s: float, clock: Callable[[], float] = time.time
+        self,
+        db: sqlite_utils.Database,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+        max_peers: int = MAX_PEERS,
     ) -> None:
         self._db = db
         self.ttl_s = ttl_s
+        self.max_peers = max_peers
+        self.evicted = 0
         self._clock = clock
         self._entries: dict[str, PeerEntry] = {}
         self._restore()
@@ -85,12 +100,23 @@ class PeerTable:
         if current is not None and ad.seq <= current.ad.seq:
             return None
         now = self._clock()
-        self._entries[ad.peer_id] = PeerEntry(ad, envelope, last_seen=now, refreshed_at=now)
+        if current is None and len(self._entries) >= self.max_peers:
+            self._evict_one()
+        joined = now if current is None or current.stale else current.joined_at
+        self._entries[ad.peer_id] = PeerEntry(
+            ad, envelope, last_seen=now, refreshed_at=now, joined_at=joined
+        )
         self._db["peers"].upsert(
             {"peer_id": ad.peer_id, "seq": ad.seq, "envelope": envelope, "last_seen": now},
             pk="peer_id",
         )
         return "updated" if current is not None and not current.stale else "joined"
+
+    def _evict_one(self) -> None:
+        victim = max(self._entries.values(), key=lambda e: (e.stale, e.joined_at))
+        del self._entries[victim.ad.peer_id]
+        self._db["peers"].delete_where("peer_id = ?", [victim.ad.peer_id])
+        self.evicted += 1
 
     def expire(self) -> list[str]:
         """Drop peers not heard from within the TTL; returns their ids."""
