@@ -6,12 +6,11 @@ caller can catch `LedgerError`, log `reason` and carry on with the ledger unchan
 
 from __future__ import annotations
 
+from protocol.errors import CreditMismatch, MeshminerError  # noqa: F401 (raised here too)
 
-class LedgerError(Exception):
+
+class LedgerError(MeshminerError):
     """Base class: the ledger refused an operation (nothing was written)."""
-
-    #: short machine-readable reason, used as a metrics label
-    reason = "invalid"
 
 
 class InvalidArgument(LedgerError, ValueError):
@@ -34,12 +33,6 @@ class NotOurReceipt(LedgerError):
     """The receipt does not name this node in the role the entry kind needs."""
 
     reason = "not_ours"
-
-
-class CreditMismatch(LedgerError):
-    """The receipt's credit is not what the job spec gives."""
-
-    reason = "credit_mismatch"
 
 
 class DuplicateUnit(LedgerError):

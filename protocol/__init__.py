@@ -7,8 +7,10 @@ from protocol.codec import DEFAULT_LIMITS, Limits, decode, encode
 from protocol.crypto import StreamDecryptor, StreamEncryptor, new_job_key, open_from, seal_to
 from protocol.envelope import Signed, open_envelope, seal
 from protocol.errors import (
+    CreditMismatch,
     DecodeError,
     DecryptError,
+    MeshminerError,
     ProtocolError,
     ReplayedMessage,
     SignatureError,
@@ -26,10 +28,12 @@ __all__ = [
     "BlobGrant",
     "BlobRequest",
     "CapacityAd",
+    "CreditMismatch",
     "DecodeError",
     "DecryptError",
     "GpuInfo",
     "Limits",
+    "MeshminerError",
     "Policy",
     "ProtocolError",
     "ReplayedMessage",

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from protocol.checks import require
 from protocol.codec import Limits
-from protocol.errors import DecodeError
 from protocol.ids import check_id, check_peer
 
 MAX_ID_LEN = 128
@@ -55,11 +55,6 @@ def is_sha256_hex(value: str) -> bool:
     return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
-def _require(ok: bool, path: str, rule: str) -> None:
-    if not ok:
-        raise DecodeError(f"{path} {rule}")
-
-
 @dataclass(frozen=True)
 class BlobGrant:
     """Permission for `grantee` to fetch `blobs` from `owner`, sealed by `owner`.
@@ -84,24 +79,24 @@ class BlobGrant:
         check_id(self.unit_id, f"{path}.unit_id")
         check_peer(self.owner, f"{path}.owner")
         check_peer(self.grantee, f"{path}.grantee")
-        _require(
+        require(
             0 < len(self.blobs) <= MAX_GRANT_BLOBS,
             f"{path}.blobs",
             f"must name 1..{MAX_GRANT_BLOBS} blobs",
         )
         for i, sha in enumerate(self.blobs):
-            _require(is_sha256_hex(sha), f"{path}.blobs[{i}]", "must be a lowercase sha256 hex")
-        _require(
+            require(is_sha256_hex(sha), f"{path}.blobs[{i}]", "must be a lowercase sha256 hex")
+        require(
             0 <= self.max_bytes <= MAX_BLOB_BYTES,
             f"{path}.max_bytes",
             f"must be 0..{MAX_BLOB_BYTES}",
         )
-        _require(
+        require(
             math.isfinite(self.expires_at) and self.expires_at > 0,
             f"{path}.expires_at",
             "must be a positive unix time",
         )
-        _require(0 <= self.data_port <= 65535, f"{path}.data_port", "must be 0..65535")
+        require(0 <= self.data_port <= 65535, f"{path}.data_port", "must be 0..65535")
 
 
 @dataclass(frozen=True)
@@ -117,18 +112,18 @@ class BlobRequest:
     nonce: bytes  # random, so the server can refuse a replay
 
     def check(self, path: str) -> None:
-        _require(
+        require(
             0 < len(self.grant) <= GRANT_LIMITS.max_bytes,
             f"{path}.grant",
             f"must be 1..{GRANT_LIMITS.max_bytes} bytes",
         )
-        _require(is_sha256_hex(self.sha256), f"{path}.sha256", "must be a lowercase sha256 hex")
-        _require(
+        require(is_sha256_hex(self.sha256), f"{path}.sha256", "must be a lowercase sha256 hex")
+        require(
             math.isfinite(self.timestamp) and self.timestamp > 0,
             f"{path}.timestamp",
             "must be a positive unix time",
         )
-        _require(
+        require(
             NONCE_MIN_BYTES <= len(self.nonce) <= NONCE_MAX_BYTES,
             f"{path}.nonce",
             f"must be {NONCE_MIN_BYTES}..{NONCE_MAX_BYTES} bytes",

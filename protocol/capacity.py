@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from protocol.checks import require
 from protocol.codec import Limits
-from protocol.errors import DecodeError
 
 #: a typical ad is ~420 bytes; the largest valid one (16 GPUs, 16 addresses) ~3.5 KB
 AD_LIMITS = Limits(
@@ -20,11 +20,6 @@ AD_LIMITS = Limits(
 
 MAX_ADDRS = 16
 MAX_GPUS = 16
-
-
-def _require(ok: bool, path: str, rule: str) -> None:
-    if not ok:
-        raise DecodeError(f"{path} {rule}")
 
 
 def _finite_nonneg(value: float) -> bool:
@@ -42,9 +37,9 @@ class GpuInfo:
     compute_capability: str = ""
 
     def check(self, path: str) -> None:
-        _require(self.kind in ("cuda", "cpu"), f"{path}.kind", "must be 'cuda' or 'cpu'")
-        _require(self.memory_total_mb >= 0, f"{path}.memory_total_mb", "must be >= 0")
-        _require(
+        require(self.kind in ("cuda", "cpu"), f"{path}.kind", "must be 'cuda' or 'cpu'")
+        require(self.memory_total_mb >= 0, f"{path}.memory_total_mb", "must be >= 0")
+        require(
             0 <= self.memory_free_mb <= max(self.memory_total_mb, 0),
             f"{path}.memory_free_mb",
             "must be between 0 and memory_total_mb",
@@ -61,13 +56,13 @@ class Policy:
     max_gpu_memory_share: float = 0.9
 
     def check(self, path: str) -> None:
-        _require(0 <= self.load_limit_pct <= 100, f"{path}.load_limit_pct", "must be 0..100")
-        _require(
+        require(0 <= self.load_limit_pct <= 100, f"{path}.load_limit_pct", "must be 0..100")
+        require(
             _finite_nonneg(self.max_job_hours) and self.max_job_hours > 0,
             f"{path}.max_job_hours",
             "must be > 0",
         )
-        _require(
+        require(
             0 < self.max_gpu_memory_share <= 1,
             f"{path}.max_gpu_memory_share",
             "must be in (0, 1]",
@@ -92,13 +87,13 @@ class CapacityAd:
     version: str = ""  # meshminer version of the advertising node
 
     def check(self, path: str) -> None:
-        _require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
-        _require(len(self.addrs) <= MAX_ADDRS, f"{path}.addrs", f"has more than {MAX_ADDRS}")
-        _require(len(self.gpus) <= MAX_GPUS, f"{path}.gpus", f"has more than {MAX_GPUS}")
-        _require(_finite_nonneg(self.tflops), f"{path}.tflops", "must be a finite number >= 0")
-        _require(0 <= self.load_pct <= 100, f"{path}.load_pct", "must be 0..100")
-        _require(self.seq >= 0, f"{path}.seq", "must be >= 0")
-        _require(
+        require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
+        require(len(self.addrs) <= MAX_ADDRS, f"{path}.addrs", f"has more than {MAX_ADDRS}")
+        require(len(self.gpus) <= MAX_GPUS, f"{path}.gpus", f"has more than {MAX_GPUS}")
+        require(_finite_nonneg(self.tflops), f"{path}.tflops", "must be a finite number >= 0")
+        require(0 <= self.load_pct <= 100, f"{path}.load_pct", "must be 0..100")
+        require(self.seq >= 0, f"{path}.seq", "must be >= 0")
+        require(
             math.isfinite(self.timestamp) and self.timestamp > 0,
             f"{path}.timestamp",
             "must be a positive unix time",

@@ -5,11 +5,16 @@ catch `ProtocolError` at the edge of the network and count the reason.
 """
 
 
-class ProtocolError(Exception):
-    """Base class: a message from a peer was not acceptable."""
+class MeshminerError(Exception):
+    """The root of every refusal in meshminer (`ProtocolError`, `ledger.LedgerError`):
+    something was not accepted, nothing was changed, and `reason` says what kind."""
 
     #: short machine-readable reason, used as a metrics label
     reason = "invalid"
+
+
+class ProtocolError(MeshminerError):
+    """Base class: a message from a peer was not acceptable."""
 
 
 class TooLarge(ProtocolError):
@@ -52,3 +57,10 @@ class DecryptError(ProtocolError):
     """Ciphertext does not decrypt: wrong key, not meant for us, tampered or truncated."""
 
     reason = "undecryptable"
+
+
+class CreditMismatch(ProtocolError):
+    """A receipt's credit is not what the job spec gives (raised by the worker before
+    it countersigns, and by the ledger before it appends)."""
+
+    reason = "credit_mismatch"

@@ -39,7 +39,13 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.codec import Limits, decode, encode
 from protocol.envelope import open_envelope
-from protocol.errors import DecodeError, ProtocolError, SignatureError, SignerMismatch, TooLarge
+from protocol.errors import (
+    CreditMismatch,
+    DecodeError,
+    SignatureError,
+    SignerMismatch,
+    TooLarge,
+)
 from protocol.peer_id import peer_id_from_public_key, public_key_from_peer_id
 from protocol.work import Receipt
 
@@ -73,12 +79,6 @@ WORKER_DOMAIN = b"meshminer/cosigned-receipt/worker/1\x00"
 _KEYS = ("t", "v", "receipt", "credit", "owner_sig", "worker_sig")
 
 Role = Literal["owner", "worker"]
-
-
-class CreditMismatch(ProtocolError):
-    """The receipt's credit is not what the job spec gives."""
-
-    reason = "credit_mismatch"
 
 
 def flops_to_credit(training_flops: int) -> float:

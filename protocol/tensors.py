@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from protocol.checks import require
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 from protocol.schema import from_plain, to_plain
@@ -68,11 +69,6 @@ def tensor_limits(max_numel: int) -> Limits:
 TENSOR_LIMITS = tensor_limits(DEFAULT_MAX_NUMEL)
 
 
-def _require(ok: bool, path: str, rule: str) -> None:
-    if not ok:
-        raise DecodeError(f"{path} {rule}")
-
-
 def _numel_if_at_most(shape: list[int], bound: int) -> int | None:
     """prod(shape), or None as soon as it is known to exceed `bound` (dims are >= 0)."""
     if 0 in shape:
@@ -108,23 +104,23 @@ class CompressedTensor:
 
     def check(self, path: str) -> None:
         """Structure: the sizes agree with each other. Runs in O(ndim)."""
-        _require(len(self.shape) <= MAX_NDIM, f"{path}.shape", f"has more than {MAX_NDIM} dims")
+        require(len(self.shape) <= MAX_NDIM, f"{path}.shape", f"has more than {MAX_NDIM} dims")
         for i, dim in enumerate(self.shape):
-            _require(dim >= 0, f"{path}.shape[{i}]", "must be >= 0")
-        _require(self.dtype in DTYPES, f"{path}.dtype", f"must be one of {', '.join(DTYPES)}")
+            require(dim >= 0, f"{path}.shape[{i}]", "must be >= 0")
+        require(self.dtype in DTYPES, f"{path}.dtype", f"must be one of {', '.join(DTYPES)}")
         bs = self.block_size
-        _require(
+        require(
             MIN_BLOCK_SIZE <= bs <= MAX_BLOCK_SIZE and bs & (bs - 1) == 0,
             f"{path}.block_size",
             f"must be a power of two in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}",
         )
         numel = _numel_if_at_most(self.shape, len(self.codes))
-        _require(
+        require(
             numel == len(self.codes),
             f"{path}.codes",
             f"must hold prod(shape) int8 values; it has {len(self.codes)} bytes",
         )
-        _require(
+        require(
             len(self.scales) == 4 * self.nblocks,
             f"{path}.scales",
             f"must hold {self.nblocks} float32 values ({4 * self.nblocks} bytes) for "

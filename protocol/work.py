@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from protocol.checks import require
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 from protocol.ids import check_id, check_peer
@@ -27,11 +28,6 @@ WORK_LIMITS = Limits(
 )
 
 
-def _require(ok: bool, path: str, rule: str) -> None:
-    if not ok:
-        raise DecodeError(f"{path} {rule}")
-
-
 def _check_ids(obj: object, path: str) -> None:
     for name in ("job_id", "unit_id"):
         check_id(getattr(obj, name), f"{path}.{name}")
@@ -40,7 +36,7 @@ def _check_ids(obj: object, path: str) -> None:
 def _check_sha(value: str, path: str, allow_empty: bool = False) -> None:
     if allow_empty and value == "":
         return
-    _require(
+    require(
         len(value) == 64 and all(c in "0123456789abcdef" for c in value),
         path,
         "must be a lowercase sha256 hex digest",
@@ -48,10 +44,10 @@ def _check_sha(value: str, path: str, allow_empty: bool = False) -> None:
 
 
 def _check_metrics(metrics: dict[str, float], path: str) -> None:
-    _require(len(metrics) <= 64, path, "has more than 64 entries")
+    require(len(metrics) <= 64, path, "has more than 64 entries")
     for key, value in metrics.items():
-        _require(0 < len(key) <= 64, f"{path} key", "must be 1..64 chars")
-        _require(not math.isnan(value), f"{path}[{key!r}]", "must not be NaN")
+        require(0 < len(key) <= 64, f"{path} key", "must be 1..64 chars")
+        require(not math.isnan(value), f"{path}[{key!r}]", "must not be NaN")
 
 
 @dataclass(frozen=True)
@@ -74,9 +70,9 @@ class WorkPackage:
         _check_ids(self, path)
         for i, sha in enumerate(self.blobs):
             _check_sha(sha, f"{path}.blobs[{i}]")
-        _require(len(self.job_key) == 32, f"{path}.job_key", "must be 32 bytes")
-        _require(0 < self.max_hours <= 24 * 365, f"{path}.max_hours", "must be in (0, 8760]")
-        _require(1 <= self.lease_s <= 3600, f"{path}.lease_s", "must be 1..3600 s")
+        require(len(self.job_key) == 32, f"{path}.job_key", "must be 32 bytes")
+        require(0 < self.max_hours <= 24 * 365, f"{path}.max_hours", "must be in (0, 8760]")
+        require(1 <= self.lease_s <= 3600, f"{path}.lease_s", "must be 1..3600 s")
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ class OfferReply:
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
-        _require(len(self.reason) <= 1000, f"{path}.reason", "must be <= 1000 chars")
+        require(len(self.reason) <= 1000, f"{path}.reason", "must be <= 1000 chars")
 
 
 @dataclass(frozen=True)
@@ -131,15 +127,15 @@ class Progress:
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
-        _require(
+        require(
             self.phase in ("fetching", "training", "uploading"),
             f"{path}.phase",
             "must be fetching, training or uploading",
         )
-        _require(
+        require(
             0 <= self.step <= max(self.total_steps, 0), f"{path}.step", "must be 0..total_steps"
         )
-        _require(self.samples >= 0 and self.samples_per_s >= 0, f"{path}.samples", "must be >= 0")
+        require(self.samples >= 0 and self.samples_per_s >= 0, f"{path}.samples", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -166,10 +162,10 @@ class Result:
     def check(self, path: str) -> None:
         _check_ids(self, path)
         _check_sha(self.weights_sha256, f"{path}.weights_sha256", allow_empty=not self.ok)
-        _require(self.weights_size >= 0, f"{path}.weights_size", "must be >= 0")
-        _require(len(self.error) <= 4000, f"{path}.error", "must be <= 4000 chars")
+        require(self.weights_size >= 0, f"{path}.weights_size", "must be >= 0")
+        require(len(self.error) <= 4000, f"{path}.error", "must be <= 4000 chars")
         _check_metrics(self.metrics, f"{path}.metrics")
-        _require(self.steps >= 0 and self.samples >= 0, f"{path}.steps", "must be >= 0")
+        require(self.steps >= 0 and self.samples >= 0, f"{path}.steps", "must be >= 0")
 
 
 @dataclass(frozen=True)

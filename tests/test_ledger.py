@@ -53,7 +53,6 @@ from protocol.receipts import (
     parse_cosigned,
     peek_receipt,
 )
-from protocol.receipts import CreditMismatch as ReceiptCreditMismatch
 
 NODE = key_from(1)
 PEER = key_from(2)
@@ -632,7 +631,7 @@ def test_verify_reports_counts_on_a_good_ledger(filled: Path) -> None:
 
 def test_the_worker_will_not_countersign_a_credit_it_does_not_compute() -> None:
     half = issue(receipt_envelope(PEER, NODE), DIGITS_CREDIT, PEER)
-    with pytest.raises(ReceiptCreditMismatch, match="not countersigning"):
+    with pytest.raises(CreditMismatch, match="not countersigning"):
         countersign(half, NODE, DIGITS_CREDIT * 1.01)
     with pytest.raises(ProtocolError, match="names worker"):
         countersign(half, OTHER, DIGITS_CREDIT)
@@ -654,7 +653,8 @@ def test_the_worked_examples_in_the_docs_match_the_code() -> None:
     in docs/ledger.md are what training.budget computes."""
     import tomllib
 
-    from training.spec import parse_spec, validate_for_submit
+    from training.budget import validate_for_submit
+    from training.spec import parse_spec
 
     docs = Path(__file__).parent.parent / "docs"
     doc = (docs / "ledger.md").read_text()

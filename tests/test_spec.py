@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import encode
-from training.budget import MAX_PARAMETERS
+from training.budget import MAX_PARAMETERS, validate_for_submit
 from training.spec import (
     JobSpec,
     SpecError,
@@ -22,7 +22,6 @@ from training.spec import (
     local_files,
     parse_spec,
     spec_to_plain,
-    validate_for_submit,
     with_blob_source,
 )
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from training.budget import validate_for_submit
 from training.layers import LAYER_TYPES
-from training.spec import load_spec, validate_for_submit
+from training.spec import load_spec
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "jobspec.md"
 

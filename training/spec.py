@@ -16,15 +16,12 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training.errors import SpecError
 from training.fields import Section
 from training.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
 from training.sources import BLOB_FORMATS, Source, parse_source, resolve_path
-
-if TYPE_CHECKING:
-    from training.budget import SpecSummary
 
 MODES = ("single",)
 PLANNED_MODES = ("elastic", "sweep")
@@ -228,13 +225,6 @@ def with_blob_source(spec: JobSpec, sha256: str, fmt: str) -> JobSpec:
     data = dataclasses.replace(spec.data, source=f"blob:{sha256}", format=fmt)
     parse_source(data.source, data.format)
     return dataclasses.replace(spec, data=data)
-
-
-def validate_for_submit(spec: JobSpec, data_file: Path | None) -> SpecSummary:
-    """Check the spec against its data and the budget; see `training.budget`."""
-    from training.budget import validate_for_submit as validate
-
-    return validate(spec, data_file)
 
 
 def _plain(value: Any) -> Any:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 
 from ledger.audit import AuditLog
-from ledger.errors import LedgerError
 from node.metrics import NodeMetrics
 from node.net.host import MeshHost
-from protocol import ProtocolError, TooLarge
+from protocol import MeshminerError, ProtocolError, TooLarge
 from protocol.names import RECEIPTS_TOPIC
 from protocol.receipts import COSIGNED_LIMITS, open_cosigned
 
@@ -78,7 +77,7 @@ class ReceiptGossip:
     def _keep(self, data: bytes) -> None:
         try:
             outcome = self.audit.add(data)
-        except LedgerError as exc:
+        except MeshminerError as exc:
             log.info("receipt not kept in the audit table: %s", exc)
             return
         if outcome == "conflict":

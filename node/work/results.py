@@ -17,13 +17,12 @@ import time
 
 import trio
 
-from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle
-from protocol import ProtocolError, open_envelope, seal
+from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
 from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
 from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
@@ -153,7 +152,7 @@ class Results:
             return encode_ack(True)  # recorded already
         try:
             self.ctx.ledger.append_work("work_received", data, verified.credit, credit_of(job))
-        except LedgerError as exc:
+        except MeshminerError as exc:  # the ledger's refusals, credit disagreements too
             log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
             return encode_ack(False, str(exc))
         self.ctx.jobs.add_receipt(verified.unit_id, job.id, "owner", self.ctx.peer_id, peer, data)
@@ -166,7 +165,7 @@ class Results:
     def _record_rejection(self, job_id: str, unit_id: str, worker: str, reason: str) -> None:
         try:
             self.ctx.ledger.append_rejected(job_id, unit_id, worker, self.ctx.peer_id, reason)
-        except LedgerError as exc:
+        except MeshminerError as exc:
             log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
     async def _fetch_and_check(self, job: Job, peer: str, result: Result) -> None:

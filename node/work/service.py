@@ -53,7 +53,8 @@ def runner_request(
 
 def credit_for(spec: dict[str, Any], data_file: Path | None) -> float:
     """This node's own figure (TFLOP) for a unit of `spec`: never the other side's word."""
-    from training.spec import parse_spec, validate_for_submit
+    from training.budget import validate_for_submit
+    from training.spec import parse_spec
 
     summary = validate_for_submit(parse_spec(spec), data_file)
     return flops_to_credit(summary.training_flops)
@@ -133,12 +134,12 @@ class WorkService:
 
     async def submit(self, spec_toml: str, upload: Path | None, filename: str) -> dict[str, Any]:
         """Validate a spec (and its uploaded data), store both, queue the job."""
+        from training.budget import validate_for_submit
         from training.spec import (
             SpecError,
             local_files,
             parse_spec,
             spec_to_plain,
-            validate_for_submit,
             with_blob_source,
         )
 

@@ -19,11 +19,17 @@ from typing import Any, TypeVar
 
 import trio
 
-from ledger.errors import LedgerError
 from node.work.context import WorkContext
 from node.work.executor import UnitFailed, run_training
 from node.work.grants import fetch_granted, issue_grant
-from protocol import ProtocolError, decode, open_envelope, public_key_from_peer_id, seal
+from protocol import (
+    MeshminerError,
+    ProtocolError,
+    decode,
+    open_envelope,
+    public_key_from_peer_id,
+    seal,
+)
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
 from protocol.ids import is_id
@@ -364,7 +370,7 @@ class WorkerRole:
             return
         try:
             await self._countersign(unit, result, reply.receipt)
-        except (ProtocolError, LedgerError, ValueError) as exc:
+        except (MeshminerError, ValueError) as exc:
             log.warning(
                 "unit %s: receipt from %s not countersigned: %s", result.unit_id, owner, exc
             )

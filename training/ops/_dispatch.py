@@ -72,4 +72,4 @@ def kernels() -> Any:
     """The kernel launchers (`_kernels.build()`), imported on first use."""
     from training.ops import _kernels
 
-    return _kernels.build()
+    return _kernels.build(launches)

@@ -22,6 +22,7 @@ fused steps are only held to tolerances, so they keep fusion on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from types import SimpleNamespace
@@ -30,7 +31,6 @@ import torch
 import triton
 import triton.language as tl
 
-from training.ops import _dispatch
 from training.ops.reference import MIN_ABSMAX
 
 _MIN_ABSMAX = tl.constexpr(MIN_ABSMAX)
@@ -236,10 +236,10 @@ def _launch_blocks(kernel, head: tuple, n: int, block_size: int, tail: tuple, **
         kernel[(1,)](*head, n, full, nblocks, *tail, ROWS=1, FULL_BLOCKS=False, **common)
 
 
-def build() -> SimpleNamespace:
-    """The launchers. Callers in `training.ops` check shapes and dtypes and pass
-    contiguous memory (the outer step's codes may have a row stride: rows padded to
-    whole blocks)."""
+def build(launches: collections.Counter[str]) -> SimpleNamespace:
+    """The launchers, each counting its launches in `launches`. Callers in
+    `training.ops` check shapes and dtypes and pass contiguous memory (the outer
+    step's codes may have a row stride: rows padded to whole blocks)."""
 
     def quantize(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.numel()
@@ -249,7 +249,7 @@ def build() -> SimpleNamespace:
             with _on(x):
                 head = (x, codes, scales)
                 _launch_blocks(_quantize_kernel, head, n, block_size, (), enable_fp_fusion=False)
-            _dispatch.launches["quantize_blockwise"] += 1
+            launches["quantize_blockwise"] += 1
         return codes, scales
 
     def dequantize(
@@ -259,7 +259,7 @@ def build() -> SimpleNamespace:
         if n:
             with _on(codes):
                 _launch_blocks(_dequantize_kernel, (codes, scales, out), n, block_size, ())
-            _dispatch.launches["dequantize_blockwise"] += 1
+            launches["dequantize_blockwise"] += 1
 
     def outer_step(
         params: torch.Tensor,
@@ -275,7 +275,7 @@ def build() -> SimpleNamespace:
             head = (params, buf, codes, scales, codes.stride(0), scales.shape[1])
             with _on(params):
                 _launch_blocks(_outer_kernel, head, n, block_size, (k, lr, momentum))
-            _dispatch.launches["outer_nesterov_step"] += 1
+            launches["outer_nesterov_step"] += 1
 
     def adamw(
         params: torch.Tensor,
@@ -312,7 +312,7 @@ def build() -> SimpleNamespace:
                 _adamw_kernel[grid](*tensors, *scalars, 0, MASKED=False, **options)
             if whole < n:
                 _adamw_kernel[(1,)](*tensors, *scalars, whole, MASKED=True, **options)
-        _dispatch.launches["adamw_step"] += 1
+        launches["adamw_step"] += 1
 
     return SimpleNamespace(
         quantize=quantize, dequantize=dequantize, outer_step=outer_step, adamw=adamw
