@@ -18,6 +18,7 @@ import math
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,8 +36,6 @@ from ledger.entry import (
     WORK_KINDS,
     Entry,
     WorkKind,
-    body_bytes,
-    entry_hash,
 )
 from ledger.errors import (
     CorruptLedger,
@@ -298,30 +297,10 @@ class Ledger:
         head = self._conn.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1")
         row = head.fetchone()
         seq, prev_hash = (row[0] + 1, row[1]) if row else (0, GENESIS_PREV_HASH)
-        ts = time.time()
-        if owner_sig is None:
-            body = body_bytes(
-                seq, prev_hash, kind, job_id, unit_id, worker, owner, credit, payload, ts
-            )
-            owner_sig = self._key.sign(body).signature
-        digest = entry_hash(
-            seq,
-            prev_hash,
-            kind,
-            job_id,
-            unit_id,
-            worker,
-            owner,
-            credit,
-            payload,
-            owner_sig,
-            worker_sig,
-            ts,
-        )
         entry = Entry(
             seq,
             prev_hash,
-            digest,
+            b"",  # the hash covers the signatures: computed last
             kind,
             job_id,
             unit_id,
@@ -329,10 +308,13 @@ class Ledger:
             owner,
             credit,
             payload,
-            owner_sig,
+            owner_sig or b"",
             worker_sig,
-            ts,
+            time.time(),
         )
+        if owner_sig is None:
+            entry = replace(entry, owner_sig=self._key.sign(entry.body()).signature)
+        entry = replace(entry, hash=entry.computed_hash())
         self._conn.execute(_INSERT, entry_row(entry))
         return entry
 

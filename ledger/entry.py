@@ -63,58 +63,6 @@ def _packb(values: list[Any]) -> bytes:
     return msgpack.packb(values, use_bin_type=True)
 
 
-def body_bytes(
-    seq: int,
-    prev_hash: bytes,
-    kind: str,
-    job_id: str,
-    unit_id: str,
-    worker: str,
-    owner: str,
-    credit: float,
-    payload: bytes,
-    ts: float,
-) -> bytes:
-    """What this node signs for an entry it makes (see the module docstring)."""
-    return SIGN_DOMAIN + _packb(
-        [seq, prev_hash, kind, job_id, unit_id, worker, owner, credit, payload, ts]
-    )
-
-
-def entry_hash(
-    seq: int,
-    prev_hash: bytes,
-    kind: str,
-    job_id: str,
-    unit_id: str,
-    worker: str,
-    owner: str,
-    credit: float,
-    payload: bytes,
-    owner_sig: bytes,
-    worker_sig: bytes,
-    ts: float,
-) -> bytes:
-    """The entry's `hash` column: sha256 of the hash input (see the module docstring)."""
-    packed = _packb(
-        [
-            seq,
-            prev_hash,
-            kind,
-            job_id,
-            unit_id,
-            worker,
-            owner,
-            credit,
-            payload,
-            owner_sig,
-            worker_sig,
-            ts,
-        ]
-    )
-    return hashlib.sha256(HASH_DOMAIN + packed).digest()
-
-
 @dataclass(frozen=True)
 class Entry:
     """A row of the ledger, as stored."""
@@ -147,23 +95,16 @@ class Entry:
         return out
 
     def computed_hash(self) -> bytes:
-        return entry_hash(
-            self.seq,
-            self.prev_hash,
-            self.kind,
-            self.job_id,
-            self.unit_id,
-            self.worker,
-            self.owner,
-            self.credit,
-            self.payload,
-            self.owner_sig,
-            self.worker_sig,
-            self.ts,
-        )
+        """The entry's `hash` column: sha256 of the hash input (see the module docstring)."""
+        packed = _packb([*self._signed_fields()[:-1], self.owner_sig, self.worker_sig, self.ts])
+        return hashlib.sha256(HASH_DOMAIN + packed).digest()
 
     def body(self) -> bytes:
-        return body_bytes(
+        """What this node signs for an entry it makes (see the module docstring)."""
+        return SIGN_DOMAIN + _packb(self._signed_fields())
+
+    def _signed_fields(self) -> list[Any]:
+        return [
             self.seq,
             self.prev_hash,
             self.kind,
@@ -174,4 +115,4 @@ class Entry:
             self.credit,
             self.payload,
             self.ts,
-        )
+        ]
