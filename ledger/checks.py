@@ -129,14 +129,14 @@ def _check_work(entry: Entry, node_peer_id: str) -> list[SigCheck]:
             entry.seq,
             "owner signature",
             owner_key,
-            claim_bytes("owner", cosigned.receipt, cosigned.credit),
+            claim_bytes("owner", cosigned.receipt, cosigned.credit, cosigned.credit_formula),
             entry.owner_sig,
         ),
         SigCheck(
             entry.seq,
             "worker signature",
             worker_key,
-            claim_bytes("worker", cosigned.receipt, cosigned.credit),
+            claim_bytes("worker", cosigned.receipt, cosigned.credit, cosigned.credit_formula),
             entry.worker_sig,
         ),
     ]

@@ -28,6 +28,7 @@ Wire form: a msgpack map, keys in this order::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ MAX_CREDIT_TFLOP = 1e12
 #: two credit figures agree when they differ by at most this fraction
 CREDIT_REL_TOL = 1e-9
 FLOPS_PER_TFLOP = 10**12
+#: the versions of the credit formula a receipt may name, and what each computes;
+#: both sides sign the version with the figure, so a change of formula cannot pass
+#: as a disagreement about one job
+CREDIT_FORMULAS = {1: "model FLOPs per sample (forward) x samples trained x 3"}
+CREDIT_FORMULA = 1  # the one this code computes (`flops_to_credit`)
 
 RECEIPT_LIMITS = Limits(
     max_bytes=MAX_RECEIPT_BYTES,
@@ -76,7 +82,7 @@ COSIGNED_LIMITS = Limits(
 
 OWNER_DOMAIN = b"meshminer/cosigned-receipt/owner/1\x00"
 WORKER_DOMAIN = b"meshminer/cosigned-receipt/worker/1\x00"
-_KEYS = ("t", "v", "receipt", "credit", "owner_sig", "worker_sig")
+_KEYS = ("t", "v", "receipt", "credit", "credit_formula", "owner_sig", "worker_sig")
 
 Role = Literal["owner", "worker"]
 
@@ -91,10 +97,10 @@ def credit_matches(a: float, b: float) -> bool:
     return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=CREDIT_REL_TOL)
 
 
-def claim_bytes(role: Role, receipt: bytes, credit: float) -> bytes:
-    """The exact bytes `role` signs for this receipt and credit."""
+def claim_bytes(role: Role, receipt: bytes, credit: float, formula: int = CREDIT_FORMULA) -> bytes:
+    """The exact bytes `role` signs for this receipt, credit and credit formula."""
     domain = OWNER_DOMAIN if role == "owner" else WORKER_DOMAIN
-    return domain + encode([receipt, float(credit)])
+    return domain + encode([receipt, float(credit), formula])
 
 
 @dataclass(frozen=True)
@@ -102,12 +108,13 @@ class CoSignedReceipt:
     """A Receipt envelope with its credit, signed by the owner and the worker."""
 
     TYPE: ClassVar[str] = "cosigned_receipt"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     receipt: bytes  # the owner's sealed Receipt envelope, byte for byte
-    credit: float  # TFLOP: flops per sample x samples trained x 3, from the job spec
-    owner_sig: bytes  # owner's signature over claim_bytes("owner", receipt, credit)
+    credit: float  # TFLOP, from the job spec by `credit_formula`
+    owner_sig: bytes  # owner's signature over claim_bytes("owner", receipt, credit, formula)
     worker_sig: bytes  # worker's over claim_bytes("worker", ...); b"" until countersigned
+    credit_formula: int = CREDIT_FORMULA  # a key of CREDIT_FORMULAS
 
     def check(self, path: str) -> None:
         if not 0 < len(self.receipt) <= MAX_RECEIPT_BYTES:
@@ -118,6 +125,12 @@ class CoSignedReceipt:
             raise DecodeError(f"{path}.owner_sig must be a 64-byte Ed25519 signature")
         if len(self.worker_sig) not in (0, 64):
             raise DecodeError(f"{path}.worker_sig must be empty or a 64-byte Ed25519 signature")
+        if self.credit_formula not in CREDIT_FORMULAS:
+            known = "; ".join(f"{k} = {v}" for k, v in CREDIT_FORMULAS.items())
+            raise DecodeError(
+                f"{path}.credit_formula {self.credit_formula!r:.20} is not one this node knows "
+                f"({known}); a newer meshminer may know it"
+            )
 
     @property
     def countersigned(self) -> bool:
@@ -130,6 +143,7 @@ class CoSignedReceipt:
                 "v": self.VERSION,
                 "receipt": self.receipt,
                 "credit": float(self.credit),
+                "credit_formula": self.credit_formula,
                 "owner_sig": self.owner_sig,
                 "worker_sig": self.worker_sig,
             }
@@ -198,7 +212,10 @@ def parse_cosigned(data: bytes) -> CoSignedReceipt:
             raise DecodeError(f"{CoSignedReceipt.TYPE}.{name} must be bytes")
     if type(credit) is not float:  # always written as float64, never as an integer
         raise DecodeError(f"{CoSignedReceipt.TYPE}.credit must be a float")
-    cosigned = CoSignedReceipt(receipt, credit, owner_sig, worker_sig)
+    formula = value["credit_formula"]
+    if type(formula) is not int:
+        raise DecodeError(f"{CoSignedReceipt.TYPE}.credit_formula must be an integer")
+    cosigned = CoSignedReceipt(receipt, credit, owner_sig, worker_sig, formula)
     cosigned.check(CoSignedReceipt.TYPE)
     return cosigned
 
@@ -271,11 +288,12 @@ def _decode_shallow(payload: bytes) -> Any:
         raise DecodeError(f"receipt payload is not valid msgpack: {type(exc).__name__}") from exc
 
 
-def verify_claim(role: Role, peer_id: str, receipt: bytes, credit: float, sig: bytes) -> None:
-    """Check `peer_id`'s signature in `role`, or raise `SignatureError`."""
+def verify_claim(role: Role, peer_id: str, cosigned: CoSignedReceipt, sig: bytes) -> None:
+    """Check `peer_id`'s signature in `role` over `cosigned`, or raise `SignatureError`."""
     key = peer_key(peer_id)
+    claim = claim_bytes(role, cosigned.receipt, cosigned.credit, cosigned.credit_formula)
     try:
-        VerifyKey(key).verify(claim_bytes(role, receipt, credit), sig)
+        VerifyKey(key).verify(claim, sig)
     except (BadSignatureError, CryptoError, ValueError) as exc:
         raise SignatureError(
             f"the {role} signature on the receipt does not verify against {role} {peer_id}"
@@ -307,7 +325,7 @@ def countersign(half_signed: bytes, worker_key: SigningKey, expected_credit: flo
     """
     cosigned = parse_cosigned(half_signed)
     receipt = open_receipt(cosigned.receipt)
-    verify_claim("owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig)
+    verify_claim("owner", receipt.owner, cosigned, cosigned.owner_sig)
     signer = peer_id_from_public_key(bytes(worker_key.verify_key))
     if receipt.worker != signer:
         raise SignerMismatch(f"receipt names worker {receipt.worker}; this key is {signer}")
@@ -316,8 +334,8 @@ def countersign(half_signed: bytes, worker_key: SigningKey, expected_credit: flo
             f"the owner offers {cosigned.credit!r} TFLOP for unit {receipt.unit_id}, but the "
             f"job spec gives {expected_credit!r} TFLOP; not countersigning"
         )
-    sig = worker_key.sign(claim_bytes("worker", cosigned.receipt, cosigned.credit)).signature
-    return CoSignedReceipt(cosigned.receipt, cosigned.credit, cosigned.owner_sig, sig).to_bytes()
+    claim = claim_bytes("worker", cosigned.receipt, cosigned.credit, cosigned.credit_formula)
+    return dataclasses.replace(cosigned, worker_sig=worker_key.sign(claim).signature).to_bytes()
 
 
 def open_cosigned(data: bytes) -> VerifiedReceipt:
@@ -334,6 +352,6 @@ def open_cosigned(data: bytes) -> VerifiedReceipt:
     if not cosigned.countersigned:
         raise SignatureError("the receipt is not countersigned by its worker")
     receipt = open_receipt(cosigned.receipt)
-    verify_claim("owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig)
-    verify_claim("worker", receipt.worker, cosigned.receipt, cosigned.credit, cosigned.worker_sig)
+    verify_claim("owner", receipt.owner, cosigned, cosigned.owner_sig)
+    verify_claim("worker", receipt.worker, cosigned, cosigned.worker_sig)
     return VerifiedReceipt(cosigned=cosigned, receipt=receipt, raw=data)

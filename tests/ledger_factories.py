@@ -68,13 +68,15 @@ def forged_cosigned(
     *,
     owner_signer: SigningKey | None = None,
     worker_signer: SigningKey | None = None,
+    formula: int = 1,
     **receipt_fields: object,
 ) -> bytes:
     """A co-signed receipt whose claims are signed by whoever is given (no checks)."""
     envelope = receipt_envelope(owner, worker, **receipt_fields)
-    owner_sig = (owner_signer or owner).sign(claim_bytes("owner", envelope, credit)).signature
-    worker_sig = (worker_signer or worker).sign(claim_bytes("worker", envelope, credit)).signature
-    return CoSignedReceipt(envelope, credit, owner_sig, worker_sig).to_bytes()
+    claims = {role: claim_bytes(role, envelope, credit, formula) for role in ("owner", "worker")}
+    owner_sig = (owner_signer or owner).sign(claims["owner"]).signature
+    worker_sig = (worker_signer or worker).sign(claims["worker"]).signature
+    return CoSignedReceipt(envelope, credit, owner_sig, worker_sig, formula).to_bytes()
 
 
 def copy_ledger(src_dir: Path, dst_dir: Path) -> Path:

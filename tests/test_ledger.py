@@ -674,3 +674,16 @@ def test_the_worked_examples_in_the_docs_match_the_code() -> None:
         assert f"{summary.total_steps:,} x {summary.batch_size} = {samples:,}" in doc
         assert f"{flops:,} x {samples:,} x 3 = {summary.training_flops:,}" in doc
         assert f"**{flops_to_credit(summary.training_flops)!r} TFLOP**" in doc
+
+
+def test_a_receipt_naming_an_unknown_credit_formula_is_refused(ledger: Ledger) -> None:
+    """Both sides sign the formula's version with the figure; one this node does not
+    know is refused by name, and nothing is written."""
+    before = state(ledger)
+    receipt = forged_cosigned(PEER, NODE, formula=2)
+    with pytest.raises(InvalidReceipt, match="credit_formula 2 is not one this node knows"):
+        ledger.append_work("work_done", receipt, DIGITS_CREDIT, DIGITS_CREDIT)
+    assert state(ledger) == before
+    genuine = forged_cosigned(PEER, NODE)
+    assert parse_cosigned(genuine).credit_formula == 1
+    ledger.append_work("work_done", genuine, DIGITS_CREDIT, DIGITS_CREDIT)

@@ -208,15 +208,14 @@ def describe_receipt(data: bytes | None) -> dict[str, Any] | None:
         if cosigned.countersigned:
             open_cosigned(data)
         else:
-            verify_claim(
-                "owner", receipt.owner, cosigned.receipt, cosigned.credit, cosigned.owner_sig
-            )
+            verify_claim("owner", receipt.owner, cosigned, cosigned.owner_sig)
     except ProtocolError as exc:
         return {"valid": False, "error": str(exc)}
     return {
         "valid": True,
         "error": "",
         "countersigned": cosigned.countersigned,
+        "credit_formula": cosigned.credit_formula,
         "owner": receipt.owner,
         "worker": receipt.worker,
         "weights_sha256": receipt.weights_sha256,
