@@ -24,6 +24,7 @@ from node.identity import Identity
 from node.localnet import free_port
 from node.net.host import MeshHost
 from node.work import blob_server, transfer
+from node.work.blob_auth import seal_request
 from node.work.blobs import BlobStore
 from node.work.transfer import (
     CHUNK_SIZE,
@@ -160,10 +161,12 @@ def test_serving_runs_both_ways(setup: Setup) -> None:
     assert path.read_bytes() == weights
 
 
-def ask(port: int, request: bytes) -> dict:
-    """Send a request the client would refuse to send (it checks its own grant) and
-    return the server's answer frame."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+def ask(setup: Setup, request: bytes, sealed: bool = True) -> dict:
+    """Send a request the client would refuse to send (it checks its own grant),
+    sealed to the server as the client seals it, and return the server's answer frame."""
+    if sealed:
+        request = seal_request(request, setup.owner.peer_id)
+    with socket.create_connection(("127.0.0.1", setup.port), timeout=5) as sock:
         sock.sendall(frame(request))
         (n,) = _LEN.unpack(sock.recv(4, socket.MSG_WAITALL))
         return decode(sock.recv(n, socket.MSG_WAITALL))
@@ -171,10 +174,10 @@ def ask(port: int, request: bytes) -> dict:
 
 def test_request_without_a_valid_grant(setup: Setup) -> None:
     garbage = make_request(setup.worker, b"\x81\xa1t\xa3xyz", setup.sha)
-    assert ask(setup.port, garbage)["error"] == "bad_grant"
+    assert ask(setup, garbage)["error"] == "bad_grant"
     forged = bytearray(setup.grant())
     forged[-1] ^= 1  # the owner's signature no longer verifies
-    answer = ask(setup.port, make_request(setup.worker, bytes(forged), setup.sha))
+    answer = ask(setup, make_request(setup.worker, bytes(forged), setup.sha))
     assert answer["error"] == "bad_grant"
     assert "signature" in answer["detail"]
     # and the client will not even send a request whose grant it cannot read
@@ -183,16 +186,22 @@ def test_request_without_a_valid_grant(setup: Setup) -> None:
 
 
 def test_unsigned_or_garbage_requests(setup: Setup) -> None:
-    assert ask(setup.port, b"\x00" * 50)["error"] == "malformed"
+    assert ask(setup, b"\x00" * 50)["error"] == "malformed"
+    # a request in the clear (or sealed to someone else) is not even read
+    genuine = make_request(setup.worker, setup.grant(), setup.sha)
+    assert ask(setup, genuine, sealed=False)["error"] == "undecryptable"
+    to_another = seal_request(genuine, setup.worker.peer_id)
+    assert ask(setup, to_another, sealed=False)["error"] == "undecryptable"
     request = bytearray(make_request(setup.worker, setup.grant(), setup.sha))
     request[-1] ^= 1
-    assert ask(setup.port, bytes(request))["error"] == "bad_signature"
+    assert ask(setup, bytes(request))["error"] == "bad_signature"
 
 
 def test_grant_sealed_by_another_node(setup: Setup) -> None:
     other = identity()
     g = grant(other, setup.worker, [setup.sha])
-    assert setup.refused(make_request(setup.worker, g, setup.sha)) == "foreign_grant"
+    # sealed to the grant's owner, which this server is not: it cannot even read it
+    assert setup.refused(make_request(setup.worker, g, setup.sha)) == "undecryptable"
     # claiming to be the owner inside a grant someone else signed changes nothing
     lie = BlobGrant(JOB, UNIT, setup.owner.peer_id, setup.worker.peer_id, [setup.sha], BIG, 2e9)
     g = seal(lie, other.signing_key)

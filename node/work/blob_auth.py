@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from nacl.signing import SigningKey
+from nacl.exceptions import CryptoError
+from nacl.public import SealedBox
+from nacl.signing import SigningKey, VerifyKey
 
 from node.work.blobs import BlobNotFound, BlobStore
-from protocol import ProtocolError, open_envelope, seal
+from protocol import ProtocolError, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import GRANT_LIMITS, REQUEST_LIMITS, BlobGrant, BlobRequest
 
 #: a request older than this (or more than CLOCK_SKEW_S in the future) is refused
@@ -36,6 +38,7 @@ CLOCK_SKEW_S = 60.0
 REFUSAL_REASONS = frozenset(
     {
         "invalid",
+        "undecryptable",
         "oversized",
         "malformed",
         "bad_signature",
@@ -202,9 +205,10 @@ def authorize(
     return Authorized(grant, requester, request.sha256, size, job_key)
 
 
-def _fetch_cap(request_envelope: bytes, sha256: str, max_bytes: int) -> int:
-    """The most bytes the fetcher accepts: its own cap and the grant's, whichever is less.
-    The request is our own, so a bad one is a `ValueError`, not a peer's fault."""
+def _fetch_cap(request_envelope: bytes, sha256: str, max_bytes: int) -> tuple[int, str]:
+    """The most bytes the fetcher accepts (its own cap and the grant's, whichever is
+    less), and the server's peer id (the grant's owner). The request is our own, so a
+    bad one is a `ValueError`, not a peer's fault."""
     try:
         request = open_envelope(request_envelope, BlobRequest, limits=REQUEST_LIMITS).message
         grant = open_envelope(request.grant, BlobGrant, limits=GRANT_LIMITS).message
@@ -212,4 +216,25 @@ def _fetch_cap(request_envelope: bytes, sha256: str, max_bytes: int) -> int:
         raise ValueError(f"not a valid blob request: {exc}") from exc
     if request.sha256 != sha256:
         raise ValueError(f"the request is for blob {request.sha256}, not {sha256}")
-    return min(grant.max_bytes, max_bytes)
+    return min(grant.max_bytes, max_bytes), grant.owner
+
+
+#: what sealing adds to a request on the direct channel (an ephemeral key and a MAC)
+SEALED_OVERHEAD = 48
+
+
+def seal_request(request_envelope: bytes, server_peer: str) -> bytes:
+    """The request as it crosses the direct channel: sealed (anonymous crypto_box) to
+    the server's key, so an observer of the TCP stream learns neither the grant (job,
+    unit, peers) nor which blob is asked for. The signed request inside still says who
+    asks."""
+    server = VerifyKey(public_key_from_peer_id(server_peer)).to_curve25519_public_key()
+    return SealedBox(server).encrypt(request_envelope)
+
+
+def open_request(sealed: bytes, signing_key: SigningKey) -> bytes:
+    """The server's side of `seal_request`; `Refusal` when it is not sealed to us."""
+    try:
+        return SealedBox(signing_key.to_curve25519_private_key()).decrypt(sealed)
+    except (CryptoError, ValueError) as exc:
+        raise Refusal("undecryptable", "the request is not sealed to this node") from exc

@@ -15,6 +15,7 @@ from node.work.blob_auth import (
     TransferError,
     TransferUnreachable,
     _fetch_cap,
+    seal_request,
 )
 from node.work.blob_frames import (
     IO_TIMEOUT_S,
@@ -94,7 +95,7 @@ def fetch_blob_direct(
     Blocking (run it in a thread). A blob already stored is returned at once. Raises
     `TransferUnreachable`, `TransferRefused`, `TransferCorrupt` or `TransferError`
     (timeouts: reason `timeout`); on any error nothing is stored."""
-    cap = _fetch_cap(request_envelope, sha256, max_bytes)
+    cap, server_peer = _fetch_cap(request_envelope, sha256, max_bytes)
     if store.has(sha256):
         return store.path(sha256)
     peer = f"{host_ip}:{port}"
@@ -109,7 +110,7 @@ def fetch_blob_direct(
     ahead: _Ahead[bytes] | None = None
     try:
         sock.settimeout(timeout)
-        _send_frame(sock, request_envelope)
+        _send_frame(sock, seal_request(request_envelope, server_peer))
         header = _read_sock_frame(rfile, MAX_HEADER_FRAME, "response header")
         if header is None:
             raise TransferCorrupt(f"{peer} closed the connection without answering", "truncated")

@@ -102,7 +102,7 @@ async def fetch_blob_libp2p(
 
     The fallback for peers without a reachable data channel. Decryption, hashing and
     writing run in worker threads. Raises like `fetch_blob_direct`."""
-    cap = _fetch_cap(request_envelope, sha256, max_bytes)
+    cap, _ = _fetch_cap(request_envelope, sha256, max_bytes)
     if store.has(sha256):
         return store.path(sha256)
     try:

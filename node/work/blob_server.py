@@ -12,13 +12,17 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from nacl.signing import SigningKey
+
 from node.work.blob_auth import (
+    SEALED_OVERHEAD,
     JobKeyLookup,
     Refusal,
     ReplayGuard,
     TransferCorrupt,
     TransferError,
     authorize,
+    open_request,
 )
 from node.work.blob_frames import (
     _LEN,
@@ -45,6 +49,9 @@ class _HasPeerId(Protocol):
     @property
     def peer_id(self) -> str: ...
 
+    @property
+    def signing_key(self) -> SigningKey: ...
+
 
 def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
     """The request frame, which must arrive whole before `deadline` (a peer trickling
@@ -64,10 +71,9 @@ def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
         buf += data
         if need == _LEN.size and len(buf) >= _LEN.size:
             (length,) = _LEN.unpack(buf[: _LEN.size])
-            if length > REQUEST_LIMITS.max_bytes:
-                raise TooLarge(
-                    f"request of {length} bytes exceeds the {REQUEST_LIMITS.max_bytes}-byte limit"
-                )
+            limit = REQUEST_LIMITS.max_bytes + SEALED_OVERHEAD
+            if length > limit:
+                raise TooLarge(f"request of {length} bytes exceeds the {limit}-byte limit")
             need = _LEN.size + length
     return bytes(buf[_LEN.size :])
 
@@ -98,6 +104,7 @@ class BlobServer:
             raise ValueError(f"chunk_size must be 1..{CHUNK_SIZE} (the fetcher's frame bound)")
         self.store = store
         self.peer_id = identity.peer_id
+        self._signing_key = identity.signing_key
         self.bind_host = bind_host
         self.port = port
         self._job_key_for = job_key_for
@@ -200,7 +207,7 @@ class BlobServer:
             if request is None:
                 return  # connected and left
             auth = authorize(
-                request,
+                open_request(request, self._signing_key),
                 our_peer_id=self.peer_id,
                 store=self.store,
                 job_key_for=self._job_key_for,
