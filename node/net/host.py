@@ -269,6 +269,16 @@ class MeshHost:
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
 
+    @property
+    def listen_ip(self) -> str:
+        """The IP address of the listen multiaddr (other channels bind it too)."""
+        for proto in ("ip4", "ip6"):
+            try:
+                return self._listen.value_for_protocol(proto)
+            except Exception:
+                continue
+        return "127.0.0.1"
+
     def allow_redial(self, peer_id: str) -> None:
         """Forget that dialling `peer_id` failed recently: py-libp2p refuses to dial a
         peer for 60 s after one failed attempt, too long for a peer we must reach

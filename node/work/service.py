@@ -86,7 +86,11 @@ class WorkService:
         self.ctx = ctx
         self._memory_limit_mb = memory_limit_mb
         self.blob_server = BlobServer(
-            ctx.blobs, ctx.identity, "0.0.0.0", 0, lambda job, unit: ctx.grant_keys.get((job, unit))
+            ctx.blobs,
+            ctx.identity,
+            ctx.host.listen_ip,
+            0,
+            lambda job, unit: ctx.grant_keys.get((job, unit)),
         )
         ctx.credit_for = credit_for
         self.owner = OwnerRole(ctx, self._request)
