@@ -36,6 +36,10 @@ from protocol.receipts import VerifiedReceipt, credit_matches, open_cosigned
 AUDIT_DB = "audit.db"
 #: about 1 KB a receipt: a million is ~1 GB of disk, far more than a small network makes
 DEFAULT_MAX_RECEIPTS = 1_000_000
+#: one peer (as owner, or as worker) may hold at most this share of the table, so a
+#: single identity flooding receipts between its own puppets cannot fill it alone
+MAX_SHARE_PER_PEER = 0.01
+MIN_PER_PEER = 1000
 MAX_CONFLICTS_PAGE = 1000
 
 AddResult = Literal["added", "duplicate", "conflict"]
@@ -52,14 +56,23 @@ _SCHEMA = (
 class AuditLog:
     """Receipts seen on gossip, checked, deduplicated, with conflicts flagged."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, max_receipts: int) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, max_receipts: int, max_per_peer: int
+    ) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._max = max_receipts
+        self._per_peer = max_per_peer
         self.path = path
 
     @classmethod
-    def open(cls, data_dir: Path, *, max_receipts: int = DEFAULT_MAX_RECEIPTS) -> AuditLog:
+    def open(
+        cls,
+        data_dir: Path,
+        *,
+        max_receipts: int = DEFAULT_MAX_RECEIPTS,
+        max_per_peer: int | None = None,
+    ) -> AuditLog:
         """Open or create `audit.db` in `data_dir`."""
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +103,8 @@ class AuditLog:
             )
             for statement in _SCHEMA:
                 db.conn.execute(statement)
-        return cls(db.conn, path, max_receipts)
+        per_peer = max_per_peer or max(MIN_PER_PEER, int(max_receipts * MAX_SHARE_PER_PEER))
+        return cls(db.conn, path, max_receipts, per_peer)
 
     def add(self, cosigned: bytes) -> AddResult:
         """Check and keep a co-signed receipt: "added", "duplicate" (this receipt, or
@@ -122,6 +136,17 @@ class AuditLog:
                     f"{self.path} holds {self._max} receipts, its limit; the receipt was not "
                     "kept (raise max_receipts, or delete audit.db to start it afresh)"
                 )
+            quota = self._per_peer
+            for column, peer in (("owner", verified.owner), ("worker", verified.worker)):
+                held = conn.execute(
+                    f"SELECT COUNT(*) FROM (SELECT 1 FROM receipts WHERE {column} = ? LIMIT ?)",
+                    (peer, quota),
+                ).fetchone()[0]
+                if held >= quota:
+                    raise AuditFull(
+                        f"{peer} already has {quota} receipts here as {column}, its quota; "
+                        "the receipt was not kept"
+                    )
             conflict = 1 if kept else 0
             conn.execute(
                 "INSERT INTO receipts (digest, owner, worker, job_id, unit_id, credit, "

@@ -131,3 +131,18 @@ def test_it_persists_and_lives_beside_the_ledger_without_touching_it(tmp_path: P
     with AuditLog.open(tmp_path) as log:
         assert log.count() == 2
         assert log.add(receipt) == "duplicate"
+
+
+def test_one_peer_cannot_fill_the_table_alone(tmp_path: Path) -> None:
+    """A quota per peer, as owner and as worker (by default 1% of the table, at least
+    1,000): a flood of receipts one identity made with its puppets stops at it;
+    others' receipts still get in."""
+    with AuditLog.open(tmp_path, max_receipts=300, max_per_peer=3) as audit:
+        for i in range(3):
+            assert audit.add(cosigned(MALLORY, BOB, unit_id=f"{i:016x}")) == "added"
+        with pytest.raises(AuditFull, match="as owner, its quota"):
+            audit.add(cosigned(MALLORY, CAROL, unit_id=f"{9:016x}"))
+        with pytest.raises(AuditFull, match="as worker, its quota"):
+            audit.add(cosigned(ALICE, BOB, unit_id=f"{8:016x}"))
+        assert audit.add(cosigned(ALICE, CAROL, unit_id=f"{7:016x}")) == "added"
+        assert audit.count() == 4

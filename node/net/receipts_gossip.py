@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import trio
+
 from ledger.audit import AuditLog
 from node.metrics import NodeMetrics
 from node.net.host import MeshHost
@@ -53,11 +55,11 @@ class ReceiptGossip:
 
     async def run(self) -> None:
         async for _sender, data in self.host.messages(RECEIPTS_TOPIC):
-            self._keep(data)
+            await self._keep(data)
 
     async def publish(self, cosigned: bytes) -> None:
         """Tell the network (and our own audit table) about a receipt we hold."""
-        self._keep(cosigned)
+        await self._keep(cosigned)
         try:
             await self.host.publish(RECEIPTS_TOPIC, cosigned)
         except Exception as exc:  # gossip is best effort; the ledgers hold the truth
@@ -74,9 +76,11 @@ class ReceiptGossip:
             return False
         return True
 
-    def _keep(self, data: bytes) -> None:
+    async def _keep(self, data: bytes) -> None:
+        """Check (two signatures) and store in a worker thread: never on the trio
+        thread, where a flood of receipts would stall the node's networking."""
         try:
-            outcome = self.audit.add(data)
+            outcome = await trio.to_thread.run_sync(self.audit.add, data)
         except MeshminerError as exc:
             log.info("receipt not kept in the audit table: %s", exc)
             return
