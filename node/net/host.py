@@ -231,24 +231,12 @@ class MeshHost:
     ) -> None:
         """Answer one length-prefixed request per stream on `protocol`."""
 
-        async def _on_stream(stream: INetStream) -> None:
-            peer = stream.muxed_conn.peer_id.to_base58()
-            with self._inbound.slot(peer, protocol) as admitted:
-                if not admitted:
-                    with suppress(Exception):
-                        await stream.reset()
-                    return
-                try:
-                    with trio.fail_after(timeout):
-                        request = await read_frame(stream, max_request)
-                        await write_frame(stream, await handler(peer, request))
-                except Exception as exc:
-                    log.debug("%s from %s failed: %s", protocol, peer, exc)
-                    await stream.reset()
-                    return
-                await stream.close()
+        async def answer(peer: str, stream: INetStream) -> None:
+            with trio.fail_after(timeout):
+                request = await read_frame(stream, max_request)
+                await write_frame(stream, await handler(peer, request))
 
-        self._host.set_stream_handler(TProtocol(protocol), _on_stream)
+        self.serve_stream(protocol, answer, quiet=True)
 
     async def request(
         self, peer_id: str, protocol: str, data: bytes, max_response: int, timeout: float = 15.0
@@ -286,14 +274,17 @@ class MeshHost:
         with suppress(Exception):
             self._host.get_network().unblock_peer(ID.from_base58(peer_id))
 
-    def serve_stream(self, protocol: str, handler: StreamHandler) -> None:
+    def serve_stream(self, protocol: str, handler: StreamHandler, quiet: bool = False) -> None:
         """Hand each incoming stream on `protocol` to `handler(remote peer id, stream)`.
 
         For exchanges that are more than one small request and response (bulk blob
         transfer): the handler reads and writes the raw stream itself, with its own
         size bounds and timeouts. The peer id is the one libp2p authenticated (Noise
         handshake), so the handler may rely on it. When the handler returns, the stream
-        is closed; if it raises, the error is logged and the stream reset."""
+        is closed; if it raises, the error is logged (at debug level when `quiet`) and
+        the stream reset. Streams past the per-peer and total caps (`InboundLimiter`)
+        are reset before the handler sees them."""
+        level = logging.DEBUG if quiet else logging.INFO
 
         async def _on_stream(stream: INetStream) -> None:
             peer = stream.muxed_conn.peer_id.to_base58()
@@ -305,8 +296,13 @@ class MeshHost:
                 try:
                     await handler(peer, stream)
                 except Exception as exc:
-                    log.info(
-                        "%s stream from %s failed: %s: %s", protocol, peer, type(exc).__name__, exc
+                    log.log(
+                        level,
+                        "%s stream from %s failed: %s: %s",
+                        protocol,
+                        peer,
+                        type(exc).__name__,
+                        exc,
                     )
                     with suppress(Exception):
                         await stream.reset()

@@ -6,12 +6,14 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ledger.chain import Ledger
 from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.work.blobs import BlobStore
+from node.work.executor import run_training
 from node.work.jobs import JobStore
 from node.work.unit_keys import UnitKeys
 from protocol import CapacityAd, Policy
@@ -56,6 +58,24 @@ class WorkContext:
     def release(self, unit_id: str) -> None:
         self.units_here.discard(unit_id)
         self.on_load(self.load_pct())
+
+    async def train(
+        self,
+        request: dict[str, Any],
+        unit_id: str,
+        max_hours: float,
+        on_event: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Run one unit's training subprocess here, under this node's duty cycle and
+        disk quota (`executor.run_training`)."""
+        return await run_training(
+            request,
+            self.unit_dir(unit_id),
+            max_hours * 3600,
+            on_event,
+            duty_cycle=self.duty_cycle,
+            disk_quota_bytes=self.unit_disk_quota_bytes,
+        )
 
     def duty_cycle(self) -> float:
         """The share of the time (%) a runner may train: the volunteer's load limit."""

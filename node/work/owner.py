@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from node.work.context import WorkContext
-from node.work.executor import UnitFailed, run_training
+from node.work.executor import UnitFailed
 from node.work.jobs import LIVE_UNIT_STATES, Job
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle
@@ -106,14 +106,7 @@ class OwnerRole:
             with trio.CancelScope() as scope:
                 self._local[job.id] = scope
                 try:
-                    result = await run_training(
-                        request,
-                        ctx.unit_dir(unit.unit_id),
-                        job.max_hours * 3600,
-                        on_event,
-                        duty_cycle=ctx.duty_cycle,
-                        disk_quota_bytes=ctx.unit_disk_quota_bytes,
-                    )
+                    result = await ctx.train(request, unit.unit_id, job.max_hours, on_event)
                 except UnitFailed as exc:
                     self.lifecycle.fatal(unit.unit_id, str(exc))
                     return

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import trio
 
 from node.work.context import WorkContext
-from node.work.executor import UnitFailed, run_training
+from node.work.executor import UnitFailed
 from node.work.grants import fetch_granted, issue_grant
 from protocol import (
     MeshminerError,
@@ -279,14 +279,7 @@ class WorkerRole:
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
 
         try:
-            result = await run_training(
-                request,
-                ctx.unit_dir(pkg.unit_id),
-                pkg.max_hours * 3600,
-                on_event,
-                duty_cycle=ctx.duty_cycle,
-                disk_quota_bytes=ctx.unit_disk_quota_bytes,
-            )
+            result = await ctx.train(request, pkg.unit_id, pkg.max_hours, on_event)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         unit.phase = "uploading"
