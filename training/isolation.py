@@ -58,6 +58,7 @@ MAX_OPEN_FILES = 4096
 MAX_PROCESSES = 4096  # per user, threads included (torch's pools count)
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys")
 DEVICE_RW = ("/dev",)
+PACKAGES = ("training", "protocol", "node", "ledger")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -145,6 +146,7 @@ def _landlock(workdir: Path, read_files: list[Path]) -> dict[str, str]:
     try:
         for path in _readable_trees():
             _allow(fd, path, READ & fs)
+        _allow(fd, Path(__file__).resolve().parent.parent, FS_READ_DIR)  # to find them
         for path in DEVICE_RW:
             _allow(fd, Path(path), fs)
         _allow(fd, workdir, fs)
@@ -165,9 +167,9 @@ def _readable_trees() -> list[Path]:
     trees = {Path(p) for p in SYSTEM_READ}
     trees |= {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
     trees |= {Path(p) for p in site.getsitepackages()}
-    trees.add(Path(__file__).resolve().parent.parent)  # the project's own packages
-    trees |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
-    return sorted({t.resolve() for t in trees if t.exists()})
+    project = Path(__file__).resolve().parent.parent
+    trees |= {project / package for package in PACKAGES}  # not the folder around them,
+    return sorted({t.resolve() for t in trees if t.exists()})  # which may hold a data dir
 
 
 def _allow(ruleset_fd: int, path: Path, access: int) -> None:
