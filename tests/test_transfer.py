@@ -324,6 +324,27 @@ def test_busy_server(setup: Setup) -> None:
     assert stored(setup.worker_store) == []
 
 
+def test_one_address_cannot_take_every_transfer_slot(setup: Setup) -> None:
+    """Idle connections from one address hold at most MAX_CONNECTIONS_PER_ADDRESS
+    slots; the next is refused as busy while the server still has room."""
+    held = [socket.create_connection(("127.0.0.1", setup.port)) for _ in range(4)]
+    try:
+        request = make_request(setup.worker, setup.grant(), setup.sha)
+        deadline = time.monotonic() + 10
+        while True:  # the accept loop registers the held connections as it gets to them
+            try:
+                setup.fetch(request)
+            except TransferError as exc:
+                assert exc.reason in ("busy", "connection")
+                break
+            assert time.monotonic() < deadline, "a fifth connection was served"
+            setup.worker_store.remove(setup.sha)
+            request = make_request(setup.worker, setup.grant(), setup.sha)
+    finally:
+        for conn in held:
+            conn.close()
+
+
 def test_stopped_server_cannot_be_dialled(setup: Setup) -> None:
     setup.server.stop()
     with pytest.raises(TransferUnreachable):

@@ -43,6 +43,7 @@ log = logging.getLogger("node.work.transfer")
 
 
 MAX_CONNECTIONS = 16
+MAX_CONNECTIONS_PER_ADDRESS = 4  # one peer cannot take every transfer slot
 
 
 class _HasPeerId(Protocol):
@@ -76,6 +77,13 @@ def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
                 raise TooLarge(f"request of {length} bytes exceeds the {limit}-byte limit")
             need = _LEN.size + length
     return bytes(buf[_LEN.size :])
+
+
+def _peer_host(conn: socket.socket) -> str:
+    try:
+        return conn.getpeername()[0]
+    except OSError:
+        return ""
 
 
 class BlobServer:
@@ -174,7 +182,11 @@ class BlobServer:
                 self._stopping.wait(0.1)  # back off (e.g. out of file descriptors)
                 continue
             with self._lock:
-                busy = len(self._connections) >= self._max_connections
+                same = sum(1 for c in self._connections if _peer_host(c) == addr[0])
+                busy = (
+                    len(self._connections) >= self._max_connections
+                    or same >= MAX_CONNECTIONS_PER_ADDRESS
+                )
                 if not busy:
                     thread = threading.Thread(
                         target=self._serve, args=(conn, addr), name="blob-conn", daemon=True
