@@ -222,10 +222,6 @@ class JobStore:
             raise StaleJob(f"job {job.id} changed state since it was read")
         return updated
 
-    def live(self, job_id: str) -> bool:
-        job = self.get(job_id)
-        return job is not None and job.state not in FINAL_STATES
-
     def _changed(self, job: Job) -> None:
         if self._on_change is not None:
             try:
