@@ -56,7 +56,7 @@ def load_or_create_identity(data_dir: Path) -> Identity:
 
 
 def load_or_create_api_token(data_dir: Path) -> str:
-    """The bearer token HTTP writes need when the API is not bound to loopback."""
+    """The bearer token every HTTP request needs when the API is not bound to loopback."""
     fresh = secrets.token_urlsafe(32).encode()
     path = data_dir / TOKEN_FILE
     token = (

@@ -23,8 +23,17 @@ from node.web import page_data
 from node.web.api import WriteGuard, make_app
 from node.web.charts import loss_chart
 from node.web.ledger_api import ledger_routes
-from node.web.pages import STATIC, TEMPLATES, PageSources, describe_receipt, page_routes, to_toml
+from node.web.pages import (
+    STATIC,
+    TEMPLATES,
+    PageSources,
+    describe_receipt,
+    page_routes,
+    short_id,
+    to_toml,
+)
 from node.work.jobs import JobStore
+from node.work.service import labelled_job
 from tests.ledger_factories import cosigned, key_from, peer_id_of, tamper
 
 XSS = "<script>alert(1)</script>"
@@ -95,14 +104,14 @@ class FakeWork:
     def jobs(self) -> list[dict[str, Any]]:
         out = []
         for job in self.ctx.jobs.list():
-            row = job.to_json()
+            row = labelled_job(job, self.ctx.peer_id)
             row["progress"] = {k: v for k, v in job.progress.items() if k != "history"}
             out.append(row)
         return out
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         job = self.ctx.jobs.get(job_id)
-        return None if job is None else job.to_json()
+        return None if job is None else labelled_job(job, self.ctx.peer_id)
 
     def weights_path(self, job_id: str) -> Path | None:
         return self.weights.get(job_id)
@@ -285,6 +294,36 @@ def test_the_job_page_shows_progress_chart_timeline_result_and_receipt(
         assert 'id="weights-link" href="/api/v1/jobs/' + job.id + '/weights"' in body
         assert "name = &#34;digits-mlp&#34;" in body and "[model]" in body  # the spec, as TOML
         assert "val_accuracy" in body
+
+    serve(site, test)
+
+
+def test_a_remote_workers_metrics_are_labelled_its_claim_until_verified(site: Site) -> None:
+    worker = peer_id_of(key_from(2))
+    metrics = {"val_loss": 0.05, "steps": 40}
+    done = {"state": "completed", "metrics": metrics}
+    claimed = site.add_job("claimed", worker=worker, metrics_status="claimed", **done)
+    older = site.add_job("older-row", worker=worker, **done)  # stored before metrics_status
+    local = site.add_job("trained-here", worker=site.peer_id, **done)
+    verified = site.add_job("verified", worker=worker, metrics_status="verified", **done)
+    label = f"claimed by {short_id(worker)}, not verified"
+    statuses = {j["name"]: j["metrics_status"] for j in site.work.jobs()}
+    assert statuses == {
+        "claimed": "claimed",
+        "older-row": "claimed",
+        "trained-here": "local",
+        "verified": "verified",
+    }
+
+    async def test(client: TestClient) -> None:
+        for job in (claimed, older):
+            body = await get(client, f"/jobs/{job.id}")
+            assert label in body and f'title="reported by worker {worker}' in body
+        for job in (local, verified):
+            assert "not verified" not in await get(client, f"/jobs/{job.id}")
+        rows = re.findall(r'<tr data-job="(\w+)">(.*?)</tr>', await get(client, "/jobs"), re.S)
+        labelled = {job_id for job_id, row in rows if label in row}
+        assert labelled == {claimed.id, older.id}
 
     serve(site, test)
 

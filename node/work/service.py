@@ -195,11 +195,11 @@ class WorkService:
         return job.to_json()
 
     def jobs(self) -> list[dict[str, Any]]:
-        return [_brief(job) for job in self.ctx.jobs.list()]
+        return [_brief(job, self.ctx.peer_id) for job in self.ctx.jobs.list()]
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         job = self.ctx.jobs.get(job_id)
-        return None if job is None else job.to_json()
+        return None if job is None else labelled_job(job, self.ctx.peer_id)
 
     def weights_path(self, job_id: str) -> Path | None:
         job = self.ctx.jobs.get(job_id)
@@ -220,8 +220,17 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _brief(job: Job) -> dict[str, Any]:
+def labelled_job(job: Job, me: str) -> dict[str, Any]:
+    """The job's JSON with `metrics_status` said for rows from before it was stored:
+    metrics a remote worker reported are its claim, ours are local."""
     out = job.to_json()
+    if not out["metrics_status"] and job.metrics:
+        out["metrics_status"] = "claimed" if job.worker and job.worker != me else "local"
+    return out
+
+
+def _brief(job: Job, me: str) -> dict[str, Any]:
+    out = labelled_job(job, me)
     out["progress"] = {k: v for k, v in job.progress.items() if k != "history"}
     out.pop("spec")
     out.pop("timeline")
