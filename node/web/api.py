@@ -189,7 +189,7 @@ def make_app(
         if not guard.token_ok(given):
             page = _LOGIN_PAGE.format(message="<p>That is not this node's token.</p>")
             return web.Response(text=page, content_type="text/html", status=401)
-        response = web.HTTPSeeOther(location="/")
+        response = web.Response(status=303, headers={"Location": "/"})
         response.set_cookie(
             TOKEN_COOKIE, given, httponly=True, samesite="Strict", secure=request.secure, path="/"
         )
