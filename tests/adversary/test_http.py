@@ -126,6 +126,45 @@ def test_reads_need_the_token_on_a_non_loopback_bind(public: LocalNode) -> None:
     assert _call(public, "GET", "/", {"Cookie": f"meshminer_token={token}"})[0] == 200
 
 
+def test_writes_on_a_non_loopback_bind_need_the_token_and_change_nothing(
+    public: LocalNode,
+) -> None:
+    before = (public.get("/api/v1/jobs"), public.get("/api/v1/status")["policy"])
+    policy = json.dumps({"accepting": True}).encode()
+    spec = b'--B\r\nContent-Disposition: form-data; name="spec"\r\n\r\nname = "x"\r\n--B--\r\n'
+    writes = [
+        ("PUT", "/api/v1/policy", {"Content-Type": "application/json"}, policy),
+        ("POST", "/api/v1/capacity/refresh", {}, b""),
+        ("POST", "/api/v1/jobs", {"Content-Type": "multipart/form-data; boundary=B"}, spec),
+        ("POST", "/api/v1/jobs/0123456789abcdef/cancel", {}, b""),
+    ]
+    for method, path, headers, body in writes:
+        for auth in ({}, {"Authorization": "Bearer " + "x" * 43}, {"Cookie": "meshminer_token=x"}):
+            code, _, _ = _call(public, method, path, {**headers, **auth}, body)
+            assert code == 401, (path, auth, code)
+        # the token in a page of another origin (a leaked cookie) does not write either
+        auth = {"Authorization": f"Bearer {public.token}", "Origin": "http://evil.example"}
+        assert _call(public, method, path, {**headers, **auth}, body)[0] == 403, path
+    assert (public.get("/api/v1/jobs"), public.get("/api/v1/status")["policy"]) == before
+
+
+def test_a_refused_upload_leaves_no_file_behind(local: LocalNode) -> None:
+    data = (
+        b'--B\r\nContent-Disposition: form-data; name="spec"\r\n\r\nname = \r\n'
+        b'--B\r\nContent-Disposition: form-data; name="data"; filename="d.csv"\r\n\r\n'
+        b"1,2\r\n--B--\r\n"
+    )
+    before = local.get("/api/v1/jobs")
+    code, _, body = _call(
+        local, "POST", "/api/v1/jobs", {"Content-Type": "multipart/form-data; boundary=B"}, data
+    )
+    assert code == 400, body
+    uploads = local.data_dir / "uploads"
+    assert stat.S_IMODE(uploads.stat().st_mode) == 0o700
+    assert list(uploads.iterdir()) == []
+    assert local.get("/api/v1/jobs") == before
+
+
 def test_hammering_ledger_verify_costs_one_run(local: LocalNode) -> None:
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: _call(local, "GET", "/api/v1/ledger/verify"), range(40)))
@@ -158,14 +197,27 @@ def _run_node(data_dir: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_a_short_token_file_stops_the_node_at_start(tmp_path: Path) -> None:
-    data_dir = tmp_path / "short"
+@pytest.mark.parametrize(
+    ("content", "mode", "says"),
+    [
+        ("hunter2\n", 0o600, "needs at least 32"),
+        ("", 0o600, "needs at least 32"),
+        ("x" * 64, 0o640, "readable by other users"),
+    ],
+    ids=["short", "empty", "group-readable"],
+)
+def test_a_weak_token_file_stops_the_node_at_start(
+    tmp_path: Path, content: str, mode: int, says: str
+) -> None:
+    data_dir = tmp_path / "weak"
     data_dir.mkdir(mode=0o755)
     token = data_dir / "api.token"
-    token.write_text("hunter2\n")
-    token.chmod(0o600)
+    token.write_text(content)
+    token.chmod(mode)
     out = _run_node(data_dir)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "needs at least 32" in out.stderr and "Delete the file" in out.stderr
-    assert token.read_text() == "hunter2\n"  # left as it was
+    said = " ".join(out.stderr.split())  # the console wraps long lines
+    assert says in said and "did not start" in said
+    assert "Delete the file" in said or f"chmod 600 {token}" in said
+    assert token.read_text() == content  # left as it was
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700  # tightened on the way
