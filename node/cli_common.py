@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -29,7 +30,8 @@ TokenOption = Annotated[
     str | None,
     typer.Option(
         "--token",
-        help="API token for a node not bound to loopback [env MESHMINER_TOKEN]",
+        help="API token for a node not bound to loopback [env MESHMINER_TOKEN; default "
+        "api.token in the data dir, for an API on this machine]",
         show_default=False,
     ),
 ]
@@ -57,11 +59,28 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise fail(str(exc)) from None
 
 
+def token_for(api: str, given: str | None = None) -> str | None:
+    """The token to send: --token, else $MESHMINER_TOKEN, else this user's own node's
+    `api.token` (in $MESHMINER_DATA_DIR or the default data dir), but only to an API on
+    this machine, so a node's token never travels to another host unasked."""
+    if given or os.environ.get("MESHMINER_TOKEN"):
+        return given or os.environ["MESHMINER_TOKEN"]
+    from node.config import data_dir_from
+    from node.identity import TOKEN_FILE
+    from node.web.api import is_loopback
+
+    if not is_loopback(urlsplit(api).hostname or ""):
+        return None
+    try:
+        return (data_dir_from(None) / TOKEN_FILE).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def get(api: str | None, path: str, timeout: float = 30) -> Any:
-    """A read; a node not bound to loopback wants the token for reads too
-    (`MESHMINER_TOKEN`)."""
-    token = os.environ.get("MESHMINER_TOKEN") or None
-    return call(request_json, api_url(api), "GET", path, token=token, timeout=timeout)
+    """A read; a node not bound to loopback wants the token for reads too."""
+    url = api_url(api)
+    return call(request_json, url, "GET", path, token=token_for(url), timeout=timeout)
 
 
 def short(peer_id: str) -> str:

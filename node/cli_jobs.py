@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,8 +10,18 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from node.cli_common import ApiOption, TokenOption, call, console, err, fail, short
-from node.client import api_url, get_json, request_json, submit_job
+from node.cli_common import (
+    ApiOption,
+    TokenOption,
+    call,
+    console,
+    err,
+    fail,
+    get,
+    short,
+    token_for,
+)
+from node.client import api_url, request_json, submit_job
 
 FINAL = ("completed", "failed", "cancelled")
 
@@ -48,7 +57,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             url,
             spec.read_text(),
             files[0] if files else None,
-            token or os.environ.get("MESHMINER_TOKEN"),
+            token_for(url, token),
         )
         console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) submitted: {job['state']}")
         if wait:
@@ -59,7 +68,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         """List this node's jobs: state, worker, progress, metrics."""
         if ctx.invoked_subcommand is not None:
             return
-        rows = call(get_json, api_url(api), "/api/v1/jobs")
+        rows = get(api, "/api/v1/jobs")
         table = Table(title=f"{len(rows)} jobs")
         for column in ("id", "name", "state", "worker", "progress", "metrics"):
             table.add_column(column)
@@ -70,7 +79,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
                 _state(job),
                 short(job["worker"]),
                 _progress(job),
-                _metrics(job["metrics"]),
+                _metrics(job["metrics"]) + _claim(job),
             )
         console.print(table)
 
@@ -78,14 +87,14 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
     def show(job_id: str, api: ApiOption = None) -> None:
         """Everything about one job: spec, timeline, progress, result."""
         url = api_url(api)
-        job = call(get_json, url, f"/api/v1/jobs/{job_id}")
+        job = get(url, f"/api/v1/jobs/{job_id}")
         table = Table(show_header=False, box=None)
         table.add_row("id", job["id"])
         table.add_row("name", job["name"])
         table.add_row("state", _state(job))
         table.add_row("worker", job["worker"] or "-")
         table.add_row("progress", _progress(job))
-        table.add_row("metrics", _metrics(job["metrics"]) or "-")
+        table.add_row("metrics", (_metrics(job["metrics"]) + _claim(job)) or "-")
         if job["weights_sha256"]:
             table.add_row(
                 "weights",
@@ -147,7 +156,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             "PUT",
             "/api/v1/policy",
             body,
-            token or os.environ.get("MESHMINER_TOKEN"),
+            token_for(url, token),
         )
         console.print(f"accepting work: {policy['accepting']}")
 
@@ -178,7 +187,7 @@ def _follow(url: str, job_id: str) -> int:
     with _bar() as bar:
         task = bar.add_task("queued", total=None, loss="")
         while True:
-            job = call(get_json, url, f"/api/v1/jobs/{job_id}")
+            job = get(url, f"/api/v1/jobs/{job_id}")
             p = job["progress"]
             label = f"{job['state']}" + (f" on {short(job['worker'])}" if job["worker"] else "")
             loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else (job["reason"][:60])
@@ -223,6 +232,13 @@ def _progress(job: dict[str, Any]) -> str:
         return "-"
     loss = f", loss {p['loss']:.4f}" if p.get("loss") is not None else ""
     return f"{p['step']}/{p['total_steps']}{loss}"
+
+
+def _claim(job: dict[str, Any]) -> str:
+    """A remote worker's metrics are its word until verified."""
+    if job.get("metrics") and job.get("metrics_status") == "claimed":
+        return f" (claimed by {short(job['worker'])}, not verified)"
+    return ""
 
 
 def _metrics(metrics: dict[str, Any]) -> str:

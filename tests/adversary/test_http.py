@@ -221,3 +221,32 @@ def test_a_weak_token_file_stops_the_node_at_start(
     assert "Delete the file" in said or f"chmod 600 {token}" in said
     assert token.read_text() == content  # left as it was
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700  # tightened on the way
+
+
+def _cli(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MESHMINER_TOKEN"}
+    return subprocess.run(
+        [sys.executable, "-m", "node", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "MESHMINER_DATA_DIR": str(data_dir), "COLUMNS": "200"},
+    )
+
+
+def test_the_cli_sends_its_own_nodes_token_and_only_to_this_machine(
+    public: LocalNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = f"http://127.0.0.1:{public.http_port}"
+    out = _cli("jobs", "--api", api, data_dir=public.data_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "jobs" in out.stdout
+    out = _cli("jobs", "--api", api, data_dir=tmp_path)  # a data dir without a token
+    assert out.returncode == 1 and "401" in out.stderr + out.stdout
+    from node.cli_common import token_for
+
+    monkeypatch.delenv("MESHMINER_TOKEN", raising=False)
+    monkeypatch.setenv("MESHMINER_DATA_DIR", str(public.data_dir))
+    assert token_for(api) == public.token
+    assert token_for("http://node.example.org:8470") is None
+    assert token_for("http://node.example.org:8470", "given") == "given"
