@@ -26,10 +26,6 @@ def api_url(cli_value: str | None) -> str:
     return (cli_value or os.environ.get("MESHMINER_API") or DEFAULT_API).rstrip("/")
 
 
-def get_json(api: str, path: str, timeout: float = 5.0) -> Any:
-    return request_json(api, "GET", path, timeout=timeout)
-
-
 def request_json(
     api: str,
     method: str,

@@ -209,7 +209,7 @@ class WorkService:
 
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         job = self.owner.cancel(job_id)
-        return None if job is None else job.to_json()
+        return None if job is None else labelled_job(job, self.ctx.peer_id)
 
 
 def _sha256_file(path: Path) -> str:
