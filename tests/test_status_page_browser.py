@@ -216,6 +216,7 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     worker = next(n for n in network if n.peer_id == job["worker"])
     assert worker is not owner
     other = _new_page(browser, errors)
+    _sign_in(other, worker)
     other.goto(worker.api + "/")
     expect(other.locator("#training")).to_contain_text("digits-live")
     other.close()
@@ -309,6 +310,7 @@ def test_a_non_loopback_node_asks_for_its_token_before_anything(
     token_file = node.data_dir / "api.token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     page = _new_page(browser)
+    page.context.clear_cookies()  # a stranger: not signed in by an earlier test
     page.goto(node.api + "/jobs")  # every page sends a stranger to the login form
     expect(page.locator("h1")).to_contain_text("asks for its API token")
     page.fill("input[name=token]", "wrong")
