@@ -1,16 +1,21 @@
 """Floods against a real node. A stranger opens a thousand streams at once: the
 excess over the per-peer cap is reset unread, the node stays up, keeps answering its
 API and keeps its honest peer. Strangers hand it more fresh identities than its peer
-table holds: the table stays within its cap and the established peer stays."""
+table holds: the table stays within its cap and the established peer stays. A
+stranger publishes 2,000 valid receipts at once: the gossip rate limit drops the
+excess before it reaches the audit table, and the API keeps answering."""
 
 from __future__ import annotations
 
+import os
 import time
+import urllib.request
 from contextlib import AsyncExitStack
 
 import pytest
 import trio
 from factories import capacity_ad
+from ledger_factories import cosigned
 from nacl.signing import SigningKey
 
 from node.identity import Identity
@@ -19,7 +24,7 @@ from node.net.gossip import MAX_TABLE_ADS
 from node.net.host import MeshHost
 from node.net.peers import MAX_PEERS
 from protocol import encode, peer_id_from_public_key, seal
-from protocol.names import ADS_PROTOCOL, PROGRESS_PROTOCOL
+from protocol.names import ADS_PROTOCOL, PROGRESS_PROTOCOL, RECEIPTS_TOPIC
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +115,64 @@ def test_an_ad_flood_of_fresh_identities_keeps_the_table_capped_and_the_peers(
     assert honest.peer_id in known  # the established peer was not the one pushed out
     assert target.proc is not None and target.proc.poll() is None
     localnet.wait_all_see_each_other(timeout=20)
+
+
+RECEIPTS = 2000
+RATE_LIMIT = 20  # the nodes' default gossip_rate_limit, messages per second per peer
+
+
+def _receipts_kept(node: LocalNode) -> float:
+    with urllib.request.urlopen(f"{node.api}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("meshminer_receipts_seen_total{")
+    )
+
+
+async def _receipt_flood(node: LocalNode, latencies: list[float]) -> float:
+    """Publish `RECEIPTS` valid co-signed receipts at once (the stranger as owner, a
+    fresh identity as worker), from a host that does not rate-limit itself, while
+    timing the node's API; returns the seconds from the first one to the last look."""
+    me, worker = SigningKey.generate(), SigningKey.generate()
+    flood = [cosigned(me, worker, unit_id=os.urandom(8).hex()) for _ in range(RECEIPTS)]
+    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+    async with MeshHost.start(Identity(me), listen, gossip_rate_limit=1e9) as host:
+        await host.connect(node.multiaddr)
+        with trio.fail_after(15):
+            while host.topic_peers(RECEIPTS_TOPIC) < 1:
+                await trio.sleep(0.1)
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+
+            async def time_the_api() -> None:
+                # for 3 s, long enough for the node to store all it would have kept
+                while trio.current_time() - started < 3:
+                    t0 = time.monotonic()
+                    await trio.to_thread.run_sync(node.get, "/api/v1/status")
+                    latencies.append(time.monotonic() - t0)
+                    await trio.sleep(0.05)
+
+            nursery.start_soon(time_the_api)
+            for data in flood:
+                await host.publish(RECEIPTS_TOPIC, data)
+        return trio.current_time() - started
+
+
+def test_a_receipt_flood_is_rate_limited_and_the_node_stays_responsive(
+    localnet: LocalNetwork,
+) -> None:
+    target, honest = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    before = _receipts_kept(target)
+    latencies: list[float] = []
+    took = trio.run(_receipt_flood, target, latencies)
+    kept = _receipts_kept(target) - before
+    print(f"{RECEIPTS} receipts published, {kept:.0f} kept within {took:.1f} s; "
+          f"API latency max {max(latencies):.2f} s")  # fmt: skip
+    assert 0 < kept <= RATE_LIMIT * (took + 2)  # the excess was dropped, not stored
+    assert max(latencies) < 5
+    assert target.proc is not None and target.proc.poll() is None
+    localnet.wait_all_see_each_other(timeout=20)
+    assert honest.peer_id in target.peer_ids()
