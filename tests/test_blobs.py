@@ -240,6 +240,18 @@ def test_put_and_read_back(store: BlobStore) -> None:
     assert store.put_bytes(data) == sha  # storing again is harmless
 
 
+def test_blobs_are_private_to_the_node(tmp_path: Path) -> None:
+    (tmp_path / "blobs").mkdir(mode=0o755)  # left open by an older version
+    store = BlobStore(tmp_path)
+    sha = store.put_bytes(b"a job's private data")
+    incoming = store.begin(None, 10)
+    assert store.root.stat().st_mode & 0o777 == 0o700
+    assert store.path(sha).parent.stat().st_mode & 0o777 == 0o700
+    assert store.path(sha).stat().st_mode & 0o777 == 0o600
+    assert incoming._tmp.stat().st_mode & 0o777 == 0o600
+    incoming.discard()
+
+
 def test_empty_blob(store: BlobStore) -> None:
     sha = store.put_bytes(b"")
     assert sha == hashlib.sha256(b"").hexdigest() and store.size(sha) == 0

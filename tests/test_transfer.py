@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from nacl.signing import SigningKey
 
 from node.identity import Identity
@@ -553,3 +554,33 @@ def test_libp2p_fallback(tmp_path: Path) -> None:
         "unknown_peer": "unreachable",
     }
     assert stored(worker_store) == []
+
+
+def test_fetch_slots_cap_fetches_per_peer_and_in_all() -> None:
+    from node.work.grants import MAX_FETCHES, MAX_FETCHES_PER_PEER, fetch_slots
+
+    peak: dict[str, int] = {}
+    now: dict[str, int] = {}
+
+    async def fetch(peer: str, release: trio.Event) -> None:
+        async with fetch_slots().hold(peer):
+            for key in (peer, "all"):
+                now[key] = now.get(key, 0) + 1
+                peak[key] = max(peak.get(key, 0), now[key])
+            await release.wait()
+            for key in (peer, "all"):
+                now[key] -= 1
+
+    async def main() -> None:
+        release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for i in range(3 * MAX_FETCHES):
+                nursery.start_soon(fetch, "hog", release)
+                nursery.start_soon(fetch, f"peer{i}", release)
+            await trio.testing.wait_all_tasks_blocked()
+            assert now["all"] == MAX_FETCHES and now["hog"] <= MAX_FETCHES_PER_PEER
+            release.set()
+        assert fetch_slots()._per_peer == {}  # nothing left behind once all are done
+
+    trio.run(main)
+    assert peak["hog"] == MAX_FETCHES_PER_PEER and peak["all"] == MAX_FETCHES

@@ -109,7 +109,9 @@ class BlobWriter:
         self._durable = durable
         self._final_path_for = final_path_for
         self._hash = hashlib.sha256()
-        self._file: BinaryIO = open(tmp, "xb")  # noqa: SIM115 - closed in commit/discard
+        # 0600 from the first byte: a blob may be a job's private data or weights
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._file: BinaryIO = os.fdopen(fd, "wb")
         self.size = 0
         self._written_back = 0
         self._failed = False
@@ -153,7 +155,7 @@ class BlobWriter:
             os.fsync(self._file.fileno())  # the rename must not land before the bytes
         self._file.close()
         final = self._final_path_for(digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.replace(self._tmp, final)
         self._done = True
         self.sha256 = digest
@@ -174,7 +176,8 @@ class BlobStore:
 
     def __init__(self, root: Path, *, durable: bool = True) -> None:
         self.root = Path(root) / "blobs"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)  # a store made by an older version may be world-readable
         self._durable = durable
 
     # -- reading ---------------------------------------------------------------------
@@ -223,7 +226,7 @@ class BlobStore:
             folder, name = self.root / _INCOMING, "blob"
         else:
             folder, name = self.location(expected_sha256).parent, expected_sha256
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = folder / f".{name}.{secrets.token_hex(8)}.tmp"
         return BlobWriter(tmp, expected_sha256, max_bytes, self._durable, self.location)
 

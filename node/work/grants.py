@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -24,6 +26,44 @@ log = logging.getLogger(__name__)
 
 MIN_RATE = 256 << 10  # bytes/s: a peer slower than this over a whole blob is cut off
 FIXED_S = 30.0  # on top: connecting, the first bytes, a slow start
+MAX_FETCHES = 8  # blobs this node fetches at once, from all peers together
+MAX_FETCHES_PER_PEER = 2  # ... and from any one peer
+
+
+class FetchSlots:
+    """Caps on the fetches in flight, so that many grants at once (or one peer
+    handing out many) cannot open unbounded connections and threads on this node.
+    A fetch waits for a slot before its deadline starts."""
+
+    def __init__(self) -> None:
+        self._total = trio.Semaphore(MAX_FETCHES)
+        self._per_peer: dict[str, tuple[trio.Semaphore, list[int]]] = {}
+
+    @asynccontextmanager
+    async def hold(self, peer_id: str) -> AsyncIterator[None]:
+        sem, users = self._per_peer.setdefault(
+            peer_id, (trio.Semaphore(MAX_FETCHES_PER_PEER), [0])
+        )
+        users[0] += 1
+        try:
+            async with sem, self._total:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:  # the table holds only peers with fetches in flight
+                del self._per_peer[peer_id]
+
+
+_slots: trio.lowlevel.RunVar[FetchSlots] = trio.lowlevel.RunVar("blob_fetch_slots")
+
+
+def fetch_slots() -> FetchSlots:
+    """This trio run's fetch slots (one set per node process)."""
+    try:
+        return _slots.get()
+    except LookupError:
+        _slots.set(FetchSlots())
+        return _slots.get()
 
 
 def issue_grant(
@@ -63,34 +103,49 @@ async def fetch_granted(
     Each blob has an overall deadline, `fetch_deadline_s(max_bytes)`: a peer that
     trickles below `MIN_RATE` (with `FIXED_S` of slack) is cut off, whichever path
     carries the bytes. Cancelling the caller (hand-back, shutdown) ends a direct
-    fetch at once too, though it runs in a thread."""
+    fetch at once too, though it runs in a thread. At most `MAX_FETCHES` blobs are
+    fetched at once (`MAX_FETCHES_PER_PEER` from one peer); a fetch waits for its slot."""
     for sha in shas:
         if ctx.blobs.has(sha):
             continue
-        deadline_s = fetch_deadline_s(max_bytes)
-        too_slow = (
-            f"{peer_id} is too slow: {sha[:12]} (up to {max_bytes} bytes) did not arrive "
-            f"within {deadline_s:.0f} s (minimum rate {MIN_RATE >> 10} KiB/s)"
-        )
-        request = make_request(ctx.identity, grant_env, sha)
-        ip = ctx.peer_ip(peer_id)
-        started = trio.current_time()
-        if grant.data_port and ip:
-            try:
-                await _direct(ip, grant.data_port, request, job_key, ctx, sha, max_bytes,
-                              deadline_s, too_slow)  # fmt: skip
-                continue
-            except TransferError as exc:
-                if exc.reason == "cut_off":
-                    raise
-                log.info(
-                    "direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc
-                )
-        left = deadline_s - (trio.current_time() - started)
-        with trio.move_on_after(max(left, 1.0)) as scope:
-            await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)
-        if scope.cancelled_caught:
-            raise TransferError(too_slow, "cut_off")
+        async with fetch_slots().hold(peer_id):
+            await _fetch_one(ctx, peer_id, grant, grant_env, job_key, sha, max_bytes)
+
+
+async def _fetch_one(
+    ctx: WorkContext,
+    peer_id: str,
+    grant: BlobGrant,
+    grant_env: bytes,
+    job_key: bytes,
+    sha: str,
+    max_bytes: int,
+) -> None:
+    """One blob, within its deadline."""
+    deadline_s = fetch_deadline_s(max_bytes)
+    too_slow = (
+        f"{peer_id} is too slow: {sha[:12]} (up to {max_bytes} bytes) did not arrive "
+        f"within {deadline_s:.0f} s (minimum rate {MIN_RATE >> 10} KiB/s)"
+    )
+    request = make_request(ctx.identity, grant_env, sha)
+    ip = ctx.peer_ip(peer_id)
+    started = trio.current_time()
+    if grant.data_port and ip:
+        try:
+            await _direct(ip, grant.data_port, request, job_key, ctx, sha, max_bytes,
+                          deadline_s, too_slow)  # fmt: skip
+            return
+        except TransferError as exc:
+            if exc.reason == "cut_off":
+                raise
+            log.info(
+                "direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc
+            )
+    left = deadline_s - (trio.current_time() - started)
+    with trio.move_on_after(max(left, 1.0)) as scope:
+        await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)
+    if scope.cancelled_caught:
+        raise TransferError(too_slow, "cut_off")
 
 
 def fetch_deadline_s(max_bytes: int) -> float:
