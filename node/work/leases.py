@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 0.5
 RECONNECT_S = 30.0  # after an owner restart, extra time for its workers to reconnect
+PAST_MAX_HOURS = "the unit ran past the job's max_hours"
 
 
 def unit_deadline(ctx: WorkContext, job: Job, now: float) -> float:
@@ -52,15 +53,16 @@ class Leases:
         unit = self.ctx.jobs.unit(unit_id)
         if unit is None or unit.job_id != job_id or unit.worker != peer:
             return None, "unknown unit"
+        if unit.state == "expired":
+            # the lease loop may have ended it at its deadline a moment before this
+            # message arrived: say so, rather than blame a lease the worker kept
+            if unit.reason == PAST_MAX_HOURS:
+                return None, PAST_MAX_HOURS
+            return None, "its lease expired and it was re-offered"
         if unit.state not in ("offered", "running", "verifying"):
-            why = (
-                "its lease expired and it was re-offered"
-                if unit.state == "expired"
-                else f"the unit is {unit.state}"
-            )
-            return None, why
+            return None, f"the unit is {unit.state}"
         if time.time() > unit.deadline:
-            return None, "the unit ran past the job's max_hours"
+            return None, PAST_MAX_HOURS
         return unit, ""
 
     async def handle_progress(self, peer: str, data: bytes) -> bytes:
@@ -103,9 +105,7 @@ class Leases:
                     if now > unit.lease_expires:
                         self._lifecycle.lost(unit.unit_id, "the result's check did not finish")
                 elif now > unit.deadline:
-                    self._lifecycle.lost(
-                        unit.unit_id, "the unit ran past the job's max_hours", "expired"
-                    )
+                    self._lifecycle.lost(unit.unit_id, PAST_MAX_HOURS, "expired")
                 elif now > unit.lease_expires:
                     log.info("unit %s: worker %s vanished", unit.unit_id, unit.worker)
                     self._lifecycle.lost(
