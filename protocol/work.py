@@ -17,6 +17,7 @@ from protocol.checks import require
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 from protocol.ids import check_id, check_peer
+from protocol.rounds import RoundShare
 
 #: offers carry a sealed spec and a grant; results carry metrics: small messages
 WORK_LIMITS = Limits(
@@ -65,11 +66,18 @@ class WorkPackage:
     job_key: bytes  # 32-byte key for secretstream-encrypted blob transfer
     max_hours: float
     lease_s: float  # heartbeat at least this often, or the owner re-offers the unit
+    round_share: RoundShare | None = None  # set for a share of an elastic round
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
         for i, sha in enumerate(self.blobs):
             _check_sha(sha, f"{path}.blobs[{i}]")
+        if self.round_share is not None:
+            require(
+                self.round_share.weights_sha256 in self.blobs,
+                f"{path}.round_share.weights_sha256",
+                "must be one of the package's blobs",
+            )
         require(len(self.job_key) == 32, f"{path}.job_key", "must be 32 bytes")
         require(0 < self.max_hours <= 24 * 365, f"{path}.max_hours", "must be in (0, 8760]")
         require(1 <= self.lease_s <= 3600, f"{path}.lease_s", "must be 1..3600 s")

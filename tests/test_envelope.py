@@ -44,6 +44,7 @@ from protocol.blobs import (
 )
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.receipts import CoSignedReceipt
+from protocol.rounds import MAX_ROUND, MAX_SLOT, RoundDelta, RoundShare
 from protocol.schema import to_plain
 from protocol.tensors import CompressedTensor
 from protocol.work import (
@@ -164,17 +165,33 @@ shas = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 small_bytes = st.binary(max_size=256)
 times = st.floats(min_value=1.0, max_value=1e11)
 metrics = st.dictionaries(st.text(min_size=1, max_size=16), st.floats(allow_nan=False), max_size=4)
-work_packages = st.builds(
-    WorkPackage,
-    job_id=ids,
-    unit_id=ids,
-    spec=small_bytes,
-    blobs=st.lists(shas, max_size=3),
-    blob_grant=small_bytes,
-    job_key=st.binary(min_size=32, max_size=32),
-    max_hours=st.floats(min_value=0.01, max_value=8760),
-    lease_s=st.floats(1, 3600),
+round_shares = st.builds(
+    RoundShare,
+    round=st.integers(0, MAX_ROUND - 1),
+    slot=st.integers(0, MAX_SLOT - 1),
+    weights_sha256=shas,
 )
+
+
+@st.composite
+def work_packages(draw: st.DrawFn) -> WorkPackage:
+    share = draw(st.none() | round_shares)
+    blobs = draw(st.lists(shas, max_size=3))
+    if share is not None:
+        blobs.append(share.weights_sha256)
+    return WorkPackage(
+        job_id=draw(ids),
+        unit_id=draw(ids),
+        spec=draw(small_bytes),
+        blobs=blobs,
+        blob_grant=draw(small_bytes),
+        job_key=draw(st.binary(min_size=32, max_size=32)),
+        max_hours=draw(st.floats(min_value=0.01, max_value=8760)),
+        lease_s=draw(st.floats(1, 3600)),
+        round_share=share,
+    )
+
+
 work_offers = st.builds(
     WorkOffer, job_id=ids, unit_id=ids, worker=peers, sealed=small_bytes, created_at=times
 )
@@ -254,7 +271,7 @@ blob_requests = st.builds(
 #: every message type on the wire, with a strategy of valid instances and its limits
 MESSAGES = {
     CapacityAd: (capacity_ads, AD_LIMITS),
-    WorkPackage: (work_packages, WORK_LIMITS),
+    WorkPackage: (work_packages(), WORK_LIMITS),
     WorkOffer: (work_offers, WORK_LIMITS),
     OfferReply: (offer_replies, WORK_LIMITS),
     Progress: (progresses, WORK_LIMITS),
@@ -286,6 +303,7 @@ def _message_types() -> set[type]:
 OWN_WIRE_FORM = {
     CoSignedReceipt,  # tests/test_ledger.py, tests/test_audit.py
     CompressedTensor,  # tests/test_tensor_codec.py
+    RoundDelta,  # tests/test_elastic.py
 }
 
 

@@ -106,7 +106,7 @@ def test_a_name_is_only_text() -> None:
         (lambda r: r["data"].update(validation=0.95), "data.validation must be <= 0.9, got 0.95"),
         (lambda r: r.update(seed=-1), "seed must be >= 0"),
         (lambda r: r.update(mode="turbo"), "mode must be one of single"),
-        (lambda r: r.update(mode="elastic"), "mode 'elastic' is planned"),
+        (lambda r: r.update(mode="sweep"), "mode 'sweep' is planned"),
         (lambda r: r.update(mode="sweep"), "modes: single"),
         (lambda r: r["optim"].update(epochs=3), "exactly one of `steps` or `epochs`"),
         (lambda r: r["optim"].pop("steps"), "exactly one of `steps` or `epochs`"),

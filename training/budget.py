@@ -51,12 +51,16 @@ class SpecSummary:
 
 
 def schedule_length(spec: JobSpec, info: DatasetInfo) -> tuple[int, int]:
-    """(effective batch size, total optimizer steps).
+    """(effective batch size, optimizer steps of one unit).
 
-    An epoch is `num_train // batch` full batches; the remainder of each shuffled
-    epoch is not used, so every step sees a full batch.
+    A single job's unit is the whole run; an elastic job's is one round's H inner steps.
+
+        An epoch is `num_train // batch` full batches; the remainder of each shuffled
+        epoch is not used, so every step sees a full batch.
     """
     batch = min(spec.data.batch_size, info.num_train)
+    if spec.elastic is not None:  # one unit: one worker's share of one round
+        return batch, spec.elastic.inner_steps
     if spec.optim.steps is not None:
         return batch, spec.optim.steps
     assert spec.optim.epochs is not None

@@ -1,4 +1,5 @@
-"""Example job specs: the digits MLP the demo trains, and the tests' starting point.
+"""Example job specs: the digits MLP the demo trains (single and elastic), and the
+tests' starting point.
 
 One definition, so the demo, the docs' examples and the tests train the same job."""
 
@@ -36,4 +37,42 @@ lr = {lr!r}
 steps = {steps}
 [requirements]
 gpu = "{gpu}"
+{extra}"""
+
+
+def elastic_toml(
+    name: str = "digits-elastic",
+    *,
+    workers: int = 4,
+    min_workers: int = 1,
+    inner_steps: int = 50,
+    rounds: int = 10,
+    hidden: tuple[int, ...] = (64,),
+    seed: int = 0,
+    lr: float = 3e-3,
+    compression: str = "int8",
+    extra: str = "",
+) -> str:
+    """An `elastic` job: DiLoCo rounds of an MLP on the built-in digits set, as TOML;
+    `extra` is appended verbatim to the [elastic] table."""
+    return f"""\
+name = "{name}"
+mode = "elastic"
+seed = {seed}
+[model]
+arch = "mlp"
+hidden = [{", ".join(str(h) for h in hidden)}]
+[data]
+source = "builtin:digits"
+batch_size = 32
+validation = 0.2
+[optim]
+name = "adamw"
+lr = {lr!r}
+[elastic]
+workers = {workers}
+min_workers = {min_workers}
+inner_steps = {inner_steps}
+rounds = {rounds}
+compression = "{compression}"
 {extra}"""

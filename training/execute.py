@@ -13,18 +13,19 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from training.budget import summarize
-from training.data import load_dataset
+from training.budget import SpecSummary, summarize
+from training.data import Dataset, load_dataset
 from training.datainfo import data_ref, probe
 from training.errors import SpecError, TrainingError
 from training.loop import Emit, train
 from training.models import build_model
-from training.plan import plan_model
+from training.plan import ModelPlan, plan_model
 from training.spec import JobSpec
 from training.weights import write_weights
 
@@ -60,6 +61,44 @@ def deterministic(seed: int) -> Iterator[None]:
         torch.backends.cudnn.benchmark = benchmark
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A spec's data loaded and its model planned and budgeted: what every kind of
+    run (a single job, an elastic round's share, the owner's outer step) starts from."""
+
+    spec: JobSpec
+    plan: ModelPlan
+    summary: SpecSummary
+    data: Dataset
+    device: torch.device
+    metadata: dict[str, str]  # written into every weights file of the job
+
+
+def prepare(spec: JobSpec, data_file: Path | None, device: str = "cpu") -> Prepared:
+    """Probe and budget first (before torch allocates anything), then load the data."""
+    info = probe(spec, data_file)
+    plan = plan_model(spec.model, info)
+    summary = summarize(spec, info, plan)
+    target = resolve_device(device)
+    with deterministic(spec.seed):
+        data = load_dataset(spec, data_ref(spec, data_file), plan.token_input)
+    if data.info != info:
+        raise TrainingError(f"the data read differently on load ({data.info}) than on probe")
+    if plan.token_input and plan.layers:
+        for split in (data.train, data.val):
+            _check_token_range(split, plan.layers[0].kwargs["num_embeddings"])
+    metadata = {
+        "format": WEIGHTS_FORMAT,
+        "name": spec.name,
+        "arch": plan.arch,
+        "seed": str(spec.seed),
+        "task": info.task,
+    }
+    if data.vocab:
+        metadata["vocab"] = json.dumps(data.vocab)
+    return Prepared(spec, plan, summary, data, target, metadata)
+
+
 def run_job(
     spec: JobSpec,
     data_file: Path | None,
@@ -76,57 +115,43 @@ def run_job(
     """
     emit = emit or (lambda event: None)
     began = time.monotonic()
-    info = probe(spec, data_file)
-    plan = plan_model(spec.model, info)
-    summary = summarize(spec, info, plan)
-    target = resolve_device(device)
+    run = prepare(spec, data_file, device)
     with deterministic(spec.seed):
-        data = load_dataset(spec, data_ref(spec, data_file), plan.token_input)
-        if data.info != info:
-            raise TrainingError(f"the data read differently on load ({data.info}) than on probe")
-        if plan.token_input and plan.layers:
-            for split in (data.train, data.val):
-                _check_token_range(split, plan.layers[0].kwargs["num_embeddings"])
-        model = build_model(plan).to(target)
-        started: dict[str, Any] = {
-            "event": "started",
-            "device": target.type,
-            "total_steps": summary.total_steps,
-            "parameters": summary.parameters,
-        }
-        if notes:
-            started["notes"] = notes
-        emit(started)
+        model = build_model(run.plan).to(run.device)
+        emit_started(run, emit, notes)
         outcome = train(
             model,
-            data,
+            run.data,
             spec,
-            loss_name=summary.loss,
-            batch=summary.batch_size,
-            total_steps=summary.total_steps,
-            device=target,
+            loss_name=run.summary.loss,
+            batch=run.summary.batch_size,
+            total_steps=run.summary.total_steps,
+            device=run.device,
             emit=emit,
         )
-        metadata = {
-            "format": WEIGHTS_FORMAT,
-            "name": spec.name,
-            "arch": plan.arch,
-            "seed": str(spec.seed),
-            "task": info.task,
-        }
-        if data.vocab:
-            metadata["vocab"] = json.dumps(data.vocab)
-        sha256 = write_weights(Path(out), model.state_dict(), metadata)
+        sha256 = write_weights(Path(out), model.state_dict(), run.metadata)
     result = {
         "steps": outcome.steps,
         "samples": outcome.samples,
         "wall_time_s": time.monotonic() - began,
-        "device": target.type,
+        "device": run.device.type,
         "metrics": outcome.metrics,
         "weights_sha256": sha256,
     }
     emit({"event": "result", **result})
     return result
+
+
+def emit_started(run: Prepared, emit: Emit, notes: list[str] | None = None) -> None:
+    started: dict[str, Any] = {
+        "event": "started",
+        "device": run.device.type,
+        "total_steps": run.summary.total_steps,
+        "parameters": run.summary.parameters,
+    }
+    if notes:
+        started["notes"] = notes
+    emit(started)
 
 
 def _check_token_range(split: Any, num_embeddings: int) -> None:

@@ -21,7 +21,13 @@ def train_local(
 
     `emit` receives the runner's events (`started`, `progress`, `result`). The device
     defaults to CPU, which is what makes the result reproducible by any CPU worker.
+    An elastic spec is simulated (`training.elastic.simulate`): its result adds
+    `rounds`, and the weights equal a network run's with a fixed set of workers.
     """
+    if spec.mode == "elastic":  # every worker of every round, in this process
+        from training.elastic import simulate
+
+        return simulate(spec, Path(out), device=device, emit=emit)
     from training.execute import run_job
 
     return run_job(spec, None, Path(out), device=device, emit=emit)

@@ -38,7 +38,8 @@ class LoopResult:
 
 
 def batches(n: int, batch: int, seed: int) -> Any:
-    """Endless index batches: a seeded permutation per epoch, cut into full batches."""
+    """Endless index batches: a seeded permutation per epoch, cut into full batches.
+    (`seed` is the job's seed; the shuffle is seeded with the next number.)"""
     generator = torch.Generator().manual_seed(seed + SHUFFLE_SEED_OFFSET)
     per_epoch = n // batch
     while True:
@@ -57,17 +58,25 @@ def train(
     total_steps: int,
     device: torch.device,
     emit: Emit,
+    optimizer: torch.optim.Optimizer | None = None,
+    batch_seed: int | None = None,
+    validate: bool = True,
 ) -> LoopResult:
-    """Train `model` in place for `total_steps` steps; emits `progress` events."""
+    """Train `model` in place for `total_steps` steps; emits `progress` events.
+
+    An elastic round passes its own `optimizer` (the inner state a worker keeps from
+    round to round), the `batch_seed` of its data slot, and `validate=False` (the
+    owner validates the global weights after its outer step)."""
     loss_fn = make_loss(loss_name, data.info.task)
-    optimizer = make_optimizer(spec.optim, model.parameters())
+    if optimizer is None:
+        optimizer = make_optimizer(spec.optim, model.parameters())
     schedule = make_schedule(spec.optim, optimizer, total_steps)
     deadline = time.monotonic() + spec.requirements.max_hours * 3600
     tail_from = total_steps - max(1, total_steps // 10)
     tail_sum = torch.zeros((), device=device)
     start = last_report = time.monotonic()
     model.train()
-    index_batches = batches(len(data.train), batch, spec.seed)
+    index_batches = batches(len(data.train), batch, spec.seed if batch_seed is None else batch_seed)
     for step in range(1, total_steps + 1):
         x, y = data.train.batch(next(index_batches))
         x, y = x.to(device), y.to(device)
@@ -100,7 +109,7 @@ def train(
                 f"requirements.max_hours ({spec.requirements.max_hours:g})"
             )
     metrics = {"train_loss": _finite(tail_sum.item() / (total_steps - tail_from), total_steps)}
-    if data.val is not None:
+    if validate and data.val is not None:
         metrics.update(evaluate(model, data.val, loss_fn, batch, device, data.info.task))
     return LoopResult(total_steps, total_steps * batch, metrics)
 

@@ -9,7 +9,17 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "gpu_memory_fraction": float in (0, 1],     (default 1.0)
      "memory_limit_mb": int >= 0,                (default 0: no limit)
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
-                   "parent_pid": int}}           (optional; see training.isolation)
+                   "parent_pid": int},           (optional; see training.isolation)
+     "task": "train" | "elastic_init" | "elastic_inner" | "elastic_outer",
+     "elastic": {...}}                           (the elastic tasks' files; see below)
+
+`train` (the default) trains a whole job. The elastic tasks are the steps of
+`training.elastic`: `elastic_init` writes round 0's global weights to `out`;
+`elastic_inner` trains one share ({"job_id", "round", "slot", "weights": sha256,
+"state_in": path (optional), "state_out": path}) and writes its `RoundDelta` to `out`;
+`elastic_outer` ({"job_id", "round", "weights": sha256, "momentum": sha256 (optional),
+"deltas": [sha256, ...], "momentum_out": path}) writes the next global weights to
+`out`. Every path is in `out`'s folder, every input a blob.
 
 It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
 and exit code 1) and writes the weights to `out` only on success. Everything in the
@@ -44,6 +54,7 @@ REQUEST_LIMITS = Limits(
     max_bin_len=0,
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+TASKS = ("train", "elastic_init", "elastic_inner", "elastic_outer")
 
 
 class RequestError(ValueError):
@@ -67,6 +78,8 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     device = section.string("device", "auto", choices=("auto", "cpu", "cuda"))
     fraction = section.number("gpu_memory_fraction", 1.0, lo=0, hi=1, lo_open=True)
     memory_mb = section.integer("memory_limit_mb", 0, lo=0, hi=2**40)
+    task = section.string("task", "train", choices=TASKS)
+    elastic = section.table("elastic")
     isolation = section.table("isolation")
     cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
     disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
@@ -98,6 +111,11 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         )
     validate_for_submit(spec, data_file)  # before torch is imported
 
+    if (task == "train") != (spec.mode != "elastic"):
+        raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
+    if task == "train" and section.has("elastic"):
+        raise RequestError("request.elastic is only for the elastic tasks")
+
     from training.execute import resolve_device, run_job
     from training.sandbox import limit_gpu_memory, limit_memory
 
@@ -108,7 +126,13 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if apply_limits:
         notes = [n for n in (limit_memory(memory_mb, target.type),) if n]
         limit_gpu_memory(fraction, target)
-    return run_job(spec, data_file, out, device=target.type, emit=emit, notes=notes)
+    if task == "train":
+        return run_job(spec, data_file, out, device=target.type, emit=emit, notes=notes)
+    from training.elastic_task import run_elastic_task
+
+    return run_elastic_task(
+        task, elastic, spec, data_file, out, lambda sha: _blob_file(blobs, sha), target.type, emit
+    )
 
 
 def _blobs(raw: Any) -> dict[str, Path]:

@@ -23,8 +23,9 @@ from training.fields import Section
 from training.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
 from training.sources import BLOB_FORMATS, Source, parse_source, resolve_path
 
-MODES = ("single",)
-PLANNED_MODES = ("elastic", "sweep")
+MODES = ("single", "elastic")
+PLANNED_MODES = ("sweep",)
+COMPRESSIONS = ("int8", "none")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 TASKS = ("classification", "regression", "lm")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -115,6 +116,20 @@ class Requirements:
 
 
 @dataclass(frozen=True)
+class ElasticSpec:
+    """DiLoCo rounds (`mode = "elastic"`): see docs/jobspec.md#elastic."""
+
+    workers: int = 4  # target workers (data slots) per round
+    min_workers: int = 1  # a round closes at its deadline with at least this many deltas
+    inner_steps: int = 50  # H: the inner optimizer's steps per round and worker
+    rounds: int = 20
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9  # Nesterov
+    compression: str = "int8"  # the deltas on the wire: blockwise int8, or float32
+    round_timeout_s: float = 0.0  # 0: adaptive (see node/work/rounds.py)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     model: ModelSpec
@@ -124,6 +139,7 @@ class JobSpec:
     seed: int = 0
     placement: str = "auto"
     requirements: Requirements = Requirements()
+    elastic: ElasticSpec | None = None  # set exactly when mode = "elastic"
 
 
 def parse_spec(
@@ -141,13 +157,22 @@ def parse_spec(
         raise SpecError("name must be printable text (no newlines or control characters)")
     mode = top.get("mode", "single")
     if mode in PLANNED_MODES:
-        raise SpecError(f"mode {mode!r} is planned but not available yet; modes: single")
+        raise SpecError(
+            f"mode {mode!r} is planned but not available yet; modes: {', '.join(MODES)}"
+        )
     mode = top.string("mode", "single", choices=MODES)
     seed = top.integer("seed", 0, lo=0, hi=2**63 - 1)
     placement = top.string("placement", "auto", choices=("auto", "local"))
     model = _parse_model(top.table("model"))
     data = _parse_data(top.table("data"), base_dir, allowed_root)
-    optim = _parse_optim(top.table("optim"))
+    optim_section = top.table("optim")
+    elastic = None
+    if mode == "elastic":
+        elastic = _parse_elastic(top.table("elastic"))
+        _check_inner_optim(optim_section)
+    elif top.has("elastic"):
+        raise SpecError(f'elastic: this table is for mode = "elastic" (mode is {mode!r})')
+    optim = _parse_optim(optim_section, steps_required=elastic is None)
     requirements = _parse_requirements(top.table("requirements"))
     top.finish()
     if (model.arch == "char_transformer") != (data.parsed.kind == "text"):
@@ -155,7 +180,7 @@ def parse_spec(
             "model.arch: char_transformer trains on text (data.source = builtin:text:<path> "
             "or a text blob), and text data needs arch = char_transformer"
         )
-    return JobSpec(name, model, data, optim, mode, seed, placement, requirements)
+    return JobSpec(name, model, data, optim, mode, seed, placement, requirements, elastic)
 
 
 def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
@@ -196,7 +221,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         del optim["momentum"]
     if spec.optim.schedule == "constant":
         del optim["warmup_steps"]
-    return {
+    plain = {
         "name": spec.name,
         "mode": spec.mode,
         "seed": spec.seed,
@@ -206,6 +231,9 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "optim": _drop_none(optim),
         "requirements": dataclasses.asdict(spec.requirements),
     }
+    if spec.elastic is not None:
+        plain["elastic"] = dataclasses.asdict(spec.elastic)
+    return plain
 
 
 def local_files(spec: JobSpec) -> list[Path]:
@@ -326,7 +354,48 @@ def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | No
     return data
 
 
-def _parse_optim(section: Section) -> OptimSpec:
+def _parse_elastic(section: Section) -> ElasticSpec:
+    elastic = ElasticSpec(
+        workers=section.integer("workers", 4, lo=1, hi=1024),
+        min_workers=section.integer("min_workers", 1, lo=1, hi=1024),
+        inner_steps=section.integer("inner_steps", 50, lo=1, hi=10**6),
+        rounds=section.integer("rounds", 20, lo=1, hi=10**5),
+        outer_lr=section.number("outer_lr", 0.7, lo=0, hi=10, lo_open=True),
+        outer_momentum=section.number("outer_momentum", 0.9, lo=0, hi=1, hi_open=True),
+        compression=section.string("compression", "int8", choices=COMPRESSIONS),
+        round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
+    )
+    section.finish()
+    if elastic.min_workers > elastic.workers:
+        raise SpecError(
+            f"elastic.min_workers ({elastic.min_workers}) must be at most elastic.workers "
+            f"({elastic.workers})"
+        )
+    if 0 < elastic.round_timeout_s < 10:
+        raise SpecError(
+            "elastic.round_timeout_s must be 0 (adaptive) or at least 10 seconds; got "
+            f"{elastic.round_timeout_s:g}"
+        )
+    return elastic
+
+
+def _check_inner_optim(section: Section) -> None:
+    """An elastic job's length is its rounds x inner steps; a schedule would restart
+    every round, so the inner optimizer runs at a constant rate."""
+    for key in ("steps", "epochs"):
+        if section.has(key):
+            raise SpecError(
+                f"optim.{key}: an elastic job trains elastic.rounds x elastic.inner_steps "
+                f"steps per worker; leave optim.{key} out"
+            )
+    if section.get("schedule", "constant") != "constant":
+        raise SpecError(
+            "optim.schedule: an elastic job's inner optimizer runs at a constant rate; "
+            'leave the schedule out (or "constant")'
+        )
+
+
+def _parse_optim(section: Section, steps_required: bool = True) -> OptimSpec:
     name = section.string("name", "adamw", choices=OPTIMIZERS)
     if name != "sgd" and section.has("momentum"):
         raise SpecError(f"optim.momentum applies only to sgd (optim.name is {name!r})")
@@ -335,7 +404,7 @@ def _parse_optim(section: Section) -> OptimSpec:
         raise SpecError('optim.warmup_steps needs schedule = "warmup" or "cosine"')
     steps = section.integer("steps", None, lo=1, hi=MAX_STEPS)
     epochs = section.integer("epochs", None, lo=1, hi=10**6)
-    if (steps is None) == (epochs is None):
+    if steps_required and (steps is None) == (epochs is None):
         raise SpecError("optim needs exactly one of `steps` or `epochs` (integers > 0)")
     optim = OptimSpec(
         steps=steps,

@@ -1,0 +1,138 @@
+"""Elastic rounds on the wire: which share of a round a unit is, and the delta it returns.
+
+An elastic (DiLoCo) job trains in rounds. Each round the owner offers units; a unit's
+`RoundShare` (inside its sealed `WorkPackage`) names the round, the data slot it
+trains, and the global weights it starts from. The worker answers with a
+`RoundDelta` file (its `Result` signs the file's sha256): the pseudo-gradient
+(start weights minus end weights) of the whole model as one flat float32 vector,
+blockwise int8 (`protocol.tensors.CompressedTensor`) or plain float32.
+
+The delta is bounded before it is sized: the caller passes the job's parameter count
+(`numel`) from the model plan, and the limits allow nothing bigger. A delta for
+another job, round or starting point is refused by name, as is one whose size or
+values are off (NaN, Inf, or int8 codes outside -127..127).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from protocol.checks import require
+from protocol.codec import Limits, decode, encode
+from protocol.errors import DecodeError
+from protocol.ids import check_id
+from protocol.schema import from_plain, to_plain
+from protocol.tensors import decode_tensor, tensor_limits
+
+COMPRESSIONS = ("int8", "none")
+MAX_ROUND = 10**6
+MAX_SLOT = 4096
+_OVERHEAD = 4096  # the map's keys, ids and headers around `tensor`
+_SHA_CHARS = frozenset("0123456789abcdef")
+
+
+def _check_sha(value: str, path: str) -> None:
+    require(len(value) == 64 and set(value) <= _SHA_CHARS, path, "must be a sha256 hex digest")
+
+
+@dataclass(frozen=True)
+class RoundShare:
+    """What makes a unit one worker's share of an elastic round (in `WorkPackage`)."""
+
+    round: int  # 0-based
+    slot: int  # the data slot: which batches this share trains on
+    weights_sha256: str  # the round's global weights; one of the package's blobs
+
+    def check(self, path: str) -> None:
+        require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
+        require(0 <= self.slot < MAX_SLOT, f"{path}.slot", f"must be 0..{MAX_SLOT - 1}")
+        _check_sha(self.weights_sha256, f"{path}.weights_sha256")
+
+
+@dataclass(frozen=True)
+class RoundDelta:
+    """One worker's pseudo-gradient for one round: the file its `Result` names."""
+
+    TYPE: ClassVar[str] = "round_delta"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    round: int
+    slot: int
+    base_sha256: str  # the global weights the worker started from
+    numel: int  # elements of the flat delta (the model's floating-point state)
+    compression: str  # "int8": `tensor` is an encoded CompressedTensor; "none": float32
+    tensor: bytes
+    steps: int  # inner steps trained
+
+    def check(self, path: str) -> None:
+        check_id(self.job_id, f"{path}.job_id")
+        require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
+        require(0 <= self.slot < MAX_SLOT, f"{path}.slot", f"must be 0..{MAX_SLOT - 1}")
+        _check_sha(self.base_sha256, f"{path}.base_sha256")
+        require(self.numel >= 1, f"{path}.numel", "must be >= 1")
+        require(self.steps >= 0, f"{path}.steps", "must be >= 0")
+        require(
+            self.compression in COMPRESSIONS,
+            f"{path}.compression",
+            f"must be one of {', '.join(COMPRESSIONS)}",
+        )
+        if self.compression == "none":
+            require(
+                len(self.tensor) == 4 * self.numel,
+                f"{path}.tensor",
+                f"must hold {self.numel} float32 values; it has {len(self.tensor)} bytes",
+            )
+
+    def values(self) -> np.ndarray | Any:
+        """The float32 vector ("none"), or the checked `CompressedTensor` ("int8")."""
+        if self.compression == "none":
+            return np.frombuffer(self.tensor, dtype="<f4")
+        return decode_tensor(self.tensor, tensor_limits(self.numel))
+
+
+def delta_limits(numel: int) -> Limits:
+    """Codec limits for a `RoundDelta` of `numel` elements in either compression."""
+    inner = tensor_limits(numel)
+    biggest = max(4 * numel, inner.max_bytes)
+    return Limits(
+        max_bytes=biggest + _OVERHEAD,
+        max_depth=1,
+        max_container_len=16,
+        max_str_len=128,
+        max_bin_len=biggest,
+    )
+
+
+def encode_round_delta(delta: RoundDelta) -> bytes:
+    delta.check("RoundDelta")
+    return encode({"t": RoundDelta.TYPE, "v": RoundDelta.VERSION, **to_plain(delta)})
+
+
+def decode_round_delta(
+    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str
+) -> RoundDelta:
+    """Parse and check a delta file against what the owner expects of it: this job,
+    this round, these starting weights, `numel` elements, finite values. Raises
+    `TooLarge` or `DecodeError` naming what is wrong."""
+    plain = decode(data, delta_limits(numel))
+    if not isinstance(plain, dict) or plain.get("t") != RoundDelta.TYPE:
+        raise DecodeError("not a round delta file")
+    if plain.pop("v", None) != RoundDelta.VERSION:
+        raise DecodeError(f"round delta: only version {RoundDelta.VERSION} is read")
+    plain.pop("t")
+    delta = from_plain(RoundDelta, plain)
+    for name, want in (("job_id", job_id), ("round", round), ("base_sha256", base_sha256)):
+        got = getattr(delta, name)
+        require(got == want, f"RoundDelta.{name}", f"is {repr(got)[:80]}, expected {want!r}")
+    require(delta.numel == numel, "RoundDelta.numel", f"is {delta.numel}; this model has {numel}")
+    values = delta.values()
+    if delta.compression == "none":
+        if not np.isfinite(values).all():
+            raise DecodeError("RoundDelta.tensor holds NaN or Inf")
+    elif values.shape != [numel]:
+        raise DecodeError(f"RoundDelta.tensor has shape {values.shape}, expected [{numel}]")
+    return delta

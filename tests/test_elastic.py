@@ -1,0 +1,210 @@
+"""Elastic (DiLoCo) rounds, the training side: the spec, the data slots, the delta file,
+and the runner's elastic tasks giving bitwise the weights of train-local's simulation."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protocol.errors import DecodeError, TooLarge
+from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from training.elastic import slot_seed
+from training.errors import SpecError
+from training.examples import elastic_toml
+from training.local import train_local
+from training.runner import run_request
+from training.spec import parse_spec, spec_to_plain
+from training.weights import file_sha256
+
+
+def _spec(**elastic: object) -> dict:
+    raw = tomllib.loads(elastic_toml("el", workers=2, inner_steps=10, rounds=2))
+    raw["elastic"].update(elastic)
+    return raw
+
+
+def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
+    spec = parse_spec(_spec())
+    assert spec.mode == "elastic" and spec.elastic is not None
+    plain = spec_to_plain(spec)
+    assert plain["elastic"]["outer_lr"] == 0.7 and plain["elastic"]["compression"] == "int8"
+    assert parse_spec(plain) == spec
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"elastic": {"workers": 0}}, "elastic.workers"),
+        ({"elastic": {"workers": 2, "min_workers": 3}}, "elastic.min_workers"),
+        ({"elastic": {"compression": "fp8"}}, "elastic.compression"),
+        ({"elastic": {"outer_momentum": 1.0}}, "elastic.outer_momentum"),
+        ({"elastic": {"round_timeout_s": 3}}, "elastic.round_timeout_s"),
+        ({"elastic": {"inner_step": 5}}, "elastic.inner_step is not a known key"),
+        ({"optim": {"steps": 100}}, "optim.steps: an elastic job trains"),
+        ({"optim": {"epochs": 2}}, "optim.epochs"),
+        ({"optim": {"schedule": "cosine"}}, "optim.schedule"),
+    ],
+)
+def test_bad_elastic_values_name_the_key(change: dict, message: str) -> None:
+    raw = _spec()
+    for table, values in change.items():
+        raw[table].update(values)
+    with pytest.raises(SpecError, match=message.replace(".", r"\.")):
+        parse_spec(raw)
+
+
+def test_an_elastic_table_needs_mode_elastic() -> None:
+    raw = _spec()
+    raw["mode"] = "single"
+    raw["optim"]["steps"] = 10
+    with pytest.raises(SpecError, match='elastic: this table is for mode = "elastic"'):
+        parse_spec(raw)
+
+
+def test_slots_draw_different_data_and_peers_do_not_matter() -> None:
+    seeds = {slot_seed(0, s, r) for s in range(8) for r in range(8)}
+    assert len(seeds) == 64 and all(0 <= x < 2**63 for x in seeds)
+    assert slot_seed(5, 1, 2) == slot_seed(5, 1, 2) != slot_seed(6, 1, 2)
+
+
+def test_train_local_simulates_the_rounds_deterministically(tmp_path: Path) -> None:
+    spec = parse_spec(_spec())
+    first = train_local(spec, tmp_path / "a.safetensors")
+    second = train_local(spec, tmp_path / "b.safetensors")
+    assert first["weights_sha256"] == second["weights_sha256"]
+    rounds = first["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[-1]["val_loss"] < rounds[0]["val_loss"]
+    assert all(r["bytes_in"] > 0 for r in rounds)
+
+
+def _runner(
+    tmp_path: Path,
+    spec: dict,
+    name: str,
+    task: str,
+    blobs: dict,
+    kept: Path | None = None,
+    **elastic: object,
+) -> dict:
+    """One runner request in its own folder; `kept` is the inner state a worker kept,
+    copied in beside the request's output as the worker does."""
+    folder = tmp_path / name
+    folder.mkdir()
+    if kept is not None:
+        shutil.copyfile(kept, folder / "state_in.safetensors")
+        elastic["state_in"] = str(folder / "state_in.safetensors")
+    request = {
+        "spec": spec,
+        "blobs": {sha: str(path) for sha, path in blobs.items()},
+        "out": str(folder / "out.bin"),
+        "device": "cpu",
+        "task": task,
+    }
+    if elastic:
+        request["elastic"] = {
+            k: str(folder / v) if k in ("state_out", "momentum_out") else v
+            for k, v in elastic.items()
+            if v != ""
+        }
+    result = run_request(request, lambda event: None)
+    result["folder"] = folder
+    return result
+
+
+def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path: Path) -> None:
+    """The network path's arithmetic, step by step through runner requests (as on the
+    owner and on each worker), against train-local's simulation."""
+    spec = spec_to_plain(parse_spec(_spec()))
+    expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
+    job = "ab" * 8
+    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    weights = init["folder"] / "out.bin"
+    blobs = {init["weights_sha256"]: weights}
+    states: dict[int, Path] = {}
+    momentum = ""
+    for r in range(2):
+        deltas = []
+        for slot in range(2):
+            share = _runner(
+                tmp_path,
+                spec,
+                f"r{r}s{slot}",
+                "elastic_inner",
+                blobs,
+                job_id=job,
+                round=r,
+                slot=slot,
+                kept=states.get(slot),
+                weights=file_sha256(weights),
+                state_out="state.safetensors",
+            )
+            states[slot] = share["folder"] / "state.safetensors"
+            blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
+            deltas.append(share["weights_sha256"])
+        outer = _runner(
+            tmp_path,
+            spec,
+            f"outer{r}",
+            "elastic_outer",
+            blobs,
+            job_id=job,
+            round=r,
+            weights=file_sha256(weights),
+            momentum=momentum,
+            deltas=deltas,
+            momentum_out="momentum.safetensors",
+        )
+        weights = outer["folder"] / "out.bin"
+        blobs[outer["weights_sha256"]] = weights
+        momentum = outer["momentum_sha256"]
+        blobs[momentum] = outer["folder"] / "momentum.safetensors"
+        assert "val_loss" in outer["metrics"]
+    assert file_sha256(weights) == expected
+
+
+def _delta(**changes: object) -> RoundDelta:
+    values = np.linspace(-1, 1, 100, dtype="<f4")
+    base = RoundDelta("ab" * 8, 3, 1, "c" * 64, 100, "none", values.tobytes(), 10)
+    return dataclasses.replace(base, **changes)
+
+
+def _decode(data: bytes, **expect: object) -> RoundDelta:
+    args = {"numel": 100, "job_id": "ab" * 8, "round": 3, "base_sha256": "c" * 64} | expect
+    return decode_round_delta(data, **args)  # type: ignore[arg-type]
+
+
+def test_a_delta_file_round_trips() -> None:
+    delta = _delta()
+    assert _decode(encode_round_delta(delta)) == delta
+
+
+@pytest.mark.parametrize(
+    ("expect", "message"),
+    [
+        ({"round": 4}, "RoundDelta.round is 3, expected 4"),
+        ({"job_id": "cd" * 8}, "RoundDelta.job_id"),
+        ({"base_sha256": "d" * 64}, "RoundDelta.base_sha256"),
+        ({"numel": 99}, "RoundDelta.numel is 100; this model has 99|too large|exceeds"),
+    ],
+)
+def test_a_delta_for_another_round_job_start_or_model_is_refused(
+    expect: dict, message: str
+) -> None:
+    with pytest.raises((DecodeError, TooLarge), match=message):
+        _decode(encode_round_delta(_delta()), **expect)
+
+
+def test_a_delta_holding_nan_or_the_wrong_size_is_refused() -> None:
+    bad = np.full(100, np.nan, dtype="<f4").tobytes()
+    with pytest.raises(DecodeError, match="NaN or Inf"):
+        _decode(encode_round_delta(_delta(tensor=bad)))
+    with pytest.raises(DecodeError, match="must hold 100 float32 values"):
+        encode_round_delta(_delta(tensor=b"\0" * 396))
+    with pytest.raises(DecodeError, match="not a round delta"):
+        _decode(b"\x80")
