@@ -1,8 +1,11 @@
 """`python -m training.check_weights PATH`: are all values in a weights file finite?
 
+`python -m training.check_weights --delta PATH NUMEL JOB_ID ROUND BASE_SHA256`: is an
+elastic delta file what the owner expects (`protocol.rounds.decode_round_delta`)?
+
 Run by the owner in a subprocess of its own, so that reading a peer's tensor bytes
 happens outside the daemon, under an address-space limit. Prints `ok`, or one line
-naming the first tensor that is not, and exits 1.
+naming the first problem, and exits 1.
 """
 
 from __future__ import annotations
@@ -26,14 +29,32 @@ def first_problem(path: Path) -> str | None:
     return None
 
 
+def delta_problem(path: Path, numel: int, job_id: str, round_: int, base: str) -> str | None:
+    from protocol.errors import ProtocolError
+    from protocol.rounds import decode_round_delta
+
+    try:
+        decode_round_delta(
+            path.read_bytes(), numel=numel, job_id=job_id, round=round_, base_sha256=base
+        )
+    except ProtocolError as exc:
+        return f"not this round's delta: {exc}"
+    return None
+
+
 def main() -> int:
-    path = Path(sys.argv[1])
+    delta = sys.argv[1] == "--delta"
+    path = Path(sys.argv[2] if delta else sys.argv[1])
     limit = 3 * path.stat().st_size + SLACK_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        problem = first_problem(path)
+        if delta:
+            numel, job_id, round_, base = sys.argv[3:7]
+            problem = delta_problem(path, int(numel), job_id, int(round_), base)
+        else:
+            problem = first_problem(path)
     except Exception as exc:
-        problem = f"not a readable safetensors file ({type(exc).__name__}: {exc})"
+        problem = f"not a readable file ({type(exc).__name__}: {exc})"
     print(problem or "ok")
     return 1 if problem else 0
 

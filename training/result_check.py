@@ -26,6 +26,7 @@ DTYPE_BYTES = {
     "BOOL": 1,
 }
 
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _THREADS_ONE = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 Expected = dict[str, tuple[tuple[int, ...], str]]
@@ -55,6 +56,11 @@ def expected_tensors(spec_plain: dict[str, Any], data_file: Path | None = None) 
         name: (tuple(tensor.shape), DTYPES[tensor.dtype])
         for name, tensor in model.state_dict().items()
     }
+
+
+def float_numel(expected: Expected) -> int:
+    """Elements of the model's floating-point state: an elastic delta's length."""
+    return sum(_numel(shape) for shape, dtype in expected.values() if dtype in _FLOAT_DTYPES)
 
 
 def max_weights_bytes(expected: Expected) -> int:
@@ -120,6 +126,19 @@ def _compare(header: dict[str, Any], expected: Expected) -> None:
 async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
     """Every value finite: read in a subprocess (`python -m training.check_weights`),
     since the daemon parses no untrusted bulk data itself."""
+    await _check_in_subprocess([str(path)], time_limit_s)
+
+
+async def check_delta_file(
+    path: Path, numel: int, job_id: str, round_: int, base_sha256: str, time_limit_s: float = 300.0
+) -> None:
+    """An elastic delta file is this job's, this round's, from these weights, of this
+    model's size, with finite values: read in a subprocess like the weights."""
+    args = ["--delta", str(path), str(numel), job_id, str(round_), base_sha256]
+    await _check_in_subprocess(args, time_limit_s)
+
+
+async def _check_in_subprocess(args: list[str], time_limit_s: float) -> None:
     import subprocess
     import sys
 
@@ -127,7 +146,7 @@ async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
 
     with trio.move_on_after(time_limit_s) as deadline:
         done = await trio.run_process(
-            [sys.executable, "-m", "training.check_weights", str(path)],
+            [sys.executable, "-m", "training.check_weights", *args],
             env={**_THREADS_ONE, "PATH": "/usr/bin:/bin"},
             capture_stdout=True,
             capture_stderr=True,

@@ -41,9 +41,7 @@ class FetchSlots:
 
     @asynccontextmanager
     async def hold(self, peer_id: str) -> AsyncIterator[None]:
-        sem, users = self._per_peer.setdefault(
-            peer_id, (trio.Semaphore(MAX_FETCHES_PER_PEER), [0])
-        )
+        sem, users = self._per_peer.setdefault(peer_id, (trio.Semaphore(MAX_FETCHES_PER_PEER), [0]))
         users[0] += 1
         try:
             async with sem, self._total:
@@ -138,9 +136,7 @@ async def _fetch_one(
         except TransferError as exc:
             if exc.reason == "cut_off":
                 raise
-            log.info(
-                "direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc
-            )
+            log.info("direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc)
     left = deadline_s - (trio.current_time() - started)
     with trio.move_on_after(max(left, 1.0)) as scope:
         await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)

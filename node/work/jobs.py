@@ -85,6 +85,10 @@ class Unit:
     ended_at: float = 0.0
     reason: str = ""
     deadline: float = 0.0  # no heartbeat holds the unit past this (the job's max_hours)
+    round: int = -1  # an elastic job's unit: its round and data slot (else -1)
+    slot: int = -1
+    output_sha256: str = ""  # what the accepted result returned (an elastic unit's delta)
+    output_bytes: int = 0
 
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
@@ -114,6 +118,10 @@ class JobStore:
                 "ended_at": float,
                 "reason": str,
                 "deadline": float,
+                "round": int,
+                "slot": int,
+                "output_sha256": str,
+                "output_bytes": int,
             },
             pk="unit_id",
             if_not_exists=True,
@@ -121,8 +129,15 @@ class JobStore:
         # node.db files written before these columns existed
         if "metrics_status" not in db["jobs"].columns_dict:
             db["jobs"].add_column("metrics_status", str, not_null_default="")
-        if "deadline" not in db["units"].columns_dict:
-            db["units"].add_column("deadline", float, not_null_default=0.0)
+        for column, kind, default in (
+            ("deadline", float, 0.0),
+            ("round", int, -1),
+            ("slot", int, -1),
+            ("output_sha256", str, ""),
+            ("output_bytes", int, 0),
+        ):
+            if column not in db["units"].columns_dict:
+                db["units"].add_column(column, kind, not_null_default=default)
         db["units"].create_index(["job_id"], if_not_exists=True)
         db["units"].create_index(["state"], if_not_exists=True)
         db["receipts"].create(
@@ -222,6 +237,11 @@ class JobStore:
             raise StaleJob(f"job {job.id} changed state since it was read")
         return updated
 
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """node.db, for the stores that keep their own tables in it (rounds)."""
+        return self._db
+
     def _changed(self, job: Job) -> None:
         if self._on_change is not None:
             try:
@@ -241,6 +261,8 @@ class JobStore:
         lease_s: float,
         deadline: float = 0.0,
         unit_id: str = "",
+        round_: int = -1,
+        slot: int = -1,
     ) -> Unit:
         now = time.time()
         unit = Unit(
@@ -251,6 +273,8 @@ class JobStore:
             now + lease_s,
             now,
             deadline=deadline or now + lease_s,
+            round=round_,
+            slot=slot,
         )
         with self._tx():
             self._db["units"].insert(asdict(unit))

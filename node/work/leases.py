@@ -79,6 +79,8 @@ class Leases:
             return encode_ack(False, "the unit ended")
         if unit.state == "offered":  # the owner restarted before it saw the acceptance
             self._lifecycle.start(unit, f"{peer} still training; re-attached")
+        if unit.round >= 0:  # a share of a round: the job's progress is its rounds
+            return encode_ack(True)
         self._record_progress(
             progress.job_id,
             progress.phase,
@@ -122,6 +124,9 @@ class Leases:
         now = time.time()
         for unit in ctx.jobs.units_in_state("offered", "running", "verifying"):
             key = keys.get((unit.job_id, unit.unit_id))
+            if unit.round >= 0:  # the round resumes; its slot is offered afresh
+                self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
+                continue
             if unit.worker == ctx.peer_id or key is None:
                 why = (
                     "owner restarted while training it here"
@@ -136,7 +141,11 @@ class Leases:
             ctx.jobs.renew_lease(unit.unit_id, now + 3 * ctx.lease_s + RECONNECT_S)
             log.info("unit %s: waiting for %s to re-attach", unit.unit_id, unit.worker)
         for job in ctx.jobs.in_state("running"):  # a running job with no live unit left
-            if not ctx.jobs.units_of(job.id, "offered", "running"):
+            if job.spec.get("mode") == "elastic":  # its round driver starts again
+                ctx.jobs.transition(
+                    job.id, ("running",), "owner restarted; resuming its rounds", state="queued"
+                )
+            elif not ctx.jobs.units_of(job.id, "offered", "running"):
                 ctx.jobs.transition(
                     job.id, ("running",), "owner restarted; re-offering", state="queued"
                 )

@@ -22,10 +22,18 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 
 
+def is_elastic(job: Job | None) -> bool:
+    return job is not None and job.spec.get("mode") == "elastic"
+
+
 class Lifecycle:
+    """A single job follows its one unit; an elastic job's units are shares of rounds,
+    and their ends only tell the round driver (`rounds.py`), which decides the job."""
+
     def __init__(self, ctx: WorkContext, wake: Callable[[], None]) -> None:
         self.ctx = ctx
         self._wake = wake  # the placement loop: a job wants a unit again
+        self.round_changed: Callable[[str], None] = lambda job_id: None
 
     def start(self, unit: Unit, note: str) -> Job | None:
         """The worker took `unit`: unit offered -> running, job queued -> running.
@@ -36,6 +44,8 @@ class Lifecycle:
         job = jobs.get(unit.job_id)
         if job is None:
             return None
+        if is_elastic(job):
+            return jobs.transition(job.id, ("running",), note)
         started = jobs.transition(
             job.id,
             ("queued", "running"),
@@ -64,6 +74,8 @@ class Lifecycle:
         )
         if unit is not None:
             self.ctx.forget_unit_key(unit.job_id, unit.unit_id)
+            if unit.round >= 0:
+                self.round_changed(unit.job_id)
         return unit
 
     def lost(self, unit_id: str, reason: str, state: str = "failed") -> None:
@@ -75,6 +87,10 @@ class Lifecycle:
             return
         log.info("unit %s of job %s lost: %s", unit_id, unit.job_id, reason)
         job = self.ctx.jobs.get(unit.job_id)
+        if unit.round >= 0:  # its slot is offered again while the round has time
+            if job is not None and job.state == "running":
+                self.ctx.jobs.transition(job.id, ("running",), f"round {unit.round}: {reason}")
+            return
         if (
             job is None
             or job.state in FINAL_STATES
@@ -116,6 +132,21 @@ class Lifecycle:
             state="failed",
             reason=reason,
         )
+
+    def share_done(self, unit_id: str, output_sha256: str, output_bytes: int, note: str) -> bool:
+        """An elastic unit's delta is accepted: unit verifying -> done; the round
+        driver applies it when the round closes."""
+        unit = self.end(
+            unit_id,
+            "done",
+            from_states=("verifying",),
+            output_sha256=output_sha256,
+            output_bytes=output_bytes,
+        )
+        if unit is None:
+            return False
+        self.ctx.jobs.transition(unit.job_id, ("running",), note)
+        return True
 
     def done(
         self,

@@ -16,37 +16,43 @@ from node.work.jobs import Job, Unit
 from protocol import ProtocolError, encode, open_envelope, public_key_from_peer_id, seal
 from protocol.crypto import seal_to
 from protocol.names import TASK_PROTOCOL
+from protocol.rounds import RoundShare
 from protocol.work import WORK_LIMITS, OfferReply, WorkOffer, WorkPackage
 
 GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
 
 
-def build_offer(ctx: WorkContext, job: Job, unit: Unit, key: bytes) -> bytes:
-    """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker."""
+def build_offer(
+    ctx: WorkContext, job: Job, unit: Unit, key: bytes, share: RoundShare | None = None
+) -> bytes:
+    """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker; a
+    share of an elastic round adds the round's global weights to the blobs."""
     peer = unit.worker
-    max_bytes = max((ctx.blobs.size(s) for s in job.data_blobs), default=0)
+    blobs = [*job.data_blobs, *([share.weights_sha256] if share is not None else [])]
+    max_bytes = max((ctx.blobs.size(s) for s in blobs), default=0)
     grant = (
         issue_grant(
             ctx,
             job.id,
             unit.unit_id,
             peer,
-            job.data_blobs,
+            blobs,
             max_bytes,
             job.max_hours * 3600 + GRANT_SLACK_S,
         )
-        if job.data_blobs
+        if blobs
         else b""  # built-in data sets need no blobs
     )
     package = WorkPackage(
         job.id,
         unit.unit_id,
         encode(job.spec),
-        job.data_blobs,
+        blobs,
         grant,
         key,
         job.max_hours,
         ctx.lease_s,
+        share,
     )
     sealed = seal_to(
         public_key_from_peer_id(peer),
@@ -58,10 +64,12 @@ def build_offer(ctx: WorkContext, job: Job, unit: Unit, key: bytes) -> bytes:
     )
 
 
-async def send_offer(ctx: WorkContext, job: Job, unit: Unit, key: bytes) -> OfferReply:
+async def send_offer(
+    ctx: WorkContext, job: Job, unit: Unit, key: bytes, share: RoundShare | None = None
+) -> OfferReply:
     """Offer `unit` to its worker. A peer that cannot be reached or answers nonsense
     counts as a transient decline: it says nothing about the job."""
-    offer = build_offer(ctx, job, unit, key)
+    offer = build_offer(ctx, job, unit, key, share)
     try:
         raw = await ctx.host.request(unit.worker, TASK_PROTOCOL, offer, WORK_LIMITS.max_bytes)
         reply = open_envelope(

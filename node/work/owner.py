@@ -4,7 +4,8 @@
 - `offers.py`: the sealed work package and its answer;
 - `leases.py`: heartbeats, expiry, the `max_hours` deadline, re-attaching after a restart;
 - `results.py`: a result checked, its weights fetched and checked, the receipt;
-- `lifecycle.py`: how a unit's end moves its job (compare-and-set, in one place).
+- `lifecycle.py`: how a unit's end moves its job (compare-and-set, in one place);
+- `rounds.py`: an elastic job's rounds (shares offered per data slot, the outer step).
 
 This module ties them together, trains units on this node when no peer fits, and
 records progress. Every task it starts for a job runs under `_guarded`: whatever goes
@@ -25,9 +26,10 @@ from node.work.context import WorkContext
 from node.work.executor import UnitFailed
 from node.work.jobs import LIVE_UNIT_STATES, Job
 from node.work.leases import Leases
-from node.work.lifecycle import Lifecycle
+from node.work.lifecycle import Lifecycle, is_elastic
 from node.work.placement import Placement
 from node.work.results import Results
+from node.work.rounds import ElasticRounds
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class OwnerRole:
         self.leases = Leases(ctx, self.lifecycle, self.record_progress)
         self.results = Results(ctx, self.lifecycle, self.leases)
         self.placement = Placement(ctx, self.lifecycle, self._train_here)
+        self.rounds = ElasticRounds(ctx, self.lifecycle, runner_request)
+        self.lifecycle.round_changed = self.rounds.unit_changed
         # the streams the worker opens to this owner
         self.handle_progress = self.leases.handle_progress
         self.handle_result = self.results.handle_result
@@ -61,7 +65,8 @@ class OwnerRole:
                 for job in self.ctx.jobs.in_state("queued"):
                     if job.id not in self._placing:
                         self._placing.add(job.id)
-                        nursery.start_soon(self._guarded, job.id, self.placement.place)
+                        task = self.rounds.drive if is_elastic(job) else self.placement.place
+                        nursery.start_soon(self._guarded, job.id, task)
                 with trio.move_on_after(1.0):
                     await self._wake.wait()
                 self._wake = trio.Event()
@@ -80,6 +85,11 @@ class OwnerRole:
             reason = f"internal error on the owner: {type(exc).__name__}: {exc}"[:2000]
             for unit in self.ctx.jobs.units_of(job_id, *LIVE_UNIT_STATES):
                 self.lifecycle.lost(unit.unit_id, reason)
+            job = self.ctx.jobs.get(job_id)
+            if is_elastic(job):  # its rounds cannot go on: say so, rather than hang
+                self.ctx.jobs.transition(
+                    job_id, ("queued", "running"), reason, state="failed", reason=reason
+                )
             self.ctx.jobs.transition(job_id, ("queued", "running"), reason, reason=reason)
         finally:
             self._placing.discard(job_id)

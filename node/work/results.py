@@ -22,15 +22,19 @@ from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle
+from node.work.round_store import RoundStore
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
 from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
+from protocol.rounds import delta_limits
 from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
 from training.result_check import (
     WeightsRejected,
+    check_delta_file,
     check_weights_header,
     check_weights_values,
     expected_tensors,
+    float_numel,
     max_weights_bytes,
 )
 
@@ -76,7 +80,7 @@ class Results:
         if verifying is None:
             return self._reply(False, "result rejected: a result for this unit is already here")
         try:
-            await self._fetch_and_check(job, peer, result)
+            await self._fetch_and_check(job, unit, peer, result)
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -84,15 +88,31 @@ class Results:
             self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
             return self._reply(False, f"weights rejected: {exc}")
         try:
+            if unit.round >= 0:
+                return self._accept_share(job, unit, peer, result)
             return self._accept(job, unit, peer, result)
         except Exception as exc:  # a bug here loses this unit, never the node
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
             return self._reply(False, "the owner could not record the result; it retries")
 
-    def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
-        """Issue the half-signed receipt, then complete the unit and the job; a job
-        cancelled while the weights were checked stays cancelled and gives no receipt."""
+    def _accept_share(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+        """An elastic round's delta, checked: the half-signed receipt for its H inner
+        steps; the round applies the delta when it closes."""
+        half_signed = self._half_signed(job, unit, peer, result)
+        if not self._lifecycle.share_done(
+            unit.unit_id,
+            result.weights_sha256,
+            result.weights_size,
+            f"round {unit.round}: delta from {peer} checked; receipt issued",
+        ):
+            return self._reply(False, "result rejected: the round closed while it was checked")
+        self.ctx.jobs.add_receipt(
+            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
+        )
+        return self._reply(True, "", half_signed)
+
+    def _half_signed(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         receipt = seal(
             Receipt(
                 job.id,
@@ -107,7 +127,12 @@ class Results:
             ),
             self.ctx.identity.signing_key,
         )
-        half_signed = issue(receipt, credit_of(job), self.ctx.identity.signing_key)
+        return issue(receipt, credit_of(job), self.ctx.identity.signing_key)
+
+    def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+        """Issue the half-signed receipt, then complete the unit and the job; a job
+        cancelled while the weights were checked stays cancelled and gives no receipt."""
+        half_signed = self._half_signed(job, unit, peer, result)
         metrics = {
             **dict(result.metrics),
             "steps": result.steps,
@@ -168,9 +193,9 @@ class Results:
         except MeshminerError as exc:
             log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
-    async def _fetch_and_check(self, job: Job, peer: str, result: Result) -> None:
-        """Fetch the weights under the worker's grant, at most the plan's size, and
-        check them; what fails is not kept."""
+    async def _fetch_and_check(self, job: Job, unit: Unit, peer: str, result: Result) -> None:
+        """Fetch the weights (an elastic share: its delta) under the worker's grant, at
+        most the plan's size, and check them; what fails is not kept."""
         grant = open_envelope(
             result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
         ).message
@@ -185,10 +210,12 @@ class Results:
             raise ProtocolError("no key for this unit (it ended)")
         data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
         expected = await trio.to_thread.run_sync(expected_tensors, job.spec, data)
-        bound = max_weights_bytes(expected)
+        numel = float_numel(expected)
+        bound = delta_limits(numel).max_bytes if unit.round >= 0 else max_weights_bytes(expected)
+        what = "delta" if unit.round >= 0 else "weights"
         if result.weights_size > bound:
             raise WeightsRejected(
-                f"weights of {result.weights_size} bytes; this model's are at most {bound}"
+                f"{what} of {result.weights_size} bytes; this model's are at most {bound}"
             )
         had = self.ctx.blobs.has(result.weights_sha256)
         await fetch_granted(
@@ -196,8 +223,14 @@ class Results:
         )
         path = self.ctx.blobs.path(result.weights_sha256)
         try:
-            check_weights_header(path, expected)
-            await check_weights_values(path)
+            if unit.round >= 0:
+                started = RoundStore(self.ctx.jobs.db).get(job.id, unit.round)
+                if started is None:
+                    raise WeightsRejected(f"round {unit.round} of this job is not open")
+                await check_delta_file(path, numel, job.id, unit.round, started.weights_sha256)
+            else:
+                check_weights_header(path, expected)
+                await check_weights_values(path)
         except Exception:
             if not had:  # what was just fetched for this result is not kept
                 self.ctx.blobs.remove(result.weights_sha256)

@@ -199,7 +199,12 @@ class WorkService:
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         job = self.ctx.jobs.get(job_id)
-        return None if job is None else labelled_job(job, self.ctx.peer_id)
+        if job is None:
+            return None
+        out = labelled_job(job, self.ctx.peer_id)
+        if job.spec.get("mode") == "elastic":
+            out["rounds"] = [r.to_json() for r in self.owner.rounds.store.of_job(job_id)]
+        return out
 
     def weights_path(self, job_id: str) -> Path | None:
         job = self.ctx.jobs.get(job_id)

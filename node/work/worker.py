@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -35,6 +36,7 @@ from protocol.crypto import open_from
 from protocol.ids import is_id
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL
 from protocol.receipts import countersign, open_receipt, parse_cosigned
+from protocol.rounds import RoundShare
 from protocol.work import (
     WORK_LIMITS,
     OfferReply,
@@ -56,6 +58,37 @@ RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks th
 DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 15.0
+
+
+def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
+    """Where this node keeps its inner optimizer state for `slot` of an elastic job
+    between rounds (under units/, so the sweep of old unit folders clears it)."""
+    if not is_id(job_id):
+        raise ValueError(f"not a job id: {job_id[:80]!r}")
+    folder = data_dir / "units" / job_id
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder / f"slot-{int(slot)}.safetensors"
+
+
+def share_request(
+    request: dict[str, Any], job_id: str, share: RoundShare, kept: Path, out: Path
+) -> dict[str, Any]:
+    """The runner request for one share of a round: the kept inner state (copied in
+    beside `out`, since the runner reads nothing else of this node's) and the files
+    it writes back."""
+    elastic: dict[str, Any] = {
+        "job_id": job_id,
+        "round": share.round,
+        "slot": share.slot,
+        "weights": share.weights_sha256,
+        "state_out": str(out.parent / "state_out.safetensors"),
+    }
+    if kept.is_file():
+        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state_in = out.parent / "state_in.safetensors"
+        shutil.copyfile(kept, state_in)
+        elastic["state_in"] = str(state_in)
+    return {**request, "task": "elastic_inner", "elastic": elastic}
 
 
 class Declined(Exception):
@@ -273,6 +306,11 @@ class WorkerRole:
         request = self._runner_request(
             unit.spec, {s: str(ctx.blobs.path(s)) for s in pkg.blobs}, out
         )
+        share = pkg.round_share
+        kept = None
+        if share is not None:  # one share of an elastic round: it returns a delta
+            kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
+            request = share_request(request, pkg.job_id, share, kept, out)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
@@ -282,6 +320,8 @@ class WorkerRole:
             result = await ctx.train(request, pkg.unit_id, pkg.max_hours, on_event)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
+        if kept is not None:  # the inner state this node keeps for the job's next round
+            (out.parent / "state_out.safetensors").replace(kept)
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)

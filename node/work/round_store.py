@@ -1,0 +1,135 @@
+"""An elastic job's rounds in node.db: where each started, who contributed, what it cost.
+
+One row per (job, round). A round is `open` while its units train and `closed` once
+its outer step is applied; closing is a compare-and-set from `open`, so a round is
+applied at most once, even across an owner restart (which resumes from the last
+closed round's weights: the next round's `weights_sha256`). Weights and the outer
+momentum live in the blob store; the rows hold their hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import sqlite_utils
+
+
+@dataclass
+class Round:
+    job_id: str
+    round: int
+    state: str  # open | closed
+    weights_sha256: str  # the global weights this round starts from
+    momentum_sha256: str  # the outer momentum it starts from ("" before the first step)
+    opened_at: float
+    deadline: float  # closes here with >= min_workers deltas (extended when fewer)
+    closed_at: float = 0.0
+    next_weights_sha256: str = ""  # after this round's outer step (set when closed)
+    next_momentum_sha256: str = ""
+    workers: list[str] = field(default_factory=list)  # peers whose deltas were applied
+    dropped: list[str] = field(default_factory=list)  # peers that left or were late
+    joined: list[str] = field(default_factory=list)  # new since the round before
+    left: list[str] = field(default_factory=list)  # in the round before, not in this one
+    val_loss: float | None = None  # of the weights after this round's outer step
+    metrics: dict[str, float] = field(default_factory=dict)
+    bytes_in: int = 0  # delta bytes received and applied
+    full_bytes: int = 0  # what the same deltas would take as float32 weights
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_JSON = {"workers", "dropped", "joined", "left", "metrics", "notes"}
+_COLUMNS = {f.name for f in fields(Round)}
+
+
+class RoundStore:
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self._db = db
+        db["rounds"].create(
+            {
+                "job_id": str,
+                "round": int,
+                "state": str,
+                "weights_sha256": str,
+                "momentum_sha256": str,
+                "opened_at": float,
+                "deadline": float,
+                "closed_at": float,
+                "next_weights_sha256": str,
+                "next_momentum_sha256": str,
+                "workers": str,
+                "dropped": str,
+                "joined": str,
+                "left": str,
+                "val_loss": float,
+                "metrics": str,
+                "bytes_in": int,
+                "full_bytes": int,
+                "seconds": float,
+                "notes": str,
+            },
+            pk=("job_id", "round"),
+            if_not_exists=True,
+        )
+
+    def open(
+        self, job_id: str, round_: int, weights: str, momentum: str, deadline: float
+    ) -> Round | None:
+        """Open round `round_`; None when it exists already (opened by a racing call)."""
+        row = Round(job_id, round_, "open", weights, momentum, time.time(), deadline)
+        with self._db.conn:
+            if self.get(job_id, round_) is not None:
+                return None
+            self._db["rounds"].insert(_encode(asdict(row)))
+        return row
+
+    def get(self, job_id: str, round_: int) -> Round | None:
+        rows = list(
+            self._db["rounds"].rows_where("job_id = ? AND round = ?", [job_id, round_], limit=1)
+        )
+        return Round(**_decode(rows[0])) if rows else None
+
+    def of_job(self, job_id: str) -> list[Round]:
+        rows = self._db["rounds"].rows_where("job_id = ?", [job_id], order_by="round")
+        return [Round(**_decode(r)) for r in rows]
+
+    def latest(self, job_id: str) -> Round | None:
+        rows = list(
+            self._db["rounds"].rows_where("job_id = ?", [job_id], order_by="round desc", limit=1)
+        )
+        return Round(**_decode(rows[0])) if rows else None
+
+    def update(self, job_id: str, round_: int, from_state: str, **changes: Any) -> Round | None:
+        """Compare-and-set: apply `changes` only while the round is in `from_state`."""
+        unknown = set(changes) - _COLUMNS
+        if unknown:
+            raise ValueError(f"unknown round fields: {sorted(unknown)}")
+        encoded = _encode(changes)
+        cols = ", ".join(f'"{k}" = ?' for k in encoded)
+        with self._db.conn:
+            cursor = self._db.execute(
+                f'UPDATE rounds SET {cols} WHERE job_id = ? AND "round" = ? AND state = ?',
+                [*encoded.values(), job_id, round_, from_state],
+            )
+            if cursor.rowcount != 1:
+                return None
+        return self.get(job_id, round_)
+
+    def note(self, job_id: str, round_: int, text: str) -> None:
+        current = self.get(job_id, round_)
+        if current is not None:
+            self.update(job_id, round_, current.state, notes=[*current.notes, text][-50:])
+
+
+def _encode(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: json.dumps(v) if k in _JSON else v for k, v in row.items()}
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: json.loads(v) if k in _JSON else v for k, v in row.items()}
