@@ -103,6 +103,8 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         table.add_row("model", str(job["spec"].get("model", {})))
         table.add_row("data", str(job["spec"].get("data", {}).get("source", "")))
         console.print(table)
+        if job.get("rounds"):
+            console.print(rounds_table(job["rounds"]))
         timeline = Table(title="timeline")
         timeline.add_column("time")
         timeline.add_column("state")
@@ -145,6 +147,8 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
                 result = train_local(parsed, out, emit=emit)
             except (SpecError, TrainingError, ValueError, OSError) as exc:
                 raise fail(str(exc)) from None
+        if result.get("rounds"):
+            console.print(rounds_table(result["rounds"]))
         console.print(f"weights: {out} (sha256 {result['weights_sha256'][:16]}…)")
         console.print(f"metrics: {_metrics(result.get('metrics', {}))}")
 
@@ -190,6 +194,8 @@ def _follow(url: str, job_id: str) -> int:
             job = get(url, f"/api/v1/jobs/{job_id}")
             p = job["progress"]
             label = f"{job['state']}" + (f" on {short(job['worker'])}" if job["worker"] else "")
+            if "round" in p:  # an elastic job: which round of how many
+                label = f"{job['state']}, round {p['round'] + 1}/{p['rounds']}"
             loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else (job["reason"][:60])
             bar.update(
                 task,
@@ -204,9 +210,33 @@ def _follow(url: str, job_id: str) -> int:
     if job["state"] != "completed":
         err.print(f"job {job_id} {job['state']}: {job['reason']}", highlight=False)
         return 1
-    console.print(f"completed by {job['worker']}: {_metrics(job['metrics'])}")
+    if job.get("rounds"):
+        console.print(rounds_table(job["rounds"]))
+    by = job["worker"] or "its rounds"
+    console.print(f"completed by {by}: {_metrics(job['metrics'])}")
     console.print(f"weights: {url}/api/v1/jobs/{job_id}/weights")
     return 0
+
+
+def rounds_table(rounds: list[dict[str, Any]]) -> Table:
+    """An elastic job's rounds: who contributed, who joined or left, loss, traffic."""
+    table = Table(title="rounds")
+    for column in ("round", "workers", "joined", "left", "val loss", "MB in", "seconds"):
+        table.add_column(column, justify="right" if column != "joined" else "left")
+    for r in rounds:
+        workers = r["workers"]
+        count = len(workers) if isinstance(workers, list) else int(workers)
+        val = r.get("val_loss")
+        table.add_row(
+            str(r["round"]),
+            str(count) + (" (open)" if r.get("state") == "open" else ""),
+            ", ".join(short(p) for p in r.get("joined", [])) or "-",
+            ", ".join(short(p) for p in [*r.get("left", []), *r.get("dropped", [])]) or "-",
+            f"{val:.4f}" if isinstance(val, float) else "-",
+            f"{r.get('bytes_in', 0) / 1e6:.3f}",
+            f"{r['seconds']:.1f}" if "seconds" in r else "-",
+        )
+    return table
 
 
 def _bar() -> Progress:

@@ -3,9 +3,11 @@ train-local's simulation with a fixed set of workers; receipts for every share."
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from contextlib import closing
 from pathlib import Path
@@ -71,3 +73,96 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
     for worker in workers:
         mine = _receipts(worker, job["id"])
         assert len(mine) == 3 and all(role == "worker" for _, role in mine)
+
+
+def _submit(owner: LocalNode, spec: str) -> str:
+    return request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
+
+
+def _rounds(owner: LocalNode, job_id: str) -> list[dict]:
+    return owner.get(f"/api/v1/jobs/{job_id}")["rounds"]
+
+
+def _wait_closed(owner: LocalNode, job_id: str, count: int, timeout: float) -> list[dict]:
+    return wait_for(
+        lambda: (
+            len([r for r in _rounds(owner, job_id) if r["state"] == "closed"]) >= count
+            and _rounds(owner, job_id)
+        ),
+        timeout,
+        f"{count} closed rounds",
+    )
+
+
+def _wait_end(owner: LocalNode, job_id: str, timeout: float) -> dict:
+    return wait_for(
+        lambda: (
+            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"]
+            in ("completed", "failed", "cancelled")
+            and j
+        ),
+        timeout,
+        "the elastic job to end",
+    )
+
+
+def _simulated_val_loss(spec: str, tmp_path: Path) -> float:
+    from training.local import train_local  # noqa: PLC0415 (torch, only here)
+    from training.spec import parse_spec
+
+    result = train_local(parse_spec(tomllib.loads(spec)), tmp_path / "sim.safetensors")
+    return result["rounds"][-1]["val_loss"]
+
+
+def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner = localnet.add(["--not-accepting", "--lease", "3"])
+    workers = localnet.add_many(3)
+    localnet.wait_all_see_each_other(timeout=30)
+    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=150, rounds=8, hidden=(32,))
+    job_id = _submit(owner, spec)
+    _wait_closed(owner, job_id, 1, 120)
+    victim = workers[0]
+    wait_for(
+        lambda: (r := _rounds(owner, job_id))[-1]["state"] == "open" and r[-1]["round"] >= 1,
+        60,
+        "round 1 to open",
+    )
+    victim.stop(signal.SIGKILL)
+    killed_in = _rounds(owner, job_id)[-1]["round"]
+    _wait_closed(owner, job_id, killed_in + 2, 180)
+    newcomer = localnet.add()
+    job = _wait_end(owner, job_id, 300)
+    assert job["state"] == "completed", job["timeline"][-5:]
+    rounds = job["rounds"]
+    assert victim.peer_id in rounds[killed_in]["dropped"], rounds[killed_in]
+    assert all(victim.peer_id not in r["workers"] for r in rounds[killed_in:])
+    assert any(newcomer.peer_id in r["workers"] for r in rounds[killed_in + 2 :]), rounds
+    assert all(len(r["workers"]) >= 2 for r in rounds)
+    fixed = _simulated_val_loss(spec, tmp_path)
+    print(f"val loss with churn {rounds[-1]['val_loss']:.4f}, fixed membership {fixed:.4f}")
+    assert rounds[-1]["val_loss"] <= fixed * 1.03
+
+
+def test_an_owner_restart_resumes_from_the_last_closed_round(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner = localnet.add(["--not-accepting", "--lease", "3"])
+    localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=30)
+    spec = elastic_toml("restart", workers=2, min_workers=2, inner_steps=100, rounds=5)
+    job_id = _submit(owner, spec)
+    before = _wait_closed(owner, job_id, 2, 180)
+    assert owner.stop(signal.SIGTERM) == 0
+    owner.start()
+    job = _wait_end(owner, job_id, 300)
+    assert job["state"] == "completed", job["timeline"][-5:]
+    rounds = job["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4]
+    for kept in before:  # what was closed before the restart is as it was
+        if kept["state"] == "closed":
+            assert rounds[kept["round"]] == kept
+    chain = [r["weights_sha256"] for r in rounds[1:]]
+    assert chain == [r["next_weights_sha256"] for r in rounds[:-1]]  # applied once each
+    assert job["weights_sha256"] == rounds[-1]["next_weights_sha256"]

@@ -273,6 +273,7 @@ def simulate(
         init_weights(run, weights)
         momentum: Path | None = None
         for r in range(elastic.rounds):
+            round_began = time.monotonic()
             deltas, losses, delta_bytes = [], [], 0
             for slot in range(elastic.workers):
                 state = folder / f"inner-{slot}.safetensors"
@@ -313,6 +314,7 @@ def simulate(
                 "workers": elastic.workers,
                 "train_loss": sum(losses) / len(losses),
                 "bytes_in": delta_bytes,
+                "seconds": time.monotonic() - round_began,
                 **metrics,
             }
             rounds.append(summary)

@@ -120,7 +120,7 @@ class ElasticRounds:
             state="completed",
             weights_sha256=last.next_weights_sha256,
             metrics=dict(last.metrics),
-            metrics_status="claimed",
+            metrics_status="local",  # this node evaluated the weights after its outer step
             reason="",
         )
 
