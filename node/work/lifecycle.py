@@ -89,7 +89,12 @@ class Lifecycle:
         job = self.ctx.jobs.get(unit.job_id)
         if unit.round >= 0:  # its slot is offered again while the round has time
             if job is not None and job.state == "running":
-                self.ctx.jobs.transition(job.id, ("running",), f"round {unit.round}: {reason}")
+                excluded = job.excluded
+                if state == "failed":  # a bad delta or a failed share: not this peer again
+                    excluded = sorted({*excluded, unit.worker} - {self.ctx.peer_id})
+                self.ctx.jobs.transition(
+                    job.id, ("running",), f"round {unit.round}: {reason}", excluded=excluded
+                )
             return
         if (
             job is None

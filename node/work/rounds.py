@@ -163,11 +163,12 @@ class ElasticRounds:
                         current = self._extend(job, current, len(done), min_workers)
                     taken = {u.slot for u in done + live}
                     free = [s for s in range(workers) if s not in taken]
+                    offered = 0
                     if free:
                         busy = {u.worker for u in live}
-                        await self._offer_free_slots(offers, job, current, free, busy)
-                    if not free and not live and len(done) >= min_workers:
-                        break  # nothing left in flight and nobody to ask
+                        offered = await self._offer_free_slots(offers, job, current, free, busy)
+                    if not offered and not live and len(done) >= min_workers:
+                        break  # nothing in flight and nobody left to ask
                     with trio.move_on_after(WAIT_S):
                         await self._changed[job.id].wait()
                     self._changed[job.id] = trio.Event()
@@ -188,15 +189,16 @@ class ElasticRounds:
 
     async def _offer_free_slots(
         self, nursery: trio.Nursery, job: Job, current: Round, free: list[int], busy: set[str]
-    ) -> None:
-        """Start an offer for each free slot that has a peer to ask."""
+    ) -> int:
+        """Start an offer for each free slot that has a peer to ask; how many started."""
         previous = {
             u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
         }
         candidates = self._candidates(job, busy)
+        offered = 0
         for slot in free:
             if not candidates:
-                return
+                break
             peer = previous.get(slot) if previous.get(slot) in candidates else None
             peer = peer or next(
                 (p for p in candidates if p not in previous.values()), candidates[0]
@@ -212,6 +214,8 @@ class ElasticRounds:
             )
             share = RoundShare(current.round, slot, current.weights_sha256)
             nursery.start_soon(self._offer, job, unit, share)
+            offered += 1
+        return offered
 
     def _candidates(self, job: Job, busy: set[str]) -> list[str]:
         """Peers that fit the job and are not training a share of it, best first."""
