@@ -31,6 +31,7 @@ def test_every_example_validates(tmp_path: Path) -> None:
     assert set(summaries) == {
         "digits-mlp",
         "digits-cnn",
+        "digits-elastic",
         "tiny-shakespeare-lm",
         "digits-layers",
         "houses",
