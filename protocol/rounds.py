@@ -113,11 +113,11 @@ def encode_round_delta(delta: RoundDelta) -> bytes:
 
 
 def decode_round_delta(
-    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str
+    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str, compression: str
 ) -> RoundDelta:
     """Parse and check a delta file against what the owner expects of it: this job,
-    this round, these starting weights, `numel` elements, finite values. Raises
-    `TooLarge` or `DecodeError` naming what is wrong."""
+    this round, these starting weights, the job's compression, `numel` elements,
+    finite values. Raises `TooLarge` or `DecodeError` naming what is wrong."""
     plain = decode(data, delta_limits(numel))
     if not isinstance(plain, dict) or plain.get("t") != RoundDelta.TYPE:
         raise DecodeError("not a round delta file")
@@ -125,7 +125,13 @@ def decode_round_delta(
         raise DecodeError(f"round delta: only version {RoundDelta.VERSION} is read")
     plain.pop("t")
     delta = from_plain(RoundDelta, plain)
-    for name, want in (("job_id", job_id), ("round", round), ("base_sha256", base_sha256)):
+    expected = (
+        ("job_id", job_id),
+        ("round", round),
+        ("base_sha256", base_sha256),
+        ("compression", compression),
+    )
+    for name, want in expected:
         got = getattr(delta, name)
         require(got == want, f"RoundDelta.{name}", f"is {repr(got)[:80]}, expected {want!r}")
     require(delta.numel == numel, "RoundDelta.numel", f"is {delta.numel}; this model has {numel}")

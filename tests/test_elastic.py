@@ -175,7 +175,13 @@ def _delta(**changes: object) -> RoundDelta:
 
 
 def _decode(data: bytes, **expect: object) -> RoundDelta:
-    args = {"numel": 100, "job_id": "ab" * 8, "round": 3, "base_sha256": "c" * 64} | expect
+    args = {
+        "numel": 100,
+        "job_id": "ab" * 8,
+        "round": 3,
+        "base_sha256": "c" * 64,
+        "compression": "none",
+    } | expect
     return decode_round_delta(data, **args)  # type: ignore[arg-type]
 
 
@@ -190,6 +196,7 @@ def test_a_delta_file_round_trips() -> None:
         ({"round": 4}, "RoundDelta.round is 3, expected 4"),
         ({"job_id": "cd" * 8}, "RoundDelta.job_id"),
         ({"base_sha256": "d" * 64}, "RoundDelta.base_sha256"),
+        ({"compression": "int8"}, "RoundDelta.compression is 'none', expected 'int8'"),
         ({"numel": 99}, "RoundDelta.numel is 100; this model has 99|too large|exceeds"),
     ],
 )

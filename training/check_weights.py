@@ -1,6 +1,6 @@
 """`python -m training.check_weights PATH`: are all values in a weights file finite?
 
-`python -m training.check_weights --delta PATH NUMEL JOB_ID ROUND BASE_SHA256`: is an
+`python -m training.check_weights --delta PATH NUMEL JOB_ID ROUND BASE_SHA256 COMPRESSION`: is an
 elastic delta file what the owner expects (`protocol.rounds.decode_round_delta`)?
 
 Run by the owner in a subprocess of its own, so that reading a peer's tensor bytes
@@ -29,13 +29,20 @@ def first_problem(path: Path) -> str | None:
     return None
 
 
-def delta_problem(path: Path, numel: int, job_id: str, round_: int, base: str) -> str | None:
+def delta_problem(
+    path: Path, numel: int, job_id: str, round_: int, base: str, compression: str
+) -> str | None:
     from protocol.errors import ProtocolError
     from protocol.rounds import decode_round_delta
 
     try:
         decode_round_delta(
-            path.read_bytes(), numel=numel, job_id=job_id, round=round_, base_sha256=base
+            path.read_bytes(),
+            numel=numel,
+            job_id=job_id,
+            round=round_,
+            base_sha256=base,
+            compression=compression,
         )
     except ProtocolError as exc:
         return f"not this round's delta: {exc}"
@@ -49,8 +56,8 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         if delta:
-            numel, job_id, round_, base = sys.argv[3:7]
-            problem = delta_problem(path, int(numel), job_id, int(round_), base)
+            numel, job_id, round_, base, compression = sys.argv[3:8]
+            problem = delta_problem(path, int(numel), job_id, int(round_), base, compression)
         else:
             problem = first_problem(path)
     except Exception as exc:

@@ -219,7 +219,12 @@ def outer_step(
     base = file_sha256(weights)
     decoded = [
         decode_round_delta(
-            path.read_bytes(), numel=params.numel(), job_id=job_id, round=round_, base_sha256=base
+            path.read_bytes(),
+            numel=params.numel(),
+            job_id=job_id,
+            round=round_,
+            base_sha256=base,
+            compression=elastic.compression,
         )
         for path in deltas
     ]

@@ -130,11 +130,17 @@ async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
 
 
 async def check_delta_file(
-    path: Path, numel: int, job_id: str, round_: int, base_sha256: str, time_limit_s: float = 300.0
+    path: Path,
+    numel: int,
+    job_id: str,
+    round_: int,
+    base_sha256: str,
+    compression: str,
+    time_limit_s: float = 300.0,
 ) -> None:
     """An elastic delta file is this job's, this round's, from these weights, of this
     model's size, with finite values: read in a subprocess like the weights."""
-    args = ["--delta", str(path), str(numel), job_id, str(round_), base_sha256]
+    args = ["--delta", str(path), str(numel), job_id, str(round_), base_sha256, compression]
     await _check_in_subprocess(args, time_limit_s)
 
 

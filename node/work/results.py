@@ -227,7 +227,14 @@ class Results:
                 started = RoundStore(self.ctx.jobs.db).get(job.id, unit.round)
                 if started is None:
                     raise WeightsRejected(f"round {unit.round} of this job is not open")
-                await check_delta_file(path, numel, job.id, unit.round, started.weights_sha256)
+                await check_delta_file(
+                    path,
+                    numel,
+                    job.id,
+                    unit.round,
+                    started.weights_sha256,
+                    str(job.spec["elastic"]["compression"]),
+                )
             else:
                 check_weights_header(path, expected)
                 await check_weights_values(path)
