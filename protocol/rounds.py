@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from protocol.checks import require
+from protocol.checks import require, require_sha256
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 from protocol.ids import check_id
@@ -31,11 +31,6 @@ COMPRESSIONS = ("int8", "none")
 MAX_ROUND = 10**6
 MAX_SLOT = 4096
 _OVERHEAD = 4096  # the map's keys, ids and headers around `tensor`
-_SHA_CHARS = frozenset("0123456789abcdef")
-
-
-def _check_sha(value: str, path: str) -> None:
-    require(len(value) == 64 and set(value) <= _SHA_CHARS, path, "must be a sha256 hex digest")
 
 
 @dataclass(frozen=True)
@@ -49,7 +44,7 @@ class RoundShare:
     def check(self, path: str) -> None:
         require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
         require(0 <= self.slot < MAX_SLOT, f"{path}.slot", f"must be 0..{MAX_SLOT - 1}")
-        _check_sha(self.weights_sha256, f"{path}.weights_sha256")
+        require_sha256(self.weights_sha256, f"{path}.weights_sha256")
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ class RoundDelta:
         check_id(self.job_id, f"{path}.job_id")
         require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
         require(0 <= self.slot < MAX_SLOT, f"{path}.slot", f"must be 0..{MAX_SLOT - 1}")
-        _check_sha(self.base_sha256, f"{path}.base_sha256")
+        require_sha256(self.base_sha256, f"{path}.base_sha256")
         require(self.numel >= 1, f"{path}.numel", "must be >= 1")
         require(self.steps >= 0, f"{path}.steps", "must be >= 0")
         require(

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from protocol.checks import require
+from protocol.checks import require, require_sha256
 from protocol.codec import Limits, decode, encode
 from protocol.errors import DecodeError
 from protocol.ids import check_id, check_peer
@@ -32,16 +32,6 @@ WORK_LIMITS = Limits(
 def _check_ids(obj: object, path: str) -> None:
     for name in ("job_id", "unit_id"):
         check_id(getattr(obj, name), f"{path}.{name}")
-
-
-def _check_sha(value: str, path: str, allow_empty: bool = False) -> None:
-    if allow_empty and value == "":
-        return
-    require(
-        len(value) == 64 and all(c in "0123456789abcdef" for c in value),
-        path,
-        "must be a lowercase sha256 hex digest",
-    )
 
 
 def _check_metrics(metrics: dict[str, float], path: str) -> None:
@@ -71,7 +61,7 @@ class WorkPackage:
     def check(self, path: str) -> None:
         _check_ids(self, path)
         for i, sha in enumerate(self.blobs):
-            _check_sha(sha, f"{path}.blobs[{i}]")
+            require_sha256(sha, f"{path}.blobs[{i}]")
         if self.round_share is not None:
             require(
                 self.round_share.weights_sha256 in self.blobs,
@@ -169,7 +159,7 @@ class Result:
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
-        _check_sha(self.weights_sha256, f"{path}.weights_sha256", allow_empty=not self.ok)
+        require_sha256(self.weights_sha256, f"{path}.weights_sha256", allow_empty=not self.ok)
         require(self.weights_size >= 0, f"{path}.weights_size", "must be >= 0")
         require(len(self.error) <= 4000, f"{path}.error", "must be <= 4000 chars")
         _check_metrics(self.metrics, f"{path}.metrics")
@@ -197,7 +187,7 @@ class Receipt:
         _check_ids(self, path)
         check_peer(self.owner, f"{path}.owner")
         check_peer(self.worker, f"{path}.worker")
-        _check_sha(self.weights_sha256, f"{path}.weights_sha256")
+        require_sha256(self.weights_sha256, f"{path}.weights_sha256")
         _check_metrics(self.metrics, f"{path}.metrics")
 
 

@@ -7,8 +7,6 @@ beside `out`). See `training.runner` for the request as a whole.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +20,7 @@ from training.execute import emit_started, prepare
 from training.fields import Section
 from training.loop import Emit
 from training.spec import JobSpec
-from training.weights import file_sha256
+from training.weights import file_sha256, write_atomic
 
 BlobFile = Callable[[str], Path]  # sha256 -> its checked file
 
@@ -91,7 +89,7 @@ def _inner(
         state_out=state_out,
         emit=emit,
     )
-    _write_atomic(out, encode_round_delta(outcome.delta))
+    write_atomic(out, encode_round_delta(outcome.delta))
     return {
         "steps": outcome.steps,
         "samples": outcome.samples,
@@ -144,14 +142,3 @@ def _beside(out: Path, raw: str | None, name: str) -> Path | None:
     if not path.is_absolute() or "\x00" in raw or path.parent != out.parent or path == out:
         raise SpecError(f"request.elastic.{name} must be a file in {out.parent}, beside out")
     return path
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -60,19 +60,23 @@ def write_weights(
 ) -> str:
     """Write the weights file atomically (a reader never sees half a file); return its sha256."""
     blob = weights_bytes(tensors, metadata)
-    path = Path(path)
+    write_atomic(Path(path), blob)
+    return hashlib.sha256(blob).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return hashlib.sha256(blob).hexdigest()
 
 
 def file_sha256(path: Path) -> str:

@@ -85,12 +85,10 @@ class OwnerRole:
             reason = f"internal error on the owner: {type(exc).__name__}: {exc}"[:2000]
             for unit in self.ctx.jobs.units_of(job_id, *LIVE_UNIT_STATES):
                 self.lifecycle.lost(unit.unit_id, reason)
-            job = self.ctx.jobs.get(job_id)
-            if is_elastic(job):  # its rounds cannot go on: say so, rather than hang
-                self.ctx.jobs.transition(
-                    job_id, ("queued", "running"), reason, state="failed", reason=reason
-                )
-            self.ctx.jobs.transition(job_id, ("queued", "running"), reason, reason=reason)
+            # a single job is offered again; an elastic job's rounds cannot go on without
+            # their driver, so it fails (saying why) rather than hang
+            ending = {"state": "failed"} if is_elastic(self.ctx.jobs.get(job_id)) else {}
+            self.ctx.jobs.transition(job_id, ("queued", "running"), reason, reason=reason, **ending)
         finally:
             self._placing.discard(job_id)
 
