@@ -206,12 +206,22 @@ cli_ledger.register(app)
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="leave the network running until Ctrl-C")] = False,
-    nodes: Annotated[int, typer.Option(help="how many nodes to start")] = 3,
+    nodes: Annotated[
+        int | None, typer.Option(help="how many nodes to start (3; elastic: 4)")
+    ] = None,
+    mode: Annotated[
+        str, typer.Option(help="single: one peer trains the job; elastic: several, in rounds")
+    ] = "single",
 ) -> None:
-    """Start a local network on loopback and show the nodes finding each other."""
+    """Start a local network on loopback, train a job across it and show where to look."""
     from node.demo import run_demo
 
-    sys.exit(run_demo(nodes=nodes, keep=keep, console=console))
+    if mode not in ("single", "elastic"):
+        raise typer.BadParameter("--mode must be single or elastic", param_hint="--mode")
+    count = nodes if nodes is not None else (4 if mode == "elastic" else 3)
+    if mode == "elastic" and count < 3:
+        raise typer.BadParameter("the elastic demo needs at least 3 nodes", param_hint="--nodes")
+    sys.exit(run_demo(nodes=count, keep=keep, console=console, mode=mode))
 
 
 def _device(g: dict) -> str:

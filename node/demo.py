@@ -2,7 +2,8 @@
 
 Three nodes start and find each other; node 1 submits a digits classifier; a peer
 trains it in a sandboxed subprocess and returns signed weights, which node 1 checks
-and stores; both sides keep the receipt.
+and stores; both sides keep the receipt. `--mode elastic` trains one job on several
+peers at once instead (`node.demo_elastic`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from node.client import request_json
+from node.demo_elastic import run_elastic
 from node.localnet import LocalNetwork, LocalNode
 from training.examples import digits_toml
 
 DEMO_SPEC = digits_toml()
 
 
-def run_demo(nodes: int, keep: bool, console: Console) -> int:
+def run_demo(nodes: int, keep: bool, console: Console, mode: str = "single") -> int:
+    """Start `nodes` nodes and train the demo job of `mode` ("single" or "elastic")."""
     root = Path(tempfile.mkdtemp(prefix="meshminer-demo-"))
     console.print(f"Starting {nodes} nodes on 127.0.0.1 (data dirs under {root})")
     started = time.monotonic()
@@ -38,7 +41,10 @@ def run_demo(nodes: int, keep: bool, console: Console) -> int:
             console.print(f"All nodes found each other in {time.monotonic() - started:.1f} s.")
             _show_peers(net, console)
             owner = net.nodes[0]
-            job = _train(owner, root, console)
+            if mode == "elastic":
+                job = run_elastic(net, root, console)
+            else:
+                job = _train(owner, root, console)
         except (TimeoutError, RuntimeError) as exc:
             console.print(f"[red]demo failed:[/red] {exc}")
             for node in net.nodes:
@@ -47,21 +53,8 @@ def run_demo(nodes: int, keep: bool, console: Console) -> int:
         if job["state"] != "completed":
             console.print(f"[red]the job {job['state']}:[/red] {job['reason']}")
             return 1
-        trainer = next((n.name for n in net.nodes if n.peer_id == job["worker"]), "?")
-        weights = root / "digits-mlp.safetensors"
-        urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/weights", weights)
-        metrics = job["metrics"]
-        console.print(
-            f"\n[bold green]Job {job['id']} completed[/bold green]: trained by "
-            f"{trainer} ({job['worker']}) on {metrics.get('device', '?')}"
-        )
-        console.print(
-            f"  validation accuracy {metrics.get('val_accuracy', float('nan')):.3f}, "
-            f"validation loss {metrics.get('val_loss', float('nan')):.4f}, "
-            f"{metrics.get('steps', 0)} steps"
-        )
-        console.print(f"  weights (checked, sha256 {job['weights_sha256'][:16]}…): {weights}")
-        console.print(f"  job details: {owner.api}/api/v1/jobs/{job['id']}")
+        if mode != "elastic":
+            _report(owner, job, net, root, console)
         console.print(
             f"  status API: {owner.api}/api/v1/status   peers: {owner.api}/api/v1/peers"
             f"   metrics: {owner.api}/metrics"
@@ -75,6 +68,24 @@ def run_demo(nodes: int, keep: bool, console: Console) -> int:
         console.print("Stopping nodes...")
     console.print("Done: all nodes stopped.")
     return 0
+
+
+def _report(owner: LocalNode, job: dict, net: LocalNetwork, root: Path, console: Console) -> None:
+    trainer = next((n.name for n in net.nodes if n.peer_id == job["worker"]), "?")
+    weights = root / "digits-mlp.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/weights", weights)
+    metrics = job["metrics"]
+    console.print(
+        f"\n[bold green]Job {job['id']} completed[/bold green]: trained by "
+        f"{trainer} ({job['worker']}) on {metrics.get('device', '?')}"
+    )
+    console.print(
+        f"  validation accuracy {metrics.get('val_accuracy', float('nan')):.3f}, "
+        f"validation loss {metrics.get('val_loss', float('nan')):.4f}, "
+        f"{metrics.get('steps', 0)} steps"
+    )
+    console.print(f"  weights (checked, sha256 {job['weights_sha256'][:16]}…): {weights}")
+    console.print(f"  job details: {owner.api}/api/v1/jobs/{job['id']}")
 
 
 def _show_peers(net: LocalNetwork, console: Console) -> None:

@@ -26,3 +26,21 @@ def test_demo_trains_a_job_across_the_network() -> None:
     accuracy = float(out.stdout.split("validation accuracy ", 1)[1].split(",", 1)[0])
     assert accuracy > 0.9
     assert "Done: all nodes stopped." in out.stdout
+
+
+def test_the_elastic_demo_survives_a_worker_leaving_and_one_joining() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "demo", "--mode", "elastic"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "stopping node4" in out.stdout and "node5" in out.stdout
+    assert "rounds" in out.stdout  # the rounds table
+    loss = float(out.stdout.split("final validation loss ", 1)[1].split(";", 1)[0])
+    workers = out.stdout.split("workers: ", 1)[1].split(";", 1)[0]
+    assert "node5" in workers and "node4" in workers
+    assert loss < 3.0  # a character LM that learned something (uniform over ~90 chars: 4.5)
+    assert "Done: all nodes stopped." in out.stdout

@@ -215,3 +215,54 @@ def test_a_delta_holding_nan_or_the_wrong_size_is_refused() -> None:
         encode_round_delta(_delta(tensor=b"\0" * 396))
     with pytest.raises(DecodeError, match="not a round delta"):
         _decode(b"\x80")
+
+
+def test_the_adaptive_deadline_follows_applied_shares_not_dropped_stragglers() -> None:
+    import time
+    from types import SimpleNamespace
+
+    import sqlite_utils
+
+    from node.work.jobs import JobStore
+    from node.work.rounds import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
+
+    jobs = JobStore(sqlite_utils.Database(memory=True))
+    rounds = ElasticRounds(SimpleNamespace(jobs=jobs), None, lambda **kw: {})  # type: ignore[arg-type]
+    job = jobs.create("el", {"elastic": {"round_timeout_s": 0.0}}, "auto", {}, [])
+
+    def ends_in(seconds: float) -> float:
+        return rounds._deadline(job) - time.time() - seconds
+
+    assert abs(ends_in(FIRST_ROUND_TIMEOUT_S)) < 5  # no round closed yet
+    rounds.store.open(job.id, 0, "a" * 64, "", time.time() + 600)
+    rounds.store.update(job.id, 0, "open", state="closed")
+    for peer, state, took in (("fast", "done", 30.0), ("slow", "done", 40.0),
+                              ("straggler", "expired", 600.0)):  # fmt: skip
+        unit = jobs.add_unit(job.id, peer, 10, round_=0, slot=0)
+        jobs.unit_transition(unit.unit_id, ("offered",), state=state,
+                             ended_at=unit.started_at + took)  # fmt: skip
+    assert abs(ends_in(ADAPTIVE_FACTOR * 40.0)) < 5
+
+
+def test_a_share_still_live_at_its_rounds_close_is_told_it_came_late() -> None:
+    from types import SimpleNamespace
+
+    import sqlite_utils
+
+    from node.work.jobs import JobStore
+    from node.work.leases import Leases
+    from node.work.lifecycle import round_closed_reason
+
+    jobs = JobStore(sqlite_utils.Database(memory=True))
+    leases = Leases(SimpleNamespace(jobs=jobs), None, lambda *a: None)  # type: ignore[arg-type]
+    job = jobs.create("el", {}, "auto", {}, [])
+    late, vanished = (jobs.add_unit(job.id, "peer", 10, round_=3, slot=s) for s in (0, 1))
+    jobs.unit_transition(late.unit_id, ("offered",), state="expired", reason=round_closed_reason(3))
+    jobs.unit_transition(vanished.unit_id, ("offered",), state="expired", reason="worker vanished")
+    assert leases.active_unit("peer", job.id, late.unit_id) == (
+        None,
+        "round 3 closed before its delta came",
+    )
+    assert leases.active_unit("peer", job.id, vanished.unit_id)[1] == (
+        "its lease expired and it was re-offered"
+    )

@@ -100,6 +100,7 @@ class FakeWork:
         self.ctx = SimpleNamespace(jobs=jobs, peer_id=peer_id, units_here=set())
         self.worker = None
         self.weights: dict[str, Path] = {}
+        self.rounds: dict[str, list[dict[str, Any]]] = {}  # an elastic job's, as the API has them
 
     def jobs(self) -> list[dict[str, Any]]:
         out = []
@@ -111,7 +112,12 @@ class FakeWork:
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         job = self.ctx.jobs.get(job_id)
-        return None if job is None else labelled_job(job, self.ctx.peer_id)
+        if job is None:
+            return None
+        row = labelled_job(job, self.ctx.peer_id)
+        if job_id in self.rounds:
+            row["rounds"] = self.rounds[job_id]
+        return row
 
     def weights_path(self, job_id: str) -> Path | None:
         return self.weights.get(job_id)
@@ -294,6 +300,45 @@ def test_the_job_page_shows_progress_chart_timeline_result_and_receipt(
         assert 'id="weights-link" href="/api/v1/jobs/' + job.id + '/weights"' in body
         assert "name = &#34;digits-mlp&#34;" in body and "[model]" in body  # the spec, as TOML
         assert "val_accuracy" in body
+
+    serve(site, test)
+
+
+def _round(n: int, workers: list[str], **changes: Any) -> dict[str, Any]:
+    row = {"round": n, "state": "closed", "workers": workers, "dropped": [], "joined": [],
+           "left": [], "val_loss": 2.0 - n / 10, "bytes_in": 30_000 * len(workers),
+           "full_bytes": 120_000 * len(workers), "seconds": 4.0}  # fmt: skip
+    return {**row, **changes}
+
+
+def test_an_elastic_job_page_shows_each_rounds_peers_bytes_and_val_loss(site: Site) -> None:
+    a, b, c, d = (peer_id_of(key_from(i)) for i in range(2, 6))
+    spec = {"name": "lm", "mode": "elastic", "elastic": {"rounds": 5, "workers": 3}}
+    job = site.jobs.create("lm", spec, "auto", {}, [])
+    history = [[20 * (n + 1), None, 2.0 - n / 10] for n in range(3)]
+    site.jobs.update(job, state="running", progress={"step": 60, "total_steps": 100,
+                                                     "history": history})  # fmt: skip
+    site.work.rounds[job.id] = [
+        _round(0, [a, b, c], joined=[a, b, c]),
+        _round(1, [a, b], dropped=[c]),
+        _round(2, [a, b, d], joined=[d]),
+        _round(3, [], state="open", val_loss=None, bytes_in=0, full_bytes=0),
+    ]
+
+    async def test(client: TestClient) -> None:
+        body = await get(client, f"/jobs/{job.id}")
+        strip = body.split('id="rounds"', 1)[1].split("</section>", 1)[0]
+        assert "3 of 5 rounds closed" in strip
+        assert "deltas took 0.24 MB, 4x less than full fp32 weights (0.96 MB)" in strip
+        rows = strip.split('<li class="round ')[1:]
+        assert [r.split('data-round="', 1)[1][0] for r in rows] == ["3", "2", "1", "0"]
+        assert f'class="chip joined" title="{d}: joined this round; delta applied"' in rows[1]
+        assert f'class="chip left" title="{c}: dropped (lost or late)"' in rows[2]
+        assert f'class="chip worked" title="{a}' in rows[2] and "val 1.9" in rows[2]
+        assert '<rect class="sent" width="25.0"' in rows[3]
+        assert "open" in rows[0]
+        assert 'data-val-points="3"' in body and 'data-points="0"' in body  # val loss per round
+        assert "3 in round 2 (of 3 wanted)" in body  # the last closed round
 
     serve(site, test)
 

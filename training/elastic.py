@@ -129,6 +129,7 @@ class InnerOutcome:
     train_loss: float
     steps: int
     samples: int
+    train_seconds: float  # in the inner steps alone (no start-up, no file work)
 
 
 def inner_round(
@@ -156,6 +157,7 @@ def inner_round(
                 _load_optimizer(optimizer, load_file(str(state_in), device=str(run.device)))
             except Exception as exc:  # our own file; a mismatch means start fresh, loudly
                 raise TrainingError(f"the kept inner optimizer state does not fit: {exc}") from None
+        began = time.monotonic()
         outcome = train(
             model,
             run.data,
@@ -169,6 +171,7 @@ def inner_round(
             batch_seed=seed,
             validate=False,
         )
+        train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
     delta = (start - flatten(model.state_dict(), names)).cpu()
     if elastic.compression == "int8":
@@ -187,7 +190,9 @@ def inner_round(
         tensor=tensor,
         steps=outcome.steps,
     )
-    return InnerOutcome(message, outcome.metrics["train_loss"], outcome.steps, outcome.samples)
+    return InnerOutcome(
+        message, outcome.metrics["train_loss"], outcome.steps, outcome.samples, train_seconds
+    )
 
 
 def outer_step(

@@ -93,7 +93,7 @@ def _inner(
     return {
         "steps": outcome.steps,
         "samples": outcome.samples,
-        "metrics": {"train_loss": outcome.train_loss},
+        "metrics": {"train_loss": outcome.train_loss, "train_seconds": outcome.train_seconds},
         "weights_sha256": file_sha256(out),
     }
 

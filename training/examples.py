@@ -1,5 +1,5 @@
-"""Example job specs: the digits MLP the demo trains (single and elastic), and the
-tests' starting point.
+"""Example job specs: the digits MLP (single and elastic) and the character LM the
+demos train, and the tests' starting point.
 
 One definition, so the demo, the docs' examples and the tests train the same job."""
 
@@ -76,3 +76,40 @@ inner_steps = {inner_steps}
 rounds = {rounds}
 compression = "{compression}"
 {extra}"""
+
+
+def char_lm_elastic_toml(
+    corpus: str,
+    name: str = "char-lm-elastic",
+    *,
+    workers: int = 3,
+    min_workers: int = 2,
+    inner_steps: int = 30,
+    rounds: int = 8,
+) -> str:
+    """An `elastic` job: a small character transformer on the text file `corpus` (an
+    absolute path), as TOML. The elastic demo trains it."""
+    return f"""\
+name = "{name}"
+mode = "elastic"
+seed = 0
+[model]
+arch = "char_transformer"
+layers = 2
+heads = 2
+width = 64
+context = 48
+[data]
+source = "builtin:text:{corpus}"
+batch_size = 32
+validation = 0.1
+[optim]
+name = "adamw"
+lr = 3e-3
+[elastic]
+workers = {workers}
+min_workers = {min_workers}
+inner_steps = {inner_steps}
+rounds = {rounds}
+compression = "int8"
+"""

@@ -79,14 +79,15 @@ def isolate(
     parent_pid: int | None = None,
 ) -> dict[str, str]:
     """Isolate this process (irreversibly); returns mechanism -> "on" or why not."""
-    report = {"die_with_daemon": _die_with_parent(parent_pid)}
+    report = {"die_with_daemon": die_with_parent(parent_pid)}
     report["rlimits"] = _rlimits(cpu_seconds, max_file_bytes)
     report["network_namespace"] = _no_network()
     report.update(_landlock(workdir, read_files))
     return report
 
 
-def _die_with_parent(parent_pid: int | None) -> str:
+def die_with_parent(parent_pid: int | None) -> str:
+    """Arm SIGKILL for when the daemon dies; exits at once if it already has."""
     if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return f"off: prctl: {os.strerror(ctypes.get_errno())}"
     if parent_pid is not None and os.getppid() != parent_pid:

@@ -28,19 +28,23 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from protocol import encode
+from training.runner import SPARE_UNSAFE
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
 DUTY_PERIOD_S = 1.0
 DISK_CHECK_S = 2.0
+SPARE_IDLE_S = 600.0  # a spare runner waits this long for a task, then leaves
 #: what the runner inherits from the daemon's environment (thread counts, devices)
 PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES",
@@ -59,8 +63,12 @@ async def run_training(
     *,
     duty_cycle: Callable[[], float] = lambda: 100.0,
     disk_quota_bytes: int = 0,
+    spare_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the runner on `request`; returns its `result` event or raises UnitFailed."""
+    """Run the runner on `request`; returns its `result` event or raises UnitFailed.
+
+    With `spare_dir`, a spare runner is started there for the next task (see
+    `_start_spare`); a task takes the spare when one is ready, whatever its caller."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stderr_path = workdir / "stderr.log"
     request = {
@@ -74,37 +82,37 @@ async def run_training(
     result: dict[str, Any] | None = None
     error = ""
     over_quota: list[str] = []
-    with open(stderr_path, "wb") as stderr:
-        proc, stdin, stdout = await _spawn(workdir, stderr.fileno())
-        try:
-            with trio.move_on_after(time_limit_s) as deadline:
-                async with trio.open_nursery() as watchers:
-                    watchers.start_soon(_duty_cycle, proc, duty_cycle)
-                    if disk_quota_bytes:
-                        watchers.start_soon(
-                            _disk_quota, proc, workdir, disk_quota_bytes, over_quota
-                        )
-                    async with stdin:
-                        await stdin.send_all(encode(request))
-                    async for event in _json_lines(stdout):
-                        kind = event.get("event")
-                        if kind == "result":
-                            result = event
-                        elif kind == "error":
-                            error = str(event.get("message", ""))[:2000]
-                        elif kind == "isolation":
-                            log.info("runner isolation: %s", event)
-                        else:
-                            on_event(event)
-                    await _wait(proc)
-                    watchers.cancel_scope.cancel()
-            if deadline.cancelled_caught:
-                raise UnitFailed(f"time limit of {time_limit_s / 3600:.2f} h exceeded")
-        finally:
-            _kill_group(proc)
-            with trio.CancelScope(shield=True):
+    runner = _take_spare(stderr_path) or await _start(workdir, stderr_path)
+    proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
+    try:
+        if spare_dir is not None:
+            await _start_spare(spare_dir)
+        with trio.move_on_after(time_limit_s) as deadline:
+            async with trio.open_nursery() as watchers:
+                watchers.start_soon(_duty_cycle, proc, duty_cycle)
+                if disk_quota_bytes:
+                    watchers.start_soon(_disk_quota, proc, workdir, disk_quota_bytes, over_quota)
+                async with stdin:
+                    await stdin.send_all(encode(request))
+                async for event in _json_lines(stdout):
+                    kind = event.get("event")
+                    if kind == "result":
+                        result = event
+                    elif kind == "error":
+                        error = str(event.get("message", ""))[:2000]
+                    elif kind == "isolation":
+                        log.info("runner isolation: %s", event)
+                    else:
+                        on_event(event)
                 await _wait(proc)
-                await stdout.aclose()
+                watchers.cancel_scope.cancel()
+        if deadline.cancelled_caught:
+            raise UnitFailed(f"time limit of {time_limit_s / 3600:.2f} h exceeded")
+    finally:
+        _kill_group(proc)
+        with trio.CancelScope(shield=True):
+            await _wait(proc)
+            await stdout.aclose()
     if over_quota:
         raise UnitFailed(over_quota[0])
     if proc.returncode == -signal.SIGXFSZ:
@@ -147,34 +155,91 @@ class _Spawner:
 _spawner: _Spawner | None = None
 
 
-async def _spawn(
-    workdir: Path, stderr_fd: int
-) -> tuple[subprocess.Popen, trio.lowlevel.FdStream, trio.lowlevel.FdStream]:
+@dataclass
+class _Runner:
+    proc: subprocess.Popen
+    stdin: trio.lowlevel.FdStream
+    stdout: trio.lowlevel.FdStream
+    stderr_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def discard(self) -> None:
+        _kill_group(self.proc)
+        self.proc.wait()
+        for stream in (self.stdin, self.stdout):
+            stream.close()
+
+
+async def _start(cwd: Path, stderr_path: Path, spare_args: list[str] | None = None) -> _Runner:
     global _spawner
     if _spawner is None:
         _spawner = _Spawner()
+    env = runner_env(cwd)
+    args = [sys.executable, "-m", "training.runner"]
+    if spare_args is not None:
+        args += ["--spare", *spare_args]
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # see training.runner._wait_as_spare
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
-    popen = functools.partial(
-        subprocess.Popen,
-        [sys.executable, "-m", "training.runner"],
-        stdin=stdin_r,
-        stdout=stdout_w,
-        stderr=stderr_fd,
-        cwd=workdir,
-        env=runner_env(workdir),
-        start_new_session=True,
+    with open(stderr_path, "wb") as stderr:
+        popen = functools.partial(
+            subprocess.Popen,
+            args,
+            stdin=stdin_r,
+            stdout=stdout_w,
+            stderr=stderr.fileno(),
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            proc = await trio.to_thread.run_sync(_spawner.spawn, popen)
+        except BaseException:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+    return _Runner(
+        proc, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r), stderr_path
     )
-    try:
-        proc = await trio.to_thread.run_sync(_spawner.spawn, popen)
-    except BaseException:
-        for fd in (stdin_w, stdout_r):
-            os.close(fd)
-        raise
-    finally:
-        os.close(stdin_r)
-        os.close(stdout_w)
-    return proc, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r)
+
+
+# The spare runner of this trio run (one node), or None; False once a spare proved
+# unusable here (`training.runner.SPARE_UNSAFE`), so none is started again.
+_spare: trio.lowlevel.RunVar[_Runner | None | bool] = trio.lowlevel.RunVar("spare", None)
+
+
+async def _start_spare(folder: Path) -> None:
+    """Start a runner that imports torch and waits (`training.runner --spare`), so the
+    next task here does not pay a process start and the imports: about 1 s of CPU,
+    more on a loaded machine. One at a time; it leaves by itself after SPARE_IDLE_S."""
+    if _spare.get() is not None:
+        return
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    spare_args = [str(os.getpid()), str(SPARE_IDLE_S)]
+    _spare.set(await _start(folder, folder / f"spare-{time.time_ns()}.log", spare_args))
+
+
+def _take_spare(stderr_path: Path) -> _Runner | None:
+    """The spare, if one is alive and not about to leave; its stderr moves to
+    `stderr_path`."""
+    spare = _spare.get()
+    if not isinstance(spare, _Runner):
+        return None
+    _spare.set(None)
+    alive = spare.proc.poll() is None
+    if alive and time.monotonic() - spare.started < SPARE_IDLE_S - 30:
+        os.replace(spare.stderr_path, stderr_path)
+        return spare
+    spare.discard()
+    if spare.proc.returncode == SPARE_UNSAFE:
+        tail = spare.stderr_path.read_bytes()[-500:].decode(errors="replace").strip()
+        log.warning("spare runners are off on this machine: %s", tail)
+        _spare.set(False)
+    spare.stderr_path.unlink(missing_ok=True)
+    return None
 
 
 async def _wait(proc: subprocess.Popen) -> int:

@@ -20,7 +20,7 @@ import trio
 
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
-from node.work.lifecycle import Lifecycle
+from node.work.lifecycle import Lifecycle, round_closed_reason
 from protocol import ProtocolError, open_envelope
 from protocol.work import WORK_LIMITS, Progress, encode_ack
 
@@ -54,10 +54,11 @@ class Leases:
         if unit is None or unit.job_id != job_id or unit.worker != peer:
             return None, "unknown unit"
         if unit.state == "expired":
-            # the lease loop may have ended it at its deadline a moment before this
-            # message arrived: say so, rather than blame a lease the worker kept
-            if unit.reason == PAST_MAX_HOURS:
-                return None, PAST_MAX_HOURS
+            # the lease loop may have ended it at its deadline, or its round closed, a
+            # moment before this message arrived: say so, rather than blame a lease
+            # the worker kept
+            if unit.reason == PAST_MAX_HOURS or unit.reason == round_closed_reason(unit.round):
+                return None, unit.reason
             return None, "its lease expired and it was re-offered"
         if unit.state not in ("offered", "running", "verifying"):
             return None, f"the unit is {unit.state}"

@@ -3,8 +3,8 @@
 The rules in one place, so placement, leases, results and cancellation agree: each
 step is a compare-and-set on the unit, then on the job (`jobs.py`), so whichever of
 two racing events lands first wins and the other finds the row moved on and does
-nothing. Today a job has one live unit at a time (mode `single`); modes with many
-units decide how many they want, but end their units through the same calls.
+nothing. A `single` job has one live unit at a time; an `elastic` job one per slot
+of its open round (`rounds.py` decides how many), ended through the same calls.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ from node.work.context import WorkContext
 from node.work.jobs import FINAL_STATES, LIVE_UNIT_STATES, Job, Unit
 
 log = logging.getLogger(__name__)
+
+
+def round_closed_reason(round_: int) -> str:
+    """Why a share still live when its round closed ended: late, not at fault."""
+    return f"round {round_} closed before its delta came"
+
 
 MAX_ATTEMPTS = 3
 

@@ -21,7 +21,7 @@ from node.work.context import WorkContext
 from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
 from node.work.leases import Leases
-from node.work.lifecycle import Lifecycle
+from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import RoundStore
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
@@ -63,7 +63,8 @@ class Results:
                 self.ctx.jobs.transition(
                     job.id, (job.state,), f"late result from {peer} rejected: {why}"
                 )
-                self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
+                if not self._late_share(result.unit_id, why):  # late is not misconduct
+                    self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
         if not result.ok:
             if result.retryable:  # not the job's fault: offer it elsewhere
@@ -95,6 +96,10 @@ class Results:
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
             return self._reply(False, "the owner could not record the result; it retries")
+
+    def _late_share(self, unit_id: str, why: str) -> bool:
+        unit = self.ctx.jobs.unit(unit_id)
+        return unit is not None and why == round_closed_reason(unit.round)
 
     def _accept_share(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         """An elastic round's delta, checked: the half-signed receipt for its H inner

@@ -17,8 +17,8 @@ One task per elastic job drives its rounds (`drive`). A round:
    the next round. The close is a compare-and-set, so no round is applied twice.
 
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
-slowest share of the last closed round (at least 60 s; 600 s before any round has
-closed), so a fast job does not wait minutes for a vanished worker and a slow one
+slowest applied share of the last closed round (at least 60 s; 600 s before any round
+has closed), so a fast job does not wait minutes for a vanished worker and a slow one
 is not cut short.
 """
 
@@ -36,7 +36,7 @@ from node.work.context import WorkContext
 from node.work.executor import UnitFailed
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit, new_id
 from node.work.leases import unit_deadline
-from node.work.lifecycle import Lifecycle
+from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.offers import send_offer
 from node.work.placement import Backoff
 from node.work.round_store import Round, RoundStore
@@ -131,7 +131,12 @@ class ElasticRounds:
         closed = [r for r in self.store.of_job(job.id) if r.state == "closed"]
         if not closed:
             return time.time() + FIRST_ROUND_TIMEOUT_S
-        slowest = max(u.ended_at - u.started_at for u in self._units(job.id, closed[-1].round))
+        # only applied shares: one dropped at the close ran until that deadline, and
+        # counting it would triple the deadline after every round with a straggler
+        done = self._units(job.id, closed[-1].round, "done")
+        if not done:
+            return time.time() + FIRST_ROUND_TIMEOUT_S
+        slowest = max(u.ended_at - u.started_at for u in done)
         return time.time() + max(MIN_ADAPTIVE_TIMEOUT_S, ADAPTIVE_FACTOR * slowest)
 
     def _units(self, job_id: str, round_: int, *states: str) -> list[Unit]:
@@ -261,9 +266,7 @@ class ElasticRounds:
         """Drop what is still in flight, apply the deltas, record the round."""
         late = self._units(job.id, current.round, *LIVE_UNIT_STATES)
         for unit in late:
-            self._lifecycle.end(
-                unit.unit_id, "expired", f"round {current.round} closed before its delta came"
-            )
+            self._lifecycle.end(unit.unit_id, "expired", round_closed_reason(current.round))
         done = sorted(self._units(job.id, current.round, "done"), key=lambda u: u.slot)
         lost = self._units(job.id, current.round, "expired", "failed")
         before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
@@ -307,7 +310,7 @@ class ElasticRounds:
     def _record(self, job: Job, closed: Round, rounds: int, inner: int) -> None:
         history = list(job.progress.get("history", []))
         step = (closed.round + 1) * inner
-        history.append([step, closed.val_loss, closed.val_loss])
+        history.append([step, None, closed.val_loss])  # the outer step has no training loss
         self.ctx.jobs.transition(
             job.id,
             ("running",),
@@ -371,7 +374,9 @@ class ElasticRounds:
             elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
         request = {**request, "task": task, **({"elastic": elastic} if elastic else {})}
         try:
-            result = await ctx.train(request, task_id, job.max_hours, lambda event: None)
+            result = await ctx.train(
+                request, task_id, job.max_hours, lambda event: None, keep_warm=True
+            )
         except UnitFailed as exc:
             raise RuntimeError(f"{task} failed on the owner: {exc}") from None
         return result, folder

@@ -1,0 +1,222 @@
+"""Elastic rounds: communication, churn and utilisation, each against a baseline
+measured in the same run.
+
+    .venv/bin/python -m benchmarks.elastic [--parts comm churn util] [--workers 4]
+                                           [--rounds 20] [--inner-steps 50]
+
+The job is the elastic demo's: a small character transformer on meshminer's own
+module docstrings (`training.examples.char_lm_elastic_toml`).
+
+- **comm**: elastic (H = `--inner-steps`, int8 deltas) against synchronous data
+  parallel that averages fp32 gradients every step, with the same workers, per-worker
+  batch and total samples. Both run in this process (`train-local`): the elastic one
+  simulates every worker of every round with the network's arithmetic; the baseline
+  trains one model on the workers' batches together (the mean of W gradients over W
+  batches is the gradient of their union). Bytes: what a ring all-reduce of the fp32
+  gradients sends per step, 2 (W - 1) x 4 n over all workers, against what elastic
+  rounds move, every worker's delta up and the fp32 global weights down each round.
+  Goals: >= 100x fewer bytes; final validation loss within 2 % of the baseline's.
+- **churn**: real nodes on loopback, the same job with fixed membership and with
+  churn (one worker SIGKILLed in round 1, a new node started two rounds later); the
+  final validation loss of each and their ratio.
+- **util**: real nodes on loopback, one worker per core: each worker's time in inner
+  steps (`train_seconds` in its co-signed receipts) over the job's wall time from
+  round 0's opening to the last round's close, at H = 50 and H = 200. Goal: >= 0.8
+  at H = 200.
+
+Prints tables and writes benchmarks/results/elastic.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Result
+from node.client import request_json
+from node.demo_elastic import write_corpus
+from node.localnet import LocalNetwork, LocalNode, wait_for
+from protocol.receipts import parse_cosigned
+from training.examples import char_lm_elastic_toml
+from training.spec import parse_spec
+
+
+def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int) -> str:
+    return char_lm_elastic_toml(str(corpus), "bench-elastic", workers=workers,
+                                min_workers=min_workers, inner_steps=inner,
+                                rounds=rounds)  # fmt: skip
+
+
+def communication(root: Path, workers: int, rounds: int, inner: int) -> Result:
+    from safetensors import safe_open
+
+    from training.local import train_local
+
+    root.mkdir(parents=True)
+    corpus = write_corpus(root / "corpus.txt")
+    raw = tomllib.loads(_spec(corpus, workers, rounds, inner, workers))
+    began = time.perf_counter()
+    elastic = train_local(parse_spec(raw), root / "elastic.safetensors")
+    elastic_s = time.perf_counter() - began
+    baseline_raw = {k: v for k, v in raw.items() if k != "elastic"}
+    baseline_raw["mode"] = "single"
+    baseline_raw["data"] = {**raw["data"], "batch_size": raw["data"]["batch_size"] * workers}
+    baseline_raw["optim"] = {**raw["optim"], "steps": rounds * inner}
+    began = time.perf_counter()
+    baseline = train_local(parse_spec(baseline_raw), root / "sync.safetensors")
+    baseline_s = time.perf_counter() - began
+
+    weights = root / "elastic.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        numel = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+    sync_bytes = rounds * inner * 2 * (workers - 1) * 4 * numel
+    deltas = sum(r["bytes_in"] for r in elastic["rounds"])
+    elastic_bytes = deltas + rounds * workers * weights.stat().st_size
+    e_loss = elastic["rounds"][-1]["val_loss"]
+    s_loss = baseline["metrics"]["val_loss"]
+    result = Result("elastic: communication at equal quality",
+                    ["run", "final val loss", "bytes", "seconds"])  # fmt: skip
+    result.add(f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, sync_bytes,
+               baseline_s)  # fmt: skip
+    result.add(f"elastic H={inner}, int8 deltas", e_loss, elastic_bytes, elastic_s)
+    result.meta.update(
+        {
+            "workers": workers,
+            "rounds": rounds,
+            "inner_steps": inner,
+            "numel": numel,
+            "sync_bytes": sync_bytes,
+            "elastic_bytes": elastic_bytes,
+            "delta_bytes": deltas,
+            "bytes_ratio": sync_bytes / elastic_bytes,
+            "val_loss_elastic": e_loss,
+            "val_loss_sync": s_loss,
+            "val_loss_ratio": e_loss / s_loss,
+        }
+    )
+    return result
+
+
+def _run_job(net: LocalNetwork, owner: LocalNode, spec: str, churn: bool) -> dict[str, Any]:
+    job_id = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
+
+    def rounds() -> list[dict[str, Any]]:
+        return owner.get(f"/api/v1/jobs/{job_id}")["rounds"]
+
+    if churn:
+        wait_for(lambda: (r := rounds()) and r[-1]["round"] >= 1, 600, "round 1 to open")
+        victim = net.nodes[-1]
+        victim.stop(signal.SIGKILL)
+        killed_in = rounds()[-1]["round"]
+        wait_for(lambda: len([r for r in rounds() if r["state"] == "closed"]) >= killed_in + 2,
+                 900, "two more rounds")  # fmt: skip
+        net.add()
+    return wait_for(
+        lambda: (
+            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"]
+            in ("completed", "failed", "cancelled")
+            and j
+        ),
+        3600,
+        "the job to end",
+    )
+
+
+def _network(root: Path, workers: int) -> LocalNetwork:
+    net = LocalNetwork(root, ["--publish-interval", "1", "--peer-ttl", "5"])
+    net.add(["--not-accepting", "--lease", "3"])
+    net.add_many(workers)
+    net.wait_all_see_each_other(timeout=60)
+    return net
+
+
+def churn(root: Path, workers: int, rounds: int, inner: int) -> Result:
+    root.mkdir(parents=True)
+    corpus = write_corpus(root / "corpus.txt")
+    spec = _spec(corpus, workers, rounds, inner, max(1, workers - 1))
+    losses = {}
+    for scenario in ("fixed", "churn"):
+        with _network(root / scenario, workers) as net:
+            job = _run_job(net, net.nodes[0], spec, scenario == "churn")
+        assert job["state"] == "completed", job["reason"]
+        losses[scenario] = (job["rounds"][-1]["val_loss"], job["rounds"])
+    result = Result("elastic: churn cost", ["membership", "final val loss", "ratio"])
+    result.add("fixed", losses["fixed"][0], 1.0)
+    result.add("churn", losses["churn"][0], losses["churn"][0] / losses["fixed"][0])
+    result.meta.update(
+        {
+            "workers": workers,
+            "rounds": rounds,
+            "inner_steps": inner,
+            "val_loss_fixed": losses["fixed"][0],
+            "val_loss_churn": losses["churn"][0],
+            "workers_per_round_churn": [len(r["workers"]) for r in losses["churn"][1]],
+        }
+    )
+    return result
+
+
+def _train_seconds(node: LocalNode, job_id: str) -> float:
+    total = 0.0
+    for entry in node.get("/api/v1/ledger?limit=1000")["entries"]:
+        if entry["kind"] == "work_done" and entry["job_id"] == job_id:
+            receipt = parse_cosigned(bytes.fromhex(entry["payload"])).receipt
+            total += float(receipt.metrics.get("train_seconds", 0.0))
+    return total
+
+
+def utilisation(root: Path, workers: int, rounds: int, inners: list[int]) -> Result:
+    root.mkdir(parents=True)
+    corpus = write_corpus(root / "corpus.txt")
+    result = Result("elastic: worker utilisation", ["H", "round s", "utilisation per worker"])
+    for inner in inners:
+        with _network(root / f"h{inner}", workers) as net:
+            job = _run_job(net, net.nodes[0], _spec(corpus, workers, rounds, inner, workers),
+                           churn=False)  # fmt: skip
+            assert job["state"] == "completed", job["reason"]
+            wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
+            shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
+        result.add(inner, wall / rounds, ", ".join(f"{s:.2f}" for s in shares))
+        result.meta[f"h{inner}"] = {"wall_s": wall, "utilisation": shares}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--parts", nargs="+", default=["comm", "churn", "util"])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--inner-steps", type=int, default=50)
+    parser.add_argument(
+        "--net-workers",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="workers in the network runs (default: one per core)",
+    )
+    parser.add_argument("--net-rounds", type=int, default=6)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="meshminer-elastic-"))
+    meta: dict[str, Any] = {}
+    parts = []
+    if "comm" in args.parts:
+        parts.append(communication(root / "comm", args.workers, args.rounds, args.inner_steps))
+    if "churn" in args.parts:
+        parts.append(churn(root / "churn", max(3, args.net_workers), args.net_rounds, 50))
+    if "util" in args.parts:
+        parts.append(utilisation(root / "util", args.net_workers, args.net_rounds, [50, 200]))
+    for part in parts:
+        part.show()
+        meta[part.name] = {"rows": part.rows, **part.meta}
+    summary = Result("elastic", ["part"], meta=meta)
+    print(f"results: {summary.save()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""`meshminer demo --mode elastic`: one job trained by several nodes at once, in rounds.
+
+Node 1 submits a small character language model (trained on meshminer's own module
+docstrings) as an elastic job for three workers. After the first round closes, one
+worker is stopped; two rounds later a new node joins and takes its place. The demo
+follows the rounds, then prints the rounds table and the final validation loss.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from node.cli_jobs import rounds_table
+from node.client import request_json
+from node.localnet import LocalNetwork, LocalNode
+from training.examples import char_lm_elastic_toml
+
+WORKERS = 3
+ROUNDS = 8
+CORPUS_CHARS = 40_000
+PACKAGES = ("protocol", "node", "training", "ledger")
+
+
+def write_corpus(path: Path) -> Path:
+    """The module docstrings of meshminer itself, up to CORPUS_CHARS characters."""
+    root = Path(__file__).resolve().parents[1]
+    texts = []
+    for package in PACKAGES:
+        for module in sorted((root / package).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(module.read_text(encoding="utf-8")))
+            if doc:
+                texts.append(doc)
+    path.write_text("\n\n".join(texts)[:CORPUS_CHARS], encoding="utf-8")
+    return path
+
+
+def run_elastic(net: LocalNetwork, root: Path, console: Console, timeout: float = 900) -> dict:
+    """Submit the elastic job on the first node, stop a worker after round 0 and add a
+    node two rounds later; returns the job as it ended."""
+    owner, leaver = net.nodes[0], net.nodes[-1]
+    spec = char_lm_elastic_toml(str(write_corpus(root / "corpus.txt")), workers=WORKERS,
+                                rounds=ROUNDS)  # fmt: skip
+    (root / "char-lm-elastic.toml").write_text(spec)
+    job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
+    console.print(
+        f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {ROUNDS} rounds "
+        f"of {WORKERS} workers (spec in {root / 'char-lm-elastic.toml'})"
+    )
+    left_after = joiner = None
+    deadline = time.monotonic() + timeout
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} rounds"),
+        TextColumn("{task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("queued", total=ROUNDS, loss="")
+        while time.monotonic() < deadline:
+            job = owner.get(f"/api/v1/jobs/{job['id']}")
+            closed = [r for r in job["rounds"] if r["state"] == "closed"]
+            loss = f"val loss {closed[-1]['val_loss']:.4f}" if closed else ""
+            bar.update(task, description=job["state"], completed=len(closed), loss=loss)
+            if job["state"] in ("completed", "failed", "cancelled"):
+                break
+            if closed and left_after is None:
+                left_after = len(closed)
+                bar.console.print(f"stopping {leaver.name} ({leaver.peer_id[-6:]}) mid-job")
+                leaver.stop()
+            elif left_after is not None and joiner is None and len(closed) >= left_after + 2:
+                joiner = net.add()
+                bar.console.print(f"{joiner.name} ({joiner.peer_id[-6:]}) joins the network")
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"the elastic demo job did not finish within {timeout:.0f} s")
+    _report(owner, job, net, console)
+    return job
+
+
+def _report(owner: LocalNode, job: dict, net: LocalNetwork, console: Console) -> None:
+    console.print(rounds_table(job["rounds"]))
+    names = {n.peer_id: n.name for n in net.nodes}
+    contributed = sorted({names.get(p, p[-6:]) for r in job["rounds"] for p in r["workers"]})
+    sent = sum(r.get("bytes_in", 0) for r in job["rounds"])
+    full = sum(r.get("full_bytes", 0) for r in job["rounds"])
+    console.print(
+        f"final validation loss {job['metrics'].get('val_loss', float('nan')):.4f}; "
+        f"workers: {', '.join(contributed)}; deltas took {sent / 1e6:.2f} MB "
+        f"({full / max(sent, 1):.1f}x less than fp32 weights)"
+    )
+    console.print(f"  job details: {owner.api}/api/v1/jobs/{job['id']}")
+    console.print(f"  status page: {owner.api}/jobs/{job['id']}")
