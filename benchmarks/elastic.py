@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Result
-from node.client import request_json
+from node.client import submit_job
 from node.demo_elastic import write_corpus
 from node.localnet import LocalNetwork, LocalNode, wait_for
 from protocol.receipts import parse_cosigned
@@ -104,8 +104,10 @@ def communication(root: Path, workers: int, rounds: int, inner: int) -> Result:
     return result
 
 
-def _run_job(net: LocalNetwork, owner: LocalNode, spec: str, churn: bool) -> dict[str, Any]:
-    job_id = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
+def _run_job(
+    net: LocalNetwork, owner: LocalNode, spec: str, corpus: Path, churn: bool
+) -> dict[str, Any]:
+    job_id = submit_job(owner.api, spec, corpus)["id"]
 
     def rounds() -> list[dict[str, Any]]:
         return owner.get(f"/api/v1/jobs/{job_id}")["rounds"]
@@ -144,7 +146,7 @@ def churn(root: Path, workers: int, rounds: int, inner: int) -> Result:
     losses = {}
     for scenario in ("fixed", "churn"):
         with _network(root / scenario, workers) as net:
-            job = _run_job(net, net.nodes[0], spec, scenario == "churn")
+            job = _run_job(net, net.nodes[0], spec, corpus, scenario == "churn")
         assert job["state"] == "completed", job["reason"]
         losses[scenario] = (job["rounds"][-1]["val_loss"], job["rounds"])
     result = Result("elastic: churn cost", ["membership", "final val loss", "ratio"])
@@ -178,8 +180,8 @@ def utilisation(root: Path, workers: int, rounds: int, inners: list[int]) -> Res
     result = Result("elastic: worker utilisation", ["H", "round s", "utilisation per worker"])
     for inner in inners:
         with _network(root / f"h{inner}", workers) as net:
-            job = _run_job(net, net.nodes[0], _spec(corpus, workers, rounds, inner, workers),
-                           churn=False)  # fmt: skip
+            spec = _spec(corpus, workers, rounds, inner, workers)
+            job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
             assert job["state"] == "completed", job["reason"]
             wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
             shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]

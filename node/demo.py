@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from node.client import request_json
+from node.client import ApiError, NodeUnreachable, request_json
 from node.demo_elastic import run_elastic
 from node.localnet import LocalNetwork, LocalNode
 from training.examples import digits_toml
@@ -45,7 +45,7 @@ def run_demo(nodes: int, keep: bool, console: Console, mode: str = "single") -> 
                 job = run_elastic(net, root, console)
             else:
                 job = _train(owner, root, console)
-        except (TimeoutError, RuntimeError) as exc:
+        except (TimeoutError, RuntimeError, ApiError, NodeUnreachable) as exc:
             console.print(f"[red]demo failed:[/red] {exc}")
             for node in net.nodes:
                 console.print(f"--- {node.name} log ({node.log_path}) ---\n{node.log_tail()}")

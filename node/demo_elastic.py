@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from node.cli_jobs import rounds_table
-from node.client import request_json
+from node.client import submit_job
 from node.localnet import LocalNetwork, LocalNode
 from training.examples import char_lm_elastic_toml
 
@@ -43,10 +43,10 @@ def run_elastic(net: LocalNetwork, root: Path, console: Console, timeout: float 
     """Submit the elastic job on the first node, stop a worker after round 0 and add a
     node two rounds later; returns the job as it ended."""
     owner, leaver = net.nodes[0], net.nodes[-1]
-    spec = char_lm_elastic_toml(str(write_corpus(root / "corpus.txt")), workers=WORKERS,
-                                rounds=ROUNDS)  # fmt: skip
+    corpus = write_corpus(root / "corpus.txt")
+    spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=ROUNDS)
     (root / "char-lm-elastic.toml").write_text(spec)
-    job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
+    job = submit_job(owner.api, spec, corpus)  # the corpus is uploaded with the spec
     console.print(
         f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {ROUNDS} rounds "
         f"of {WORKERS} workers (spec in {root / 'char-lm-elastic.toml'})"
