@@ -116,7 +116,8 @@ def decode_round_delta(
     plain = decode(data, delta_limits(numel))
     if not isinstance(plain, dict) or plain.get("t") != RoundDelta.TYPE:
         raise DecodeError("not a round delta file")
-    if plain.pop("v", None) != RoundDelta.VERSION:
+    version = plain.pop("v", None)
+    if type(version) is not int or version != RoundDelta.VERSION:  # True == 1 in Python
         raise DecodeError(f"round delta: only version {RoundDelta.VERSION} is read")
     plain.pop("t")
     delta = from_plain(RoundDelta, plain)

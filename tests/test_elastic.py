@@ -215,6 +215,11 @@ def test_a_delta_holding_nan_or_the_wrong_size_is_refused() -> None:
         encode_round_delta(_delta(tensor=b"\0" * 396))
     with pytest.raises(DecodeError, match="not a round delta"):
         _decode(b"\x80")
+    from protocol import encode
+    from protocol.schema import to_plain
+
+    with pytest.raises(DecodeError, match="only version 1"):  # True == 1, yet not a version
+        _decode(encode({"t": RoundDelta.TYPE, "v": True, **to_plain(_delta())}))
 
 
 def test_the_adaptive_deadline_follows_applied_shares_not_dropped_stragglers() -> None:

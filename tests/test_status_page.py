@@ -339,6 +339,7 @@ def test_an_elastic_job_page_shows_each_rounds_peers_bytes_and_val_loss(site: Si
         assert "open" in rows[0]
         assert 'data-val-points="3"' in body and 'data-points="0"' in body  # val loss per round
         assert "3 in round 2 (of 3 wanted)" in body  # the last closed round
+        assert "Each accepted share of each round has its own co-signed receipt" in body
 
     serve(site, test)
 

@@ -108,7 +108,7 @@ class Results:
         if not self._lifecycle.share_done(
             unit.unit_id,
             result.weights_sha256,
-            result.weights_size,
+            self.ctx.blobs.size(result.weights_sha256),  # as fetched, not as claimed
             f"round {unit.round}: delta from {peer} checked; receipt issued",
         ):
             return self._reply(False, "result rejected: the round closed while it was checked")
@@ -231,7 +231,7 @@ class Results:
             if unit.round >= 0:
                 started = RoundStore(self.ctx.jobs.db).get(job.id, unit.round)
                 if started is None:
-                    raise WeightsRejected(f"round {unit.round} of this job is not open")
+                    raise WeightsRejected(f"round {unit.round} of this job is unknown here")
                 await check_delta_file(
                     path,
                     numel,

@@ -43,6 +43,7 @@ from node.work.round_store import Round, RoundStore
 from node.work.scheduler import unfit_reason
 from protocol.crypto import new_job_key
 from protocol.rounds import RoundShare
+from training.result_check import expected_tensors, float_numel
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ class ElasticRounds:
         workers = [u.worker for u in done]
         began = time.monotonic()
         weights, momentum, metrics = await self._outer_step(job, current, done)
-        numel_bytes = int(job.summary.get("parameters", 0)) * 4
+        numel_bytes = 4 * await self._delta_numel(job)
         closed = self.store.update(
             job.id,
             current.round,
@@ -328,6 +329,11 @@ class ElasticRounds:
                 "history": history[-500:],
             },
         )
+
+    async def _delta_numel(self, job: Job) -> int:
+        """Values in one delta: the model's floating-point state, buffers included."""
+        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
+        return float_numel(await trio.to_thread.run_sync(expected_tensors, job.spec, data))
 
     # -- work on this node -------------------------------------------------------------
 
