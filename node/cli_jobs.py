@@ -231,7 +231,7 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Table:
             str(r["round"]),
             str(count) + (" (open)" if r.get("state") == "open" else ""),
             ", ".join(short(p) for p in r.get("joined", [])) or "-",
-            ", ".join(short(p) for p in [*r.get("left", []), *r.get("dropped", [])]) or "-",
+            ", ".join(short(p) for p in sorted({*r.get("left", []), *r.get("dropped", [])})) or "-",
             f"{val:.4f}" if isinstance(val, float) else "-",
             f"{r.get('bytes_in', 0) / 1e6:.3f}",
             f"{r['seconds']:.1f}" if "seconds" in r else "-",

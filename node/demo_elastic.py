@@ -21,7 +21,7 @@ from node.localnet import LocalNetwork, LocalNode
 from training.examples import char_lm_elastic_toml
 
 WORKERS = 3
-ROUNDS = 8
+ROUNDS = 6
 CORPUS_CHARS = 40_000
 PACKAGES = ("protocol", "node", "training", "ledger")
 

@@ -1,5 +1,10 @@
 """A network of real node processes on loopback: for `meshminer demo`, the tests and
 the benchmarks. Each node is `python -m node node run` with its own data dir and ports.
+
+The nodes share one machine's cores, so each node's training runs one torch thread
+(unless the environment sets the thread counts): runners of several nodes that each
+spawn a thread per core spin against each other, and a round of an elastic job took
+10 to 20 times longer that way on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, TypeVar
 from node.client import ApiError, NodeUnreachable, request_json
 
 T = TypeVar("T")
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
@@ -105,7 +111,7 @@ class LocalNode:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**ONE_THREAD, **os.environ, "PYTHONUNBUFFERED": "1"},
             )
 
     def wait_ready(self, timeout: float = 60) -> LocalNode:

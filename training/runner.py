@@ -201,7 +201,10 @@ def _wait_as_spare(parent_pid: int, idle_s: float) -> bool:
 
     die_with_parent(parent_pid)
     import training.elastic_task  # noqa: F401  (torch, numpy and the training modules)
-    import training.execute  # noqa: F401
+    from training.execute import deterministic
+
+    with deterministic(0):  # its first use imports torch._inductor: 1.5 s of CPU
+        pass
 
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
