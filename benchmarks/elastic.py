@@ -48,20 +48,20 @@ from training.examples import char_lm_elastic_toml
 from training.spec import parse_spec
 
 
-def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int) -> str:
+def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int, width: int) -> str:
     return char_lm_elastic_toml(str(corpus), "bench-elastic", workers=workers,
                                 min_workers=min_workers, inner_steps=inner,
-                                rounds=rounds)  # fmt: skip
+                                rounds=rounds, width=width)  # fmt: skip
 
 
-def communication(root: Path, workers: int, rounds: int, inner: int) -> Result:
+def communication(root: Path, workers: int, rounds: int, inner: int, width: int) -> Result:
     from safetensors import safe_open
 
     from training.local import train_local
 
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
-    raw = tomllib.loads(_spec(corpus, workers, rounds, inner, workers))
+    raw = tomllib.loads(_spec(corpus, workers, rounds, inner, workers, width))
     began = time.perf_counter()
     elastic = train_local(parse_spec(raw), root / "elastic.safetensors")
     elastic_s = time.perf_counter() - began
@@ -139,10 +139,10 @@ def _network(root: Path, workers: int) -> LocalNetwork:
     return net
 
 
-def churn(root: Path, workers: int, rounds: int, inner: int) -> Result:
+def churn(root: Path, workers: int, rounds: int, inner: int, width: int) -> Result:
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
-    spec = _spec(corpus, workers, rounds, inner, max(1, workers - 1))
+    spec = _spec(corpus, workers, rounds, inner, max(1, workers - 1), width)
     losses = {}
     for scenario in ("fixed", "churn"):
         with _network(root / scenario, workers) as net:
@@ -174,13 +174,13 @@ def _train_seconds(node: LocalNode, job_id: str) -> float:
     return total
 
 
-def utilisation(root: Path, workers: int, rounds: int, inners: list[int]) -> Result:
+def utilisation(root: Path, workers: int, rounds: int, inners: list[int], width: int) -> Result:
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     result = Result("elastic: worker utilisation", ["H", "round s", "utilisation per worker"])
     for inner in inners:
         with _network(root / f"h{inner}", workers) as net:
-            spec = _spec(corpus, workers, rounds, inner, workers)
+            spec = _spec(corpus, workers, rounds, inner, workers, width)
             job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
             assert job["state"] == "completed", job["reason"]
             wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
@@ -203,16 +203,28 @@ def main() -> None:
         help="workers in the network runs (default: one per core)",
     )
     parser.add_argument("--net-rounds", type=int, default=6)
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=64,
+        help="the model's width (wider: longer steps, more bytes per round)",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="meshminer-elastic-"))
     meta: dict[str, Any] = {}
     parts = []
     if "comm" in args.parts:
-        parts.append(communication(root / "comm", args.workers, args.rounds, args.inner_steps))
+        parts.append(
+            communication(root / "comm", args.workers, args.rounds, args.inner_steps, args.width)
+        )
     if "churn" in args.parts:
-        parts.append(churn(root / "churn", max(3, args.net_workers), args.net_rounds, 50))
+        parts.append(
+            churn(root / "churn", max(3, args.net_workers), args.net_rounds, 50, args.width)
+        )
     if "util" in args.parts:
-        parts.append(utilisation(root / "util", args.net_workers, args.net_rounds, [50, 200]))
+        parts.append(
+            utilisation(root / "util", args.net_workers, args.net_rounds, [50, 200], args.width)
+        )
     for part in parts:
         part.show()
         meta[part.name] = {"rows": part.rows, **part.meta}

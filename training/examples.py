@@ -86,6 +86,8 @@ def char_lm_elastic_toml(
     min_workers: int = 2,
     inner_steps: int = 30,
     rounds: int = 8,
+    width: int = 64,
+    context: int = 48,
 ) -> str:
     """An `elastic` job: a small character transformer on the text file `corpus` (an
     absolute path), as TOML. The elastic demo trains it."""
@@ -97,8 +99,8 @@ seed = 0
 arch = "char_transformer"
 layers = 2
 heads = 2
-width = 64
-context = 48
+width = {width}
+context = {context}
 [data]
 source = "builtin:text:{corpus}"
 batch_size = 32
