@@ -43,7 +43,7 @@ from benchmarks.harness import Result
 from node.client import submit_job
 from node.demo_elastic import write_corpus
 from node.localnet import LocalNetwork, LocalNode, wait_for
-from protocol.receipts import parse_cosigned
+from protocol.receipts import open_receipt, parse_cosigned
 from training.examples import char_lm_elastic_toml
 from training.spec import parse_spec
 
@@ -169,7 +169,7 @@ def _train_seconds(node: LocalNode, job_id: str) -> float:
     total = 0.0
     for entry in node.get("/api/v1/ledger?limit=1000")["entries"]:
         if entry["kind"] == "work_done" and entry["job_id"] == job_id:
-            receipt = parse_cosigned(bytes.fromhex(entry["payload"])).receipt
+            receipt = open_receipt(parse_cosigned(bytes.fromhex(entry["payload"])).receipt)
             total += float(receipt.metrics.get("train_seconds", 0.0))
     return total
 
@@ -212,24 +212,22 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="meshminer-elastic-"))
     meta: dict[str, Any] = {}
-    parts = []
-    if "comm" in args.parts:
-        parts.append(
-            communication(root / "comm", args.workers, args.rounds, args.inner_steps, args.width)
-        )
-    if "churn" in args.parts:
-        parts.append(
-            churn(root / "churn", max(3, args.net_workers), args.net_rounds, 50, args.width)
-        )
-    if "util" in args.parts:
-        parts.append(
-            utilisation(root / "util", args.net_workers, args.net_rounds, [50, 200], args.width)
-        )
-    for part in parts:
-        part.show()
+    runs = {
+        "comm": lambda: communication(
+            root / "comm", args.workers, args.rounds, args.inner_steps, args.width
+        ),
+        "churn": lambda: churn(
+            root / "churn", max(3, args.net_workers), args.net_rounds, 50, args.width
+        ),
+        "util": lambda: utilisation(
+            root / "util", args.net_workers, args.net_rounds, [50, 200], args.width
+        ),
+    }
+    for name in args.parts:
+        part = runs[name]()
+        part.show()  # each part as it ends: a later failure keeps what came before
         meta[part.name] = {"rows": part.rows, **part.meta}
-    summary = Result("elastic", ["part"], meta=meta)
-    print(f"results: {summary.save()}")
+        print(f"results: {Result('elastic', ['part'], meta=meta).save()}")
 
 
 if __name__ == "__main__":
