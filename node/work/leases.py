@@ -128,6 +128,9 @@ class Leases:
             if unit.round >= 0:  # the round resumes; its slot is offered afresh
                 self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
                 continue
+            if unit.trial >= 0:  # the sweep resumes; the trial is offered afresh, at no cost
+                self._lifecycle.end(unit.unit_id, "expired", "owner restarted")
+                continue
             if unit.worker == ctx.peer_id or key is None:
                 why = (
                     "owner restarted while training it here"
