@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from node.client import request_json
 from node.localnet import LocalNetwork, LocalNode, wait_for
 from training.examples import sweep_toml
 
@@ -64,9 +65,27 @@ def test_a_sweep_spreads_its_trials_over_peers_and_returns_the_best(
     localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
     spec = sweep_toml("sweep", trials=12, parallel=3, steps=100)
-    job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
-    job = _wait_end(owner, job["id"], 300)
-    assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
+    (tmp_path / "sweep.toml").write_text(spec)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "node",
+            "submit",
+            str(tmp_path / "sweep.toml"),
+            "--wait",
+            "--api",
+            owner.api,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    (job_id,) = [j["id"] for j in owner.get("/api/v1/jobs")]
+    job = owner.get(f"/api/v1/jobs/{job_id}")
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:], job["timeline"][-5:])
+    assert "trials (val_loss, minimize)" in out.stdout and "completed by its trials" in out.stdout
     trials = job["trials"]
     assert len(trials) == 12
     assert all(t["state"] in ("complete", "pruned", "failed") for t in trials)
@@ -90,3 +109,58 @@ def test_a_sweep_spreads_its_trials_over_peers_and_returns_the_best(
 
     plain = spec_to_plain(trial_spec(tomllib.loads(spec), best["params"], 50))
     assert _val_loss(plain, weights) == pytest.approx(best["value"], rel=1e-5)
+
+
+def test_asha_prunes_hopeless_trials_and_their_workers_stop(localnet: LocalNetwork) -> None:
+    from node.client import request_json
+
+    owner = localnet.add(["--not-accepting"])
+    workers = localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=30)
+    space = '"optim.lr" = { choices = [0.003, 0.01, 1e-7] }'
+    spec = sweep_toml("asha", trials=8, parallel=2, steps=600, pruner="asha", space=space)
+    job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
+    job = _wait_end(owner, job["id"], 300)
+    assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
+    pruned = [t for t in job["trials"] if t["state"] == "pruned"]
+    assert pruned, job["trials"]
+    assert job["best"]["params"]["optim.lr"] != 1e-7
+    for trial in pruned:
+        assert trial["steps"] < 600 and trial["reports"], trial
+        worker = next(w for w in workers if w.peer_id == trial["worker"])
+        line = f"owner stopped unit {trial['unit_id']}"
+        wait_for(lambda w=worker, s=line: s in w.log_tail(400), 10, "the worker to stop it")
+
+
+BAD_SPACES = [
+    (
+        '"optim.lrr" = { low = 1e-4, high = 1e-1 }',
+        "sweep.space 'optim.lrr' = 0.0001: optim.lrr is not a known key",
+    ),
+    (
+        '"optim.lr" = { low = 1e-1, high = 1e-4 }',
+        "sweep.space.'optim.lr': low (0.1) must be <= high (0.0001)",
+    ),
+    (
+        '"model.hidden" = { choices = [[32], [100000000]] }',
+        "sweep.space 'model.hidden' = [100000000]",
+    ),
+    (
+        '"data.batch_size" = { choices = [32, 0] }',
+        "sweep.space 'data.batch_size' = 0: data.batch_size must be > 0",
+    ),
+    ('"name" = { choices = ["a", "b"] }', "sweep.space.'name': name cannot be searched"),
+]
+
+
+def test_a_bad_space_is_refused_naming_the_key_and_nothing_is_stored(
+    localnet: LocalNetwork,
+) -> None:
+    from node.client import ApiError, request_json
+
+    node = localnet.add()
+    for space, message in BAD_SPACES:
+        with pytest.raises(ApiError) as refused:
+            request_json(node.api, "POST", "/api/v1/jobs", {"spec": sweep_toml(space=space)})
+        assert message in str(refused.value)
+    assert node.get("/api/v1/jobs") == []

@@ -53,6 +53,7 @@ class OwnerRole:
         self.rounds = ElasticRounds(ctx, self.lifecycle, runner_request)
         self.lifecycle.unit_changed = self._unit_changed
         self.lifecycle.trial_lost = self.sweeps.trial_lost
+        self.leases.report_trial = self.sweeps.report
         # the streams the worker opens to this owner
         self.handle_progress = self.leases.handle_progress
         self.handle_result = self.results.handle_result

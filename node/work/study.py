@@ -66,12 +66,13 @@ def _sampler(optuna: Any, sweep: SweepSpec, seed: int) -> Any:
 
 
 def _pruner(optuna: Any, sweep: SweepSpec) -> Any:
+    # steps are reported every `report_every`: the first rung is the first report
     if sweep.pruner == "median":
-        return optuna.pruners.MedianPruner(n_warmup_steps=sweep.report_every)
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=sweep.report_every)
     if sweep.pruner == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner()
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=sweep.report_every)
     if sweep.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+        return optuna.pruners.HyperbandPruner(min_resource=sweep.report_every)
     return optuna.pruners.NopPruner()
 
 

@@ -35,6 +35,7 @@ from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle
 from node.work.trial_store import Trial, TrialStore
+from protocol.work import Progress
 from training.fields import Section
 from training.sweep_spec import SweepSpec, parse_sweep, trial_spec
 
@@ -137,6 +138,7 @@ class SweepTrials:
             running.append(trial)
             waiting.append(trial)
             asked += 1
+            self.ctx.jobs.transition(job.id, ("running",), progress=self._progress(job))
         for trial in waiting:
             if not candidates:
                 break
@@ -187,6 +189,41 @@ class SweepTrials:
             reason="",
         )
 
+    # -- a trial's heartbeats ----------------------------------------------------------
+
+    def report(self, unit: Unit, progress: Progress) -> str:
+        """A trial's heartbeat: a new validation value goes to the study; "" to go on,
+        or why the trial stops (the pruner said so: the trial is `pruned`)."""
+        job = self.ctx.jobs.get(unit.job_id)
+        trial = self.store.get(unit.job_id, unit.trial)
+        if job is None or trial is None or trial.state != "running":
+            return ""
+        sweep = sweep_of(job)
+        metric = sweep.metric
+        value = {"val_loss": progress.val_loss, "val_accuracy": progress.val_accuracy}.get(
+            metric, progress.loss
+        )
+        step = progress.val_step
+        if metric == "train_loss":  # the latest batch loss, once per report_every steps
+            step = progress.step - progress.step % sweep.report_every
+        if value is None or step <= (trial.reports[-1][0] if trial.reports else 0):
+            return ""
+        study = self._loaded(job)
+        pruned = studies.report(study, trial.number, step, float(value))
+        self.store.update(
+            job.id,
+            trial.number,
+            ("running",),
+            steps=step,
+            reports=[*trial.reports, [step, float(value)]][-1000:],
+        )
+        if not pruned:
+            return ""
+        reason = f"pruned at step {step} ({metric} {float(value):.6g})"
+        self._end(job, trial.number, "pruned", reason, float(value))
+        self._lifecycle.end(unit.unit_id, "cancelled", reason)
+        return f"trial {trial.number} {reason} by the sweep's pruner"
+
     # -- how a trial's unit ended (from the lifecycle and the results) ------------------
 
     def trial_done(self, job: Job, unit: Unit, weights_sha256: str, metrics: dict) -> str:
@@ -234,15 +271,40 @@ class SweepTrials:
         )
         if ended is None:
             return  # ended already: the study was told once
-        study = self._studies.get(job.id)
-        if study is None:  # (its driver loads it before any unit of the job is offered)
-            study = self._studies[job.id] = studies.open_study(
+        studies.tell(self._loaded(job), number, state, value)
+        note = f"trial {number} {state}" + (f": {value:.6g}" if value is not None else "")
+        self.ctx.jobs.transition(
+            job.id,
+            ("running",),
+            note + (f" ({reason})" if reason else ""),
+            progress=self._progress(job),
+        )
+        self.unit_changed(job.id)
+
+    def _loaded(self, job: Job) -> Any:
+        """The job's study (its driver loads it before any unit of the job is offered;
+        this is the fallback, blocking)."""
+        if job.id not in self._studies:
+            self._studies[job.id] = studies.open_study(
                 self.study_path(job.id), job.id, sweep_of(job), int(job.spec.get("seed", 0))
             )
-        studies.tell(study, number, state, value)
-        note = f"trial {number} {state}" + (f": {value:.6g}" if value is not None else "")
-        self.ctx.jobs.transition(job.id, ("running",), note + (f" ({reason})" if reason else ""))
-        self.unit_changed(job.id)
+        return self._studies[job.id]
+
+    def _progress(self, job: Job) -> dict[str, Any]:
+        """The job's progress: trials ended of all it will run (as steps, for bars)."""
+        counts = {state: 0 for state in ("running", "complete", "pruned", "failed")}
+        for trial in self.store.of_job(job.id):
+            counts[trial.state] += 1
+        total = int(job.spec["sweep"]["trials"])
+        ended = total and counts["complete"] + counts["pruned"] + counts["failed"]
+        return {
+            "phase": "training",
+            "step": ended,
+            "total_steps": total,
+            "fraction": round(ended / total, 4),
+            "trials": counts,
+            "updated_at": time.time(),
+        }
 
 
 def _shown(params: dict[str, Any]) -> str:
