@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tomllib
@@ -130,6 +131,40 @@ def test_asha_prunes_hopeless_trials_and_their_workers_stop(localnet: LocalNetwo
         worker = next(w for w in workers if w.peer_id == trial["worker"])
         line = f"owner stopped unit {trial['unit_id']}"
         wait_for(lambda w=worker, s=line: s in w.log_tail(400), 10, "the worker to stop it")
+
+
+def test_a_killed_worker_and_an_owner_restart_lose_no_trial(localnet: LocalNetwork) -> None:
+    from node.client import request_json
+
+    owner = localnet.add(["--not-accepting", "--lease", "3"])
+    workers = localnet.add_many(3)
+    localnet.wait_all_see_each_other(timeout=30)
+    spec = sweep_toml("churn", trials=8, parallel=2, steps=1500)
+    job_id = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
+
+    def trials() -> list[dict]:
+        return owner.get(f"/api/v1/jobs/{job_id}")["trials"]
+
+    first = wait_for(lambda: [t for t in trials() if t["worker"]], 60, "a trial to be placed")[0]
+    victim = next(w for w in workers if w.peer_id == first["worker"])
+    victim.stop(signal.SIGKILL)
+    wait_for(
+        lambda: (
+            (t := trials()[first["number"]])["worker"] != victim.peer_id or t["state"] != "running"
+        ),
+        60,
+        "the killed worker's trial to move",
+    )
+    wait_for(lambda: len([t for t in trials() if t["state"] != "running"]) >= 2, 120, "2 trials")
+    assert owner.stop(signal.SIGTERM) == 0
+    owner.start()
+    job = _wait_end(owner, job_id, 300)
+    assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
+    numbers = [t["number"] for t in job["trials"]]
+    assert numbers == list(range(8))  # none lost, none twice
+    assert all(t["state"] in ("complete", "pruned", "failed") for t in job["trials"])
+    moved = job["trials"][first["number"]]
+    assert moved["state"] == "complete" and moved["worker"] != victim.peer_id, moved
 
 
 BAD_SPACES = [

@@ -197,7 +197,7 @@ def corner_params(space: tuple[Param, ...]) -> list[tuple[str, Any, dict[str, An
         for value in values:
             params = {p.key: _middle(p) for p in space}
             params[param.key] = value
-            corners.append((param.key, value, params))
+            corners.append((param.key, _thawed(value), params))
     return corners
 
 
