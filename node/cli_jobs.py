@@ -252,9 +252,9 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Table:
 def trials_table(trials: list[dict[str, Any]], best: dict | None, sweep: dict) -> Table:
     """A sweep's trials, best first (by the sweep's metric); the best one in bold."""
     sign = 1.0 if sweep["direction"] == "minimize" else -1.0
-    ordered = sorted(
+    ordered = sorted(  # complete trials by value, then the others (pruned, failed, running)
         trials,
-        key=lambda t: (t["value"] is None, sign * (t["value"] or 0.0), t["number"]),
+        key=lambda t: (t["state"] != "complete", sign * (t["value"] or 0.0), t["number"]),
     )
     keys = list(sweep["space"])
     table = Table(title=f"trials ({sweep['metric']}, {sweep['direction']})")

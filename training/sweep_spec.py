@@ -183,6 +183,8 @@ def trial_plain(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
                 inner = {}
             table[name] = inner = dict(inner)
             table = inner
+        if isinstance(table.get(leaf), dict):
+            raise SpecError(f"sweep.space.{key!r}: {key} is a table; search one of its keys")
         table[leaf] = _thawed(value)
     return plain
 

@@ -63,11 +63,13 @@ class Results:
         job = self.ctx.jobs.get(result.job_id)
         if unit is None or job is None:
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
-            if job is not None and why != "unknown unit":  # a unit this peer really had
+            # a late result for a unit this peer really had; a late failure report
+            # (a pruned trial's, say) or a late share is no misconduct
+            if job is not None and why != "unknown unit" and result.ok:
                 self.ctx.jobs.transition(
                     job.id, (job.state,), f"late result from {peer} rejected: {why}"
                 )
-                if not self._late_share(result.unit_id, why):  # late is not misconduct
+                if not self._late_share(result.unit_id, why):
                     self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
         if not result.ok:
@@ -208,16 +210,19 @@ class Results:
             return encode_ack(False, "the receipt names other peers")
         issued = self.ctx.jobs.receipt(verified.unit_id)
         job = self.ctx.jobs.get(verified.job_id)
+        unit = self.ctx.jobs.unit(verified.unit_id)
         if (
             issued is None
             or job is None
+            or unit is None
             or parse_cosigned(issued).receipt != verified.cosigned.receipt
         ):
             return encode_ack(False, "this node issued no such receipt")
         if issued == data:
             return encode_ack(True)  # recorded already
+        expected = self._credit(job, unit)
         try:
-            self.ctx.ledger.append_work("work_received", data, verified.credit, credit_of(job))
+            self.ctx.ledger.append_work("work_received", data, verified.credit, expected)
         except MeshminerError as exc:  # the ledger's refusals, credit disagreements too
             log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
             return encode_ack(False, str(exc))

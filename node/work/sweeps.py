@@ -10,8 +10,10 @@ steps), and offers it like any unit (`fanout.py`). How a trial ends:
 - the pruner stops it (`report`, from the worker's heartbeats): `pruned`;
 - its training fails (the sampled values make the spec diverge, say): `failed` at
   once, since any worker would fail the same way;
-- its unit is lost (the worker vanished, declined, handed it back, or its weights
-  were refused): offered again to another peer, once; then `failed`.
+- its unit is lost (the worker vanished, handed it back, or its weights were
+  refused): offered again to another peer, once; then `failed`. A peer that declines
+  the offer costs the trial nothing: it is offered to another.
+- the job is cancelled: every running trial ends `failed` ("the sweep was cancelled").
 
 The job completes when every trial has ended, with the best trial's weights and
 metrics; it fails when no trial completed. After an owner restart the driver loads
@@ -92,6 +94,9 @@ class SweepTrials:
                 while True:
                     job = ctx.jobs.get(job_id)
                     if job is None or job.state != "running":
+                        if job is not None:
+                            for trial in self.store.of_job(job_id, "running"):
+                                self._end(job, trial.number, "failed", f"the sweep was {job.state}")
                         return
                     trials = self.store.of_job(job_id)
                     running = [t for t in trials if t.state == "running"]
