@@ -212,6 +212,7 @@ def demo(
     mode: Annotated[
         str, typer.Option(help="single: one peer trains the job; elastic: several, in rounds")
     ] = "single",
+    rounds: Annotated[int, typer.Option(help="rounds of the elastic job (3 or more)")] = 6,
 ) -> None:
     """Start a local network on loopback, train a job across it and show where to look."""
     from node.demo import run_demo
@@ -221,7 +222,9 @@ def demo(
     count = nodes if nodes is not None else (4 if mode == "elastic" else 3)
     if mode == "elastic" and count < 3:
         raise typer.BadParameter("the elastic demo needs at least 3 nodes", param_hint="--nodes")
-    sys.exit(run_demo(nodes=count, keep=keep, console=console, mode=mode))
+    if rounds < 3:
+        raise typer.BadParameter("the elastic demo needs 3 rounds or more", param_hint="--rounds")
+    sys.exit(run_demo(nodes=count, keep=keep, console=console, mode=mode, rounds=rounds))
 
 
 def _device(g: dict) -> str:

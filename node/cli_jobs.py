@@ -105,6 +105,8 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         console.print(table)
         if job.get("rounds"):
             console.print(rounds_table(job["rounds"]))
+        if job.get("trials"):
+            console.print(trials_table(job["trials"], job.get("best"), job["spec"]["sweep"]))
         timeline = Table(title="timeline")
         timeline.add_column("time")
         timeline.add_column("state")
@@ -196,6 +198,12 @@ def _follow(url: str, job_id: str) -> int:
             label = f"{job['state']}" + (f" on {short(job['worker'])}" if job["worker"] else "")
             if "round" in p:  # an elastic job: which round of how many
                 label = f"{job['state']}, round {p['round'] + 1}/{p['rounds']}"
+            if "trials" in p:  # a sweep: trials ended of how many, and how
+                t = p["trials"]
+                label = (
+                    f"{job['state']}: {t['complete']} complete, {t['pruned']} pruned, "
+                    f"{t['failed']} failed, {t['running']} running"
+                )
             loss = f"loss {p['loss']:.4f}" if p.get("loss") is not None else (job["reason"][:60])
             bar.update(
                 task,
@@ -212,7 +220,9 @@ def _follow(url: str, job_id: str) -> int:
         return 1
     if job.get("rounds"):
         console.print(rounds_table(job["rounds"]))
-    by = job["worker"] or "its rounds"
+    if job.get("trials"):
+        console.print(trials_table(job["trials"], job.get("best"), job["spec"]["sweep"]))
+    by = job["worker"] or ("its rounds" if job.get("rounds") else "its trials")
     console.print(f"completed by {by}: {_metrics(job['metrics'])}")
     console.print(f"weights: {url}/api/v1/jobs/{job_id}/weights")
     return 0
@@ -237,6 +247,36 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Table:
             f"{r['seconds']:.1f}" if "seconds" in r else "-",
         )
     return table
+
+
+def trials_table(trials: list[dict[str, Any]], best: dict | None, sweep: dict) -> Table:
+    """A sweep's trials, best first (by the sweep's metric); the best one in bold."""
+    sign = 1.0 if sweep["direction"] == "minimize" else -1.0
+    ordered = sorted(  # complete trials by value, then the others (pruned, failed, running)
+        trials,
+        key=lambda t: (t["state"] != "complete", sign * (t["value"] or 0.0), t["number"]),
+    )
+    keys = list(sweep["space"])
+    table = Table(title=f"trials ({sweep['metric']}, {sweep['direction']})")
+    for column in ("trial", "state", sweep["metric"], *keys, "worker", "steps"):
+        table.add_column(column)
+    for t in ordered:
+        value = t["value"]
+        is_best = best is not None and t["number"] == best["number"]
+        table.add_row(
+            str(t["number"]),
+            t["state"],
+            f"{value:.5g}" if isinstance(value, float) else "-",
+            *(_param(t["params"].get(k)) for k in keys),
+            short(t["worker"]) if t["worker"] else "-",
+            str(t["steps"]),
+            style="bold green" if is_best else None,
+        )
+    return table
+
+
+def _param(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _bar() -> Progress:

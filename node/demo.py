@@ -27,8 +27,11 @@ from training.examples import digits_toml
 DEMO_SPEC = digits_toml()
 
 
-def run_demo(nodes: int, keep: bool, console: Console, mode: str = "single") -> int:
-    """Start `nodes` nodes and train the demo job of `mode` ("single" or "elastic")."""
+def run_demo(
+    nodes: int, keep: bool, console: Console, mode: str = "single", rounds: int = 6
+) -> int:
+    """Start `nodes` nodes and train the demo job of `mode` ("single" or "elastic",
+    for `rounds` rounds)."""
     root = Path(tempfile.mkdtemp(prefix="meshminer-demo-"))
     console.print(f"Starting {nodes} nodes on 127.0.0.1 (data dirs under {root})")
     started = time.monotonic()
@@ -42,7 +45,7 @@ def run_demo(nodes: int, keep: bool, console: Console, mode: str = "single") -> 
             _show_peers(net, console)
             owner = net.nodes[0]
             if mode == "elastic":
-                job = run_elastic(net, root, console)
+                job = run_elastic(net, root, console, rounds)
             else:
                 job = _train(owner, root, console)
         except (TimeoutError, RuntimeError, ApiError, NodeUnreachable) as exc:

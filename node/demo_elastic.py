@@ -2,7 +2,7 @@
 
 Node 1 submits a small character language model (trained on meshminer's own module
 docstrings) as an elastic job for three workers. After the first round closes, one
-worker is stopped; two rounds later a new node joins and takes its place. The demo
+worker is stopped; a round later a new node joins and takes its place. The demo
 follows the rounds, then prints the rounds table and the final validation loss.
 """
 
@@ -39,16 +39,18 @@ def write_corpus(path: Path) -> Path:
     return path
 
 
-def run_elastic(net: LocalNetwork, root: Path, console: Console, timeout: float = 900) -> dict:
+def run_elastic(
+    net: LocalNetwork, root: Path, console: Console, rounds: int = ROUNDS, timeout: float = 900
+) -> dict:
     """Submit the elastic job on the first node, stop a worker after round 0 and add a
-    node two rounds later; returns the job as it ended."""
+    node after round 1; returns the job as it ended."""
     owner, leaver = net.nodes[0], net.nodes[-1]
     corpus = write_corpus(root / "corpus.txt")
-    spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=ROUNDS)
+    spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=rounds)
     (root / "char-lm-elastic.toml").write_text(spec)
     job = submit_job(owner.api, spec, corpus)  # the corpus is uploaded with the spec
     console.print(
-        f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {ROUNDS} rounds "
+        f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {rounds} rounds "
         f"of {WORKERS} workers (spec in {root / 'char-lm-elastic.toml'})"
     )
     left_after = joiner = None
@@ -61,7 +63,7 @@ def run_elastic(net: LocalNetwork, root: Path, console: Console, timeout: float 
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as bar:
-        task = bar.add_task("queued", total=ROUNDS, loss="")
+        task = bar.add_task("queued", total=rounds, loss="")
         while time.monotonic() < deadline:
             job = owner.get(f"/api/v1/jobs/{job['id']}")
             closed = [r for r in job["rounds"] if r["state"] == "closed"]
@@ -73,7 +75,7 @@ def run_elastic(net: LocalNetwork, root: Path, console: Console, timeout: float 
                 left_after = len(closed)
                 bar.console.print(f"stopping {leaver.name} ({leaver.peer_id[-6:]}) mid-job")
                 leaver.stop()
-            elif left_after is not None and joiner is None and len(closed) >= left_after + 2:
+            elif left_after is not None and joiner is None and len(closed) > left_after:
                 joiner = net.add()
                 bar.console.print(f"{joiner.name} ({joiner.peer_id[-6:]}) joins the network")
             time.sleep(0.5)

@@ -121,7 +121,9 @@ class Progress:
     samples_per_s: float
     samples: int
     timestamp: float
-    val_loss: float | None = None
+    val_loss: float | None = None  # of the latest validation during training (val_step)
+    val_step: int = -1  # the step of that validation (-1: none yet)
+    val_accuracy: float | None = None
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
@@ -134,6 +136,10 @@ class Progress:
             0 <= self.step <= max(self.total_steps, 0), f"{path}.step", "must be 0..total_steps"
         )
         require(self.samples >= 0 and self.samples_per_s >= 0, f"{path}.samples", "must be >= 0")
+        require(-1 <= self.val_step <= self.step, f"{path}.val_step", "must be -1..step")
+        for name in ("loss", "val_loss", "val_accuracy"):
+            value = getattr(self, name)
+            require(value is None or math.isfinite(value), f"{path}.{name}", "must be finite")
 
 
 @dataclass(frozen=True)

@@ -203,19 +203,24 @@ offer_replies = st.builds(
     reason=st.text(max_size=100),
     transient=st.booleans(),
 )
+finite = st.floats(allow_nan=False, allow_infinity=False)
 progresses = st.integers(0, 10_000).flatmap(
-    lambda total: st.builds(
-        Progress,
-        job_id=ids,
-        unit_id=ids,
-        phase=st.sampled_from(["fetching", "training", "uploading"]),
-        step=st.integers(0, total),
-        total_steps=st.just(total),
-        loss=st.none() | st.floats(allow_nan=False),
-        samples_per_s=st.floats(0, 1e9),
-        samples=st.integers(0, 2**40),
-        timestamp=times,
-        val_loss=st.none() | st.floats(allow_nan=False),
+    lambda total: st.integers(0, total).flatmap(
+        lambda step: st.builds(
+            Progress,
+            job_id=ids,
+            unit_id=ids,
+            phase=st.sampled_from(["fetching", "training", "uploading"]),
+            step=st.just(step),
+            total_steps=st.just(total),
+            loss=st.none() | finite,
+            samples_per_s=st.floats(0, 1e9),
+            samples=st.integers(0, 2**40),
+            timestamp=times,
+            val_loss=st.none() | finite,
+            val_step=st.integers(-1, step),
+            val_accuracy=st.none() | finite,
+        )
     )
 )
 results = st.builds(

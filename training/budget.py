@@ -123,4 +123,28 @@ def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSum
     without it, built-in sources need nothing and file sources read the spec's path.
     Features are not loaded for npz and safetensors files (labels are).
     """
-    return check_budget(spec, probe(spec, data_file))
+    summary = check_budget(spec, probe(spec, data_file))
+    if spec.sweep is not None:
+        check_space(spec, data_file)
+    return summary
+
+
+def check_space(spec: JobSpec, data_file: Path | None = None) -> None:
+    """Every choice and both ends of every range of a sweep's space give a trial that
+    passes the spec's rules and the budget; the error names the key and the value."""
+    from training.spec import spec_to_plain
+    from training.sweep_spec import corner_params, trial_spec
+
+    assert spec.sweep is not None
+    base = spec_to_plain(spec)
+    for key, value, params in corner_params(spec.sweep.space):
+        try:
+            trial = trial_spec(base, params, spec.sweep.report_every)
+            check_budget(trial, probe(trial, data_file))
+        except SpecError as exc:
+            raise SpecError(f"sweep.space {key!r} = {value!r}: {exc}") from None
+    metric = spec.sweep.metric
+    if metric.startswith("val_") and spec.data.validation == 0:
+        raise SpecError(f"sweep.metric {metric!r} needs a validation split (data.validation > 0)")
+    if metric == "val_accuracy" and probe(spec, data_file).task != "classification":
+        raise SpecError("sweep.metric 'val_accuracy' needs a classification task")

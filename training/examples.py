@@ -115,3 +115,43 @@ inner_steps = {inner_steps}
 rounds = {rounds}
 compression = "int8"
 """
+
+
+def sweep_toml(
+    name: str = "digits-sweep",
+    *,
+    trials: int = 12,
+    parallel: int = 3,
+    steps: int = 200,
+    sampler: str = "tpe",
+    pruner: str = "none",
+    report_every: int = 50,
+    space: str = '"optim.lr" = { low = 1e-4, high = 1e-1, log = true }\n'
+    '"model.hidden" = { choices = [[16], [32], [64, 32]] }',
+) -> str:
+    """A `sweep` job over the digits MLP, as TOML; `space` is the [sweep.space] body."""
+    return f"""\
+name = "{name}"
+mode = "sweep"
+seed = 0
+[model]
+arch = "mlp"
+hidden = [32]
+[data]
+source = "builtin:digits"
+batch_size = 64
+validation = 0.2
+[optim]
+name = "adamw"
+lr = 1e-3
+steps = {steps}
+[sweep]
+trials = {trials}
+parallel = {parallel}
+metric = "val_loss"
+sampler = "{sampler}"
+pruner = "{pruner}"
+report_every = {report_every}
+[sweep.space]
+{space}
+"""

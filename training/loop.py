@@ -1,4 +1,5 @@
-"""The train loop: seeded, deterministic, throttled progress, one evaluation at the end.
+"""The train loop: seeded, deterministic, throttled progress, evaluation at the end
+(and every `optim.validate_every` steps, reported with the progress).
 
 Batches come from a `torch.Generator` seeded from the job's seed: each epoch is a
 fresh permutation of the training split cut into full batches (the remainder is
@@ -90,19 +91,23 @@ def train(
         if step > tail_from:
             tail_sum += loss.detach()
         now = time.monotonic()
-        if now - last_report >= PROGRESS_INTERVAL_S or step == total_steps:
+        every = spec.optim.validate_every
+        checkpoint = validate and every and step % every == 0 and step < total_steps
+        if now - last_report >= PROGRESS_INTERVAL_S or step == total_steps or checkpoint:
             last_report = now
-            value = _finite(loss.item(), step)
-            emit(
-                {
-                    "event": "progress",
-                    "step": step,
-                    "total_steps": total_steps,
-                    "loss": value,
-                    "samples_per_s": step * batch / max(now - start, 1e-9),
-                    "samples": step * batch,
-                }
-            )
+            event = {
+                "event": "progress",
+                "step": step,
+                "total_steps": total_steps,
+                "loss": _finite(loss.item(), step),
+                "samples_per_s": step * batch / max(now - start, 1e-9),
+                "samples": step * batch,
+            }
+            if checkpoint and data.val is not None:  # eval mode draws no random numbers
+                found = evaluate(model, data.val, loss_fn, batch, device, data.info.task)
+                model.train()
+                event |= {"val_step": step, **found}
+            emit(event)
         if now > deadline:
             raise TrainingError(
                 f"stopped at step {step} of {total_steps}: the job ran past "

@@ -22,9 +22,9 @@ from training.errors import SpecError
 from training.fields import Section
 from training.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
 from training.sources import BLOB_FORMATS, Source, parse_source, resolve_path
+from training.sweep_spec import SweepSpec, parse_sweep
 
-MODES = ("single", "elastic")
-PLANNED_MODES = ("sweep",)
+MODES = ("single", "elastic", "sweep")
 COMPRESSIONS = ("int8", "none")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 TASKS = ("classification", "regression", "lm")
@@ -106,6 +106,7 @@ class OptimSpec:
     warmup_steps: int = 0
     loss: str | None = None
     grad_clip: float | None = None
+    validate_every: int = 0  # steps between validations during training (0: at the end only)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class JobSpec:
     placement: str = "auto"
     requirements: Requirements = Requirements()
     elastic: ElasticSpec | None = None  # set exactly when mode = "elastic"
+    sweep: SweepSpec | None = None  # set exactly when mode = "sweep"
 
 
 def parse_spec(
@@ -155,11 +157,6 @@ def parse_spec(
     name = top.string("name", max_len=100)
     if not name.isprintable():
         raise SpecError("name must be printable text (no newlines or control characters)")
-    mode = top.get("mode", "single")
-    if mode in PLANNED_MODES:
-        raise SpecError(
-            f"mode {mode!r} is planned but not available yet; modes: {', '.join(MODES)}"
-        )
     mode = top.string("mode", "single", choices=MODES)
     seed = top.integer("seed", 0, lo=0, hi=2**63 - 1)
     placement = top.string("placement", "auto", choices=("auto", "local"))
@@ -172,6 +169,11 @@ def parse_spec(
         _check_inner_optim(optim_section)
     elif top.has("elastic"):
         raise SpecError(f'elastic: this table is for mode = "elastic" (mode is {mode!r})')
+    sweep = None
+    if mode == "sweep":
+        sweep = parse_sweep(top.table("sweep"))
+    elif top.has("sweep"):
+        raise SpecError(f'sweep: this table is for mode = "sweep" (mode is {mode!r})')
     optim = _parse_optim(optim_section, steps_required=elastic is None)
     requirements = _parse_requirements(top.table("requirements"))
     top.finish()
@@ -180,7 +182,7 @@ def parse_spec(
             "model.arch: char_transformer trains on text (data.source = builtin:text:<path> "
             "or a text blob), and text data needs arch = char_transformer"
         )
-    return JobSpec(name, model, data, optim, mode, seed, placement, requirements, elastic)
+    return JobSpec(name, model, data, optim, mode, seed, placement, requirements, elastic, sweep)
 
 
 def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
@@ -221,6 +223,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         del optim["momentum"]
     if spec.optim.schedule == "constant":
         del optim["warmup_steps"]
+    if not spec.optim.validate_every:
+        del optim["validate_every"]
     plain = {
         "name": spec.name,
         "mode": spec.mode,
@@ -233,6 +237,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.elastic is not None:
         plain["elastic"] = dataclasses.asdict(spec.elastic)
+    if spec.sweep is not None:
+        plain["sweep"] = spec.sweep.to_plain()
     return plain
 
 
@@ -417,6 +423,7 @@ def _parse_optim(section: Section, steps_required: bool = True) -> OptimSpec:
         warmup_steps=section.integer("warmup_steps", 0, lo=0, hi=MAX_STEPS),
         loss=section.string("loss", None, choices=LOSSES),
         grad_clip=section.number("grad_clip", None, lo=0, hi=1e9, lo_open=True),
+        validate_every=section.integer("validate_every", 0, lo=0, hi=MAX_STEPS),
     )
     section.finish()
     return optim

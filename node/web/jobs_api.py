@@ -1,4 +1,4 @@
-"""Job routes: submit (spec + uploaded data), list, show, weights, cancel.
+"""Job routes: submit (spec + uploaded data), list, show, weights, a sweep's study, cancel.
 
 Uploaded data is streamed to a temporary file in the data dir with a size cap, then
 handed to the work service, which stores it as a content-addressed blob. The API
@@ -27,6 +27,7 @@ class Jobs(Protocol):
     def jobs(self) -> list[dict[str, Any]]: ...
     def job(self, job_id: str) -> dict[str, Any] | None: ...
     def weights_path(self, job_id: str) -> Path | None: ...
+    def study_path(self, job_id: str) -> Path | None: ...
     def cancel(self, job_id: str) -> dict[str, Any] | None: ...
 
 
@@ -79,6 +80,19 @@ def job_routes(
             },
         )
 
+    async def study(request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        path = await bridge.call(jobs.study_path, job_id)
+        if path is None:
+            raise web.HTTPNotFound(text=f"job {job_id} has no study (unknown or not a sweep)")
+        return web.FileResponse(
+            path,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Disposition": f'attachment; filename="{job_id}.journal"',
+            },
+        )
+
     async def cancel(request: web.Request) -> web.Response:
         guard.check(request)
         job = await bridge.call(jobs.cancel, request.match_info["job_id"])
@@ -91,6 +105,7 @@ def job_routes(
         app.router.add_get("/api/v1/jobs", list_jobs)
         app.router.add_get(f"/api/v1/jobs/{JOB_ID}", show)
         app.router.add_get(f"/api/v1/jobs/{JOB_ID}/weights", weights)
+        app.router.add_get(f"/api/v1/jobs/{JOB_ID}/study", study)
         app.router.add_post(f"/api/v1/jobs/{JOB_ID}/cancel", cancel)
 
     return add

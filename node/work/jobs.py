@@ -89,6 +89,13 @@ class Unit:
     slot: int = -1
     output_sha256: str = ""  # what the accepted result returned (an elastic unit's delta)
     output_bytes: int = 0
+    trial: int = -1  # a sweep job's unit: the number of the trial it trains (else -1)
+
+    @property
+    def in_many(self) -> bool:
+        """One of many units of its job (a round's share, a trial): its end tells
+        the job's driver, which decides the job."""
+        return self.round >= 0 or self.trial >= 0
 
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
@@ -122,6 +129,7 @@ class JobStore:
                 "slot": int,
                 "output_sha256": str,
                 "output_bytes": int,
+                "trial": int,
             },
             pk="unit_id",
             if_not_exists=True,
@@ -135,6 +143,7 @@ class JobStore:
             ("slot", int, -1),
             ("output_sha256", str, ""),
             ("output_bytes", int, 0),
+            ("trial", int, -1),
         ):
             if column not in db["units"].columns_dict:
                 db["units"].add_column(column, kind, not_null_default=default)
@@ -263,6 +272,7 @@ class JobStore:
         unit_id: str = "",
         round_: int = -1,
         slot: int = -1,
+        trial: int = -1,
     ) -> Unit:
         now = time.time()
         unit = Unit(
@@ -275,6 +285,7 @@ class JobStore:
             deadline=deadline or now + lease_s,
             round=round_,
             slot=slot,
+            trial=trial,
         )
         with self._tx():
             self._db["units"].insert(asdict(unit))

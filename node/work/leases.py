@@ -46,6 +46,8 @@ class Leases:
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
+        # a trial's heartbeat: "" to go on, or why the sweep stops it (pruned)
+        self.report_trial: Callable[[Unit, Progress], str] = lambda unit, progress: ""
         self._record_progress = record_progress
 
     def active_unit(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit | None, str]:
@@ -80,7 +82,10 @@ class Leases:
             return encode_ack(False, "the unit ended")
         if unit.state == "offered":  # the owner restarted before it saw the acceptance
             self._lifecycle.start(unit, f"{peer} still training; re-attached")
-        if unit.round >= 0:  # a share of a round: the job's progress is its rounds
+        if unit.trial >= 0:  # its validation values go to the study, whose pruner may stop it
+            stop = self.report_trial(unit, progress)
+            return encode_ack(not stop, stop)
+        if unit.in_many:  # a round's share: the job's progress is its rounds
             return encode_ack(True)
         self._record_progress(
             progress.job_id,
@@ -127,6 +132,9 @@ class Leases:
             key = keys.get((unit.job_id, unit.unit_id))
             if unit.round >= 0:  # the round resumes; its slot is offered afresh
                 self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
+                continue
+            if unit.trial >= 0:  # the sweep resumes; the trial is offered afresh, at no cost
+                self._lifecycle.end(unit.unit_id, "expired", "owner restarted")
                 continue
             if unit.worker == ctx.peer_id or key is None:
                 why = (

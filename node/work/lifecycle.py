@@ -28,18 +28,22 @@ def round_closed_reason(round_: int) -> str:
 MAX_ATTEMPTS = 3
 
 
-def is_elastic(job: Job | None) -> bool:
-    return job is not None and job.spec.get("mode") == "elastic"
+def has_driver(job: Job | None) -> bool:
+    """A job of many units (elastic rounds, a sweep's trials) run by its own driver."""
+    return job is not None and job.spec.get("mode") in ("elastic", "sweep")
 
 
 class Lifecycle:
-    """A single job follows its one unit; an elastic job's units are shares of rounds,
-    and their ends only tell the round driver (`rounds.py`), which decides the job."""
+    """A single job follows its one unit. An elastic job's units are shares of rounds,
+    a sweep's are trials: their ends only tell the job's driver (`rounds.py`,
+    `sweeps.py`), which decides the job."""
 
     def __init__(self, ctx: WorkContext, wake: Callable[[], None]) -> None:
         self.ctx = ctx
         self._wake = wake  # the placement loop: a job wants a unit again
-        self.round_changed: Callable[[str], None] = lambda job_id: None
+        self.unit_changed: Callable[[str], None] = lambda job_id: None  # the drivers
+        # a trial's unit ended without a result: (unit, reason, whether to offer again)
+        self.trial_lost: Callable[[Unit, str, bool], None] = lambda unit, why, retry: None
 
     def start(self, unit: Unit, note: str) -> Job | None:
         """The worker took `unit`: unit offered -> running, job queued -> running.
@@ -50,7 +54,7 @@ class Lifecycle:
         job = jobs.get(unit.job_id)
         if job is None:
             return None
-        if is_elastic(job):
+        if unit.in_many:
             return jobs.transition(job.id, ("running",), note)
         started = jobs.transition(
             job.id,
@@ -80,8 +84,8 @@ class Lifecycle:
         )
         if unit is not None:
             self.ctx.forget_unit_key(unit.job_id, unit.unit_id)
-            if unit.round >= 0:
-                self.round_changed(unit.job_id)
+            if unit.in_many:
+                self.unit_changed(unit.job_id)
         return unit
 
     def lost(self, unit_id: str, reason: str, state: str = "failed") -> None:
@@ -93,14 +97,17 @@ class Lifecycle:
             return
         log.info("unit %s of job %s lost: %s", unit_id, unit.job_id, reason)
         job = self.ctx.jobs.get(unit.job_id)
-        if unit.round >= 0:  # its slot is offered again while the round has time
+        if unit.in_many:  # its slot or trial is offered again (the driver decides)
             if job is not None and job.state == "running":
                 excluded = job.excluded
-                if state == "failed":  # a bad delta or a failed share: not this peer again
+                if state == "failed":  # a bad result or a failed unit: not this peer again
                     excluded = sorted({*excluded, unit.worker} - {self.ctx.peer_id})
+                where = f"round {unit.round}" if unit.round >= 0 else f"trial {unit.trial}"
                 self.ctx.jobs.transition(
-                    job.id, ("running",), f"round {unit.round}: {reason}", excluded=excluded
+                    job.id, ("running",), f"{where}: {reason}", excluded=excluded
                 )
+            if unit.trial >= 0:
+                self.trial_lost(unit, reason, True)
             return
         if (
             job is None
@@ -136,6 +143,9 @@ class Lifecycle:
         unit = self.end(unit_id, "failed", reason)
         if unit is None:
             return
+        if unit.trial >= 0:  # the trial's sampled values fail, not the sweep
+            self.trial_lost(unit, reason, False)
+            return
         self.ctx.jobs.transition(
             unit.job_id,
             ("queued", "running"),
@@ -145,8 +155,8 @@ class Lifecycle:
         )
 
     def share_done(self, unit_id: str, output_sha256: str, output_bytes: int, note: str) -> bool:
-        """An elastic unit's delta is accepted: unit verifying -> done; the round
-        driver applies it when the round closes."""
+        """An elastic unit's delta (or a trial's weights) is accepted: unit verifying
+        -> done; the job's driver takes it from there."""
         unit = self.end(
             unit_id,
             "done",

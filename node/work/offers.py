@@ -9,6 +9,7 @@ business (`placement.py`); this module only builds, sends and reads.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from node.work.context import WorkContext
 from node.work.grants import issue_grant
@@ -23,10 +24,16 @@ GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
 
 
 def build_offer(
-    ctx: WorkContext, job: Job, unit: Unit, key: bytes, share: RoundShare | None = None
+    ctx: WorkContext,
+    job: Job,
+    unit: Unit,
+    key: bytes,
+    share: RoundShare | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> bytes:
     """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker; a
-    share of an elastic round adds the round's global weights to the blobs."""
+    share of an elastic round adds the round's global weights to the blobs, a sweep's
+    trial sends its own `spec` instead of the job's."""
     peer = unit.worker
     blobs = [*job.data_blobs, *([share.weights_sha256] if share is not None else [])]
     max_bytes = max((ctx.blobs.size(s) for s in blobs), default=0)
@@ -46,7 +53,7 @@ def build_offer(
     package = WorkPackage(
         job.id,
         unit.unit_id,
-        encode(job.spec),
+        encode(spec if spec is not None else job.spec),
         blobs,
         grant,
         key,
@@ -65,11 +72,16 @@ def build_offer(
 
 
 async def send_offer(
-    ctx: WorkContext, job: Job, unit: Unit, key: bytes, share: RoundShare | None = None
+    ctx: WorkContext,
+    job: Job,
+    unit: Unit,
+    key: bytes,
+    share: RoundShare | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> OfferReply:
     """Offer `unit` to its worker. A peer that cannot be reached or answers nonsense
     counts as a transient decline: it says nothing about the job."""
-    offer = build_offer(ctx, job, unit, key, share)
+    offer = build_offer(ctx, job, unit, key, share, spec)
     try:
         raw = await ctx.host.request(unit.worker, TASK_PROTOCOL, offer, WORK_LIMITS.max_bytes)
         reply = open_envelope(

@@ -5,7 +5,8 @@
 - `leases.py`: heartbeats, expiry, the `max_hours` deadline, re-attaching after a restart;
 - `results.py`: a result checked, its weights fetched and checked, the receipt;
 - `lifecycle.py`: how a unit's end moves its job (compare-and-set, in one place);
-- `rounds.py`: an elastic job's rounds (shares offered per data slot, the outer step).
+- `rounds.py`: an elastic job's rounds (shares offered per data slot, the outer step);
+- `sweeps.py`: a sweep job's trials (an Optuna study asked and told, `study.py`).
 
 This module ties them together, trains units on this node when no peer fits, and
 records progress. Every task it starts for a job runs under `_guarded`: whatever goes
@@ -26,10 +27,11 @@ from node.work.context import WorkContext
 from node.work.executor import UnitFailed
 from node.work.jobs import LIVE_UNIT_STATES, Job
 from node.work.leases import Leases
-from node.work.lifecycle import Lifecycle, is_elastic
+from node.work.lifecycle import Lifecycle, has_driver
 from node.work.placement import Placement
 from node.work.results import Results
 from node.work.rounds import ElasticRounds
+from node.work.sweeps import SweepTrials
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +47,13 @@ class OwnerRole:
         self._local: dict[str, trio.CancelScope] = {}
         self.lifecycle = Lifecycle(ctx, self.wake)
         self.leases = Leases(ctx, self.lifecycle, self.record_progress)
-        self.results = Results(ctx, self.lifecycle, self.leases)
+        self.sweeps = SweepTrials(ctx, self.lifecycle)
+        self.results = Results(ctx, self.lifecycle, self.leases, self.sweeps)
         self.placement = Placement(ctx, self.lifecycle, self._train_here)
         self.rounds = ElasticRounds(ctx, self.lifecycle, runner_request)
-        self.lifecycle.round_changed = self.rounds.unit_changed
+        self.lifecycle.unit_changed = self._unit_changed
+        self.lifecycle.trial_lost = self.sweeps.trial_lost
+        self.leases.report_trial = self.sweeps.report
         # the streams the worker opens to this owner
         self.handle_progress = self.leases.handle_progress
         self.handle_result = self.results.handle_result
@@ -56,6 +61,10 @@ class OwnerRole:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _unit_changed(self, job_id: str) -> None:
+        self.rounds.unit_changed(job_id)
+        self.sweeps.unit_changed(job_id)
 
     async def run(self) -> None:
         self.leases.recover()
@@ -65,7 +74,9 @@ class OwnerRole:
                 for job in self.ctx.jobs.in_state("queued"):
                     if job.id not in self._placing:
                         self._placing.add(job.id)
-                        task = self.rounds.drive if is_elastic(job) else self.placement.place
+                        task = {"elastic": self.rounds.drive, "sweep": self.sweeps.drive}.get(
+                            job.spec.get("mode", "single"), self.placement.place
+                        )
                         nursery.start_soon(self._guarded, job.id, task)
                 with trio.move_on_after(1.0):
                     await self._wake.wait()
@@ -85,9 +96,9 @@ class OwnerRole:
             reason = f"internal error on the owner: {type(exc).__name__}: {exc}"[:2000]
             for unit in self.ctx.jobs.units_of(job_id, *LIVE_UNIT_STATES):
                 self.lifecycle.lost(unit.unit_id, reason)
-            # a single job is offered again; an elastic job's rounds cannot go on without
-            # their driver, so it fails (saying why) rather than hang
-            ending = {"state": "failed"} if is_elastic(self.ctx.jobs.get(job_id)) else {}
+            # a single job is offered again; an elastic job's rounds or a sweep's trials
+            # cannot go on without their driver, so it fails (saying why) rather than hang
+            ending = {"state": "failed"} if has_driver(self.ctx.jobs.get(job_id)) else {}
             self.ctx.jobs.transition(job_id, ("queued", "running"), reason, reason=reason, **ending)
         finally:
             self._placing.discard(job_id)

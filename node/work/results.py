@@ -23,6 +23,7 @@ from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import RoundStore
+from node.work.sweeps import SweepTrials
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
 from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
@@ -44,10 +45,13 @@ RESULT_FETCH_S = 900.0  # the result stream's timeout: verification holds the un
 
 
 class Results:
-    def __init__(self, ctx: WorkContext, lifecycle: Lifecycle, leases: Leases) -> None:
+    def __init__(
+        self, ctx: WorkContext, lifecycle: Lifecycle, leases: Leases, sweeps: SweepTrials
+    ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
         self._leases = leases
+        self._sweeps = sweeps
 
     async def handle_result(self, peer: str, data: bytes) -> bytes:
         """Verify a worker's result, fetch and check the weights, answer with a receipt."""
@@ -59,11 +63,13 @@ class Results:
         job = self.ctx.jobs.get(result.job_id)
         if unit is None or job is None:
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
-            if job is not None and why != "unknown unit":  # a unit this peer really had
+            # a late result for a unit this peer really had; a late failure report
+            # (a pruned trial's, say) or a late share is no misconduct
+            if job is not None and why != "unknown unit" and result.ok:
                 self.ctx.jobs.transition(
                     job.id, (job.state,), f"late result from {peer} rejected: {why}"
                 )
-                if not self._late_share(result.unit_id, why):  # late is not misconduct
+                if not self._late_share(result.unit_id, why):
                     self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
         if not result.ok:
@@ -91,6 +97,8 @@ class Results:
         try:
             if unit.round >= 0:
                 return self._accept_share(job, unit, peer, result)
+            if unit.trial >= 0:
+                return self._accept_trial(job, unit, peer, result)
             return self._accept(job, unit, peer, result)
         except Exception as exc:  # a bug here loses this unit, never the node
             log.exception("unit %s: accepting the result failed", unit.unit_id)
@@ -117,6 +125,29 @@ class Results:
         )
         return self._reply(True, "", half_signed)
 
+    def _accept_trial(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+        """A sweep trial's weights, checked: the receipt for its run, and the trial
+        complete with the metric the worker reported."""
+        half_signed = self._half_signed(job, unit, peer, result)
+        if not self._lifecycle.share_done(
+            unit.unit_id,
+            result.weights_sha256,
+            self.ctx.blobs.size(result.weights_sha256),
+            f"trial {unit.trial}: weights from {peer} checked; receipt issued",
+        ):
+            return self._reply(False, "result rejected: the sweep ended while it was checked")
+        self.ctx.jobs.add_receipt(
+            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
+        )
+        metrics = {
+            **dict(result.metrics),
+            "steps": result.steps,
+            "samples": result.samples,
+            "wall_time_s": result.wall_time_s,
+        }
+        self._sweeps.trial_done(job, unit, result.weights_sha256, metrics)
+        return self._reply(True, "", half_signed)
+
     def _half_signed(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         receipt = seal(
             Receipt(
@@ -132,7 +163,14 @@ class Results:
             ),
             self.ctx.identity.signing_key,
         )
-        return issue(receipt, credit_of(job), self.ctx.identity.signing_key)
+        return issue(receipt, self._credit(job, unit), self.ctx.identity.signing_key)
+
+    def _credit(self, job: Job, unit: Unit) -> float:
+        """A unit's credit, from the spec it trained (a trial's own), never the worker."""
+        if unit.trial >= 0:
+            trial = self._sweeps.store.get(job.id, unit.trial)
+            return flops_to_credit(trial.training_flops if trial is not None else 0)
+        return credit_of(job)
 
     def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         """Issue the half-signed receipt, then complete the unit and the job; a job
@@ -172,16 +210,19 @@ class Results:
             return encode_ack(False, "the receipt names other peers")
         issued = self.ctx.jobs.receipt(verified.unit_id)
         job = self.ctx.jobs.get(verified.job_id)
+        unit = self.ctx.jobs.unit(verified.unit_id)
         if (
             issued is None
             or job is None
+            or unit is None
             or parse_cosigned(issued).receipt != verified.cosigned.receipt
         ):
             return encode_ack(False, "this node issued no such receipt")
         if issued == data:
             return encode_ack(True)  # recorded already
+        expected = self._credit(job, unit)
         try:
-            self.ctx.ledger.append_work("work_received", data, verified.credit, credit_of(job))
+            self.ctx.ledger.append_work("work_received", data, verified.credit, expected)
         except MeshminerError as exc:  # the ledger's refusals, credit disagreements too
             log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
             return encode_ack(False, str(exc))
@@ -214,7 +255,8 @@ class Results:
         if key is None:
             raise ProtocolError("no key for this unit (it ended)")
         data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        expected = await trio.to_thread.run_sync(expected_tensors, job.spec, data)
+        spec = self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
+        expected = await trio.to_thread.run_sync(expected_tensors, spec, data)
         numel = float_numel(expected)
         bound = delta_limits(numel).max_bytes if unit.round >= 0 else max_weights_bytes(expected)
         what = "delta" if unit.round >= 0 else "weights"

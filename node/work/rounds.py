@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,11 @@ import trio
 
 from node.work.context import WorkContext
 from node.work.executor import UnitFailed
+from node.work.fanout import Fanout
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit, new_id
 from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle, round_closed_reason
-from node.work.offers import send_offer
-from node.work.placement import Backoff
 from node.work.round_store import Round, RoundStore
-from node.work.scheduler import unfit_reason
-from protocol.crypto import new_job_key
 from protocol.rounds import RoundShare
 from training.result_check import expected_tensors, float_numel
 
@@ -65,7 +63,7 @@ class ElasticRounds:
         self._lifecycle = lifecycle
         self._runner_request = runner_request
         self._changed: dict[str, trio.Event] = {}
-        self.backoff = Backoff()
+        self.fanout = Fanout(ctx, lifecycle, self.unit_changed)
 
     def unit_changed(self, job_id: str) -> None:
         """A unit of `job_id` ended or delivered: the round may be ready to close."""
@@ -113,7 +111,7 @@ class ElasticRounds:
             assert current is not None
 
     def _complete(self, job: Job, last: Round) -> None:
-        self.backoff.drop_job(job.id)
+        self.fanout.backoff.drop_job(job.id)
         self.ctx.jobs.transition(
             job.id,
             ("running",),
@@ -200,7 +198,7 @@ class ElasticRounds:
         previous = {
             u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
         }
-        candidates = self._candidates(job, busy)
+        candidates = self.fanout.candidates(job, busy)
         offered = 0
         for slot in free:
             if not candidates:
@@ -219,49 +217,10 @@ class ElasticRounds:
                 slot=slot,
             )
             share = RoundShare(current.round, slot, current.weights_sha256)
-            nursery.start_soon(self._offer, job, unit, share)
+            note = f"round {share.round} slot {share.slot}"
+            nursery.start_soon(partial(self.fanout.offer, job, unit, note, share=share))
             offered += 1
         return offered
-
-    def _candidates(self, job: Job, busy: set[str]) -> list[str]:
-        """Peers that fit the job and are not training a share of it, best first."""
-        now = time.time()
-        excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
-        requirements = job.spec.get("requirements", {})
-        fits = [
-            e.ad
-            for e in self.ctx.peers.entries()
-            if not e.stale
-            and e.ad.peer_id not in excluded
-            and unfit_reason(e.ad, requirements) is None
-        ]
-        fits.sort(key=lambda ad: (-ad.tflops * (1 - ad.load_pct / 100), ad.peer_id))
-        return [ad.peer_id for ad in fits]
-
-    async def _offer(self, job: Job, unit: Unit, share: RoundShare) -> None:
-        ctx = self.ctx
-        key = new_job_key()
-        ctx.remember_unit_key(job.id, unit.unit_id, key)
-        reply = await send_offer(ctx, job, unit, key, share)
-        if reply.accepted:
-            self.backoff.succeeded(job.id, unit.worker)
-            current = ctx.jobs.unit(unit.unit_id)
-            if current is not None and current.state == "offered":
-                self._lifecycle.start(current, f"round {share.round} slot {share.slot}")
-        elif reply.transient:
-            if ctx.jobs.forget_unit(unit.unit_id):
-                ctx.forget_unit_key(job.id, unit.unit_id)
-            self.backoff.failed(job.id, unit.worker, time.time())
-        else:
-            self._lifecycle.end(unit.unit_id, "failed", reply.reason)
-            fresh = ctx.jobs.get(job.id) or job
-            ctx.jobs.transition(
-                job.id,
-                (fresh.state,),
-                f"{unit.worker} declined: {reply.reason}",
-                excluded=sorted({*fresh.excluded, unit.worker}),
-            )
-        self.unit_changed(job.id)
 
     async def _close(self, job: Job, current: Round) -> Round | None:
         """Drop what is still in flight, apply the deltas, record the round."""

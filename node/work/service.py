@@ -16,6 +16,7 @@ from node.work.context import WorkContext
 from node.work.jobs import Job
 from node.work.owner import OwnerRole
 from node.work.transfer import BlobServer, serve_blobs_libp2p
+from node.work.trial_store import Trial
 from node.work.unit_files import keep_sweeping
 from node.work.worker import WorkerRole
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
@@ -204,7 +205,19 @@ class WorkService:
         out = labelled_job(job, self.ctx.peer_id)
         if job.spec.get("mode") == "elastic":
             out["rounds"] = [r.to_json() for r in self.owner.rounds.store.of_job(job_id)]
+        if job.spec.get("mode") == "sweep":
+            trials = self.owner.sweeps.store.of_job(job_id)
+            out["trials"] = [t.to_json() for t in trials]
+            out["best"] = best_trial(trials, job.spec["sweep"]["direction"])
         return out
+
+    def study_path(self, job_id: str) -> Path | None:
+        """A sweep job's study file (Optuna journal storage), once it exists."""
+        job = self.ctx.jobs.get(job_id)
+        if job is None or job.spec.get("mode") != "sweep":
+            return None
+        path = self.owner.sweeps.study_path(job_id)
+        return path if path.is_file() else None
 
     def weights_path(self, job_id: str) -> Path | None:
         job = self.ctx.jobs.get(job_id)
@@ -223,6 +236,16 @@ def _sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def best_trial(trials: list[Trial], direction: str) -> dict[str, Any] | None:
+    """The best complete trial so far: `number`, `params`, `value` (None before one)."""
+    done = [t for t in trials if t.state == "complete" and t.value is not None]
+    if not done:
+        return None
+    sign = 1.0 if direction == "minimize" else -1.0
+    best = min(done, key=lambda t: (sign * (t.value or 0.0), t.number))
+    return {"number": best.number, "params": best.params, "value": best.value}
 
 
 def labelled_job(job: Job, me: str) -> dict[str, Any]:

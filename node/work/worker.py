@@ -366,6 +366,9 @@ class WorkerRole:
                 samples_per_s=float(p.get("samples_per_s", 0.0)),
                 samples=int(p.get("samples", 0)),
                 timestamp=time.time(),
+                val_loss=p.get("val_loss"),
+                val_step=int(p.get("val_step", -1)),
+                val_accuracy=p.get("val_accuracy"),
             )
             try:
                 raw = await self.ctx.host.request(

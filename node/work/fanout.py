@@ -1,0 +1,84 @@
+"""Offering one job's many units at once (a round's shares, a sweep's trials).
+
+Which peers are candidates (fresh, fit the spec's requirements, not excluded from the
+job, not waiting out a backoff, not busy with another unit of it; best first by
+`tflops x (1 - load)`), and what a peer's answer means: accepted, the unit runs;
+declined for now (busy, unreachable), the unit row is dropped and the peer backs off;
+declined for this job, the unit fails and the peer is excluded from the job. Either
+way the job's driver is told, so it can offer again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from node.work.context import WorkContext
+from node.work.jobs import Job, Unit
+from node.work.lifecycle import Lifecycle
+from node.work.offers import send_offer
+from node.work.placement import Backoff
+from node.work.scheduler import unfit_reason
+from protocol.crypto import new_job_key
+from protocol.rounds import RoundShare
+
+
+class Fanout:
+    def __init__(
+        self, ctx: WorkContext, lifecycle: Lifecycle, changed: Callable[[str], None]
+    ) -> None:
+        self.ctx = ctx
+        self._lifecycle = lifecycle
+        self._changed = changed  # the job's driver: a unit of this job moved
+        self.backoff = Backoff()
+
+    def candidates(self, job: Job, busy: set[str]) -> list[str]:
+        """Peers that fit the job and are not in `busy`, best first."""
+        now = time.time()
+        excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
+        requirements = job.spec.get("requirements", {})
+        fits = [
+            e.ad
+            for e in self.ctx.peers.entries()
+            if not e.stale
+            and e.ad.peer_id not in excluded
+            and unfit_reason(e.ad, requirements) is None
+        ]
+        fits.sort(key=lambda ad: (-ad.tflops * (1 - ad.load_pct / 100), ad.peer_id))
+        return [ad.peer_id for ad in fits]
+
+    async def offer(
+        self,
+        job: Job,
+        unit: Unit,
+        note: str,
+        *,
+        share: RoundShare | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> None:
+        """Offer `unit` (with a round's `share`, or a trial's own `spec`) and act on
+        the answer."""
+        ctx = self.ctx
+        key = new_job_key()
+        ctx.remember_unit_key(job.id, unit.unit_id, key)
+        reply = await send_offer(ctx, job, unit, key, share, spec)
+        if reply.accepted:
+            self.backoff.succeeded(job.id, unit.worker)
+            current = ctx.jobs.unit(unit.unit_id)
+            if current is not None and current.state == "offered":
+                self._lifecycle.start(current, note)
+        elif reply.transient:
+            if ctx.jobs.forget_unit(unit.unit_id):
+                ctx.forget_unit_key(job.id, unit.unit_id)
+            self.backoff.failed(job.id, unit.worker, time.time())
+        else:
+            self._lifecycle.end(unit.unit_id, "failed", reply.reason)
+            fresh = ctx.jobs.get(job.id) or job
+            ctx.jobs.transition(
+                job.id,
+                (fresh.state,),
+                f"{unit.worker} declined: {reply.reason}",
+                excluded=sorted({*fresh.excluded, unit.worker}),
+            )
+        self._changed(job.id)

@@ -1,0 +1,157 @@
+"""A sweep job's Optuna study: one file per job, driven ask-and-tell by its owner only.
+
+Volunteers never see the study: the owner asks it for a trial's parameters, offers the
+trial as a unit, reports the values the worker's heartbeats carry, asks the pruner,
+and tells the study how the trial ended. Every call here is synchronous (Optuna's
+storage is); the driver runs them in a thread.
+
+The storage is a journal file (`JournalFileBackend`, `studies/<job id>.journal`): an
+append-only log that needs no database server and no schema migrations, that
+`GET /api/v1/jobs/{id}/study` serves as it is, and that opens again with
+`optuna.load_study(study_name=<job id>, storage=JournalStorage(JournalFileBackend(path)))`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from training.sweep_spec import Param, SweepSpec
+
+log = logging.getLogger(__name__)
+
+
+def _optuna() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def storage(path: Path) -> Any:
+    """The journal storage in `path` (created when missing)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def open_study(path: Path, job_id: str, sweep: SweepSpec, seed: int) -> Any:
+    """The job's study, created on first use and loaded afterwards (owner restarts)."""
+    optuna = _optuna()
+    return optuna.create_study(
+        study_name=job_id,
+        storage=storage(path),
+        direction=sweep.direction,
+        sampler=_sampler(optuna, sweep, seed),
+        pruner=_pruner(optuna, sweep),
+        load_if_exists=True,
+    )
+
+
+def _sampler(optuna: Any, sweep: SweepSpec, seed: int) -> Any:
+    seed = seed % 2**32
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if sweep.sampler == "grid":
+        return optuna.samplers.GridSampler(grid_space(sweep.space), seed=seed)
+    if sweep.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    if sweep.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def _pruner(optuna: Any, sweep: SweepSpec) -> Any:
+    # steps are reported every `report_every`: the first rung is the first report
+    if sweep.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=sweep.report_every)
+    if sweep.pruner == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=sweep.report_every)
+    if sweep.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=sweep.report_every)
+    return optuna.pruners.NopPruner()
+
+
+def distributions(space: tuple[Param, ...]) -> dict[str, Any]:
+    """Optuna's distribution for each searched key. A choice that is a list (a
+    `model.hidden`, say) is given to Optuna as its JSON text: categorical values must
+    be scalars there."""
+    dist = _optuna().distributions
+    out: dict[str, Any] = {}
+    for p in space:
+        if p.kind == "choice":
+            out[p.key] = dist.CategoricalDistribution([_scalar(c) for c in p.choices])
+        elif p.kind == "int":
+            out[p.key] = dist.IntDistribution(
+                int(p.low), int(p.high), log=p.log, step=int(p.step or 1)
+            )
+        else:
+            out[p.key] = dist.FloatDistribution(float(p.low), float(p.high), log=p.log, step=p.step)
+    return out
+
+
+def grid_space(space: tuple[Param, ...]) -> dict[str, list[Any]]:
+    """Every value of every key, for the grid sampler (ranges need a step)."""
+    grid: dict[str, list[Any]] = {}
+    for p in space:
+        if p.kind == "choice":
+            grid[p.key] = [_scalar(c) for c in p.choices]
+            continue
+        assert p.low is not None and p.high is not None
+        step = p.step or 1
+        count = int((p.high - p.low) / step + 1e-9) + 1
+        grid[p.key] = [p.low + i * step for i in range(count)]
+    return grid
+
+
+def _scalar(choice: Any) -> Any:
+    return json.dumps(_listed(choice)) if isinstance(choice, tuple) else choice
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+
+
+def spec_params(space: tuple[Param, ...], sampled: dict[str, Any]) -> dict[str, Any]:
+    """The values to write into a trial's spec: list choices back from their JSON."""
+    lists = {
+        p.key for p in space if p.kind == "choice" and any(isinstance(c, tuple) for c in p.choices)
+    }
+    return {
+        k: json.loads(v) if k in lists and isinstance(v, str) else v for k, v in sampled.items()
+    }
+
+
+def ask(study: Any, space: tuple[Param, ...]) -> tuple[int, dict[str, Any]]:
+    """A new trial: its number and the values for its spec."""
+    trial = study.ask(distributions(space))
+    return trial.number, spec_params(space, trial.params)
+
+
+def report(study: Any, number: int, step: int, value: float) -> bool:
+    """Report an intermediate value of trial `number`; True when the pruner says stop."""
+    optuna = _optuna()
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    trial = optuna.trial.Trial(study, trial_id)
+    trial.report(value, step)
+    return bool(trial.should_prune())
+
+
+def tell(study: Any, number: int, state: str, value: float | None = None) -> None:
+    """End trial `number` as `complete` (with its value), `pruned` or `failed`."""
+    optuna = _optuna()
+    states = optuna.trial.TrialState
+    if state == "complete":
+        study.tell(number, value, skip_if_finished=True)
+    else:
+        kind = states.PRUNED if state == "pruned" else states.FAIL
+        study.tell(number, state=kind, skip_if_finished=True)
+
+
+def running_numbers(study: Any) -> set[int]:
+    states = _optuna().trial.TrialState
+    return {t.number for t in study.get_trials(deepcopy=False, states=(states.RUNNING,))}
