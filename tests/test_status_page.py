@@ -101,6 +101,7 @@ class FakeWork:
         self.worker = None
         self.weights: dict[str, Path] = {}
         self.rounds: dict[str, list[dict[str, Any]]] = {}  # an elastic job's, as the API has them
+        self.trials: dict[str, tuple[list[dict[str, Any]], dict | None]] = {}  # a sweep's
 
     def jobs(self) -> list[dict[str, Any]]:
         out = []
@@ -117,6 +118,8 @@ class FakeWork:
         row = labelled_job(job, self.ctx.peer_id)
         if job_id in self.rounds:
             row["rounds"] = self.rounds[job_id]
+        if job_id in self.trials:
+            row["trials"], row["best"] = self.trials[job_id]
         return row
 
     def weights_path(self, job_id: str) -> Path | None:
@@ -305,9 +308,18 @@ def test_the_job_page_shows_progress_chart_timeline_result_and_receipt(
 
 
 def _round(n: int, workers: list[str], **changes: Any) -> dict[str, Any]:
-    row = {"round": n, "state": "closed", "workers": workers, "dropped": [], "joined": [],
-           "left": [], "val_loss": 2.0 - n / 10, "bytes_in": 30_000 * len(workers),
-           "full_bytes": 120_000 * len(workers), "seconds": 4.0}  # fmt: skip
+    row = {
+        "round": n,
+        "state": "closed",
+        "workers": workers,
+        "dropped": [],
+        "joined": [],
+        "left": [],
+        "val_loss": 2.0 - n / 10,
+        "bytes_in": 30_000 * len(workers),
+        "full_bytes": 120_000 * len(workers),
+        "seconds": 4.0,
+    }
     return {**row, **changes}
 
 
@@ -316,8 +328,9 @@ def test_an_elastic_job_page_shows_each_rounds_peers_bytes_and_val_loss(site: Si
     spec = {"name": "lm", "mode": "elastic", "elastic": {"rounds": 5, "workers": 3}}
     job = site.jobs.create("lm", spec, "auto", {}, [])
     history = [[20 * (n + 1), None, 2.0 - n / 10] for n in range(3)]
-    site.jobs.update(job, state="running", progress={"step": 60, "total_steps": 100,
-                                                     "history": history})  # fmt: skip
+    site.jobs.update(
+        job, state="running", progress={"step": 60, "total_steps": 100, "history": history}
+    )
     site.work.rounds[job.id] = [
         _round(0, [a, b, c], joined=[a, b, c]),
         _round(1, [a, b], dropped=[c]),
@@ -340,6 +353,55 @@ def test_an_elastic_job_page_shows_each_rounds_peers_bytes_and_val_loss(site: Si
         assert 'data-val-points="3"' in body and 'data-points="0"' in body  # val loss per round
         assert "3 in round 2 (of 3 wanted)" in body  # the last closed round
         assert "Each accepted share of each round has its own co-signed receipt" in body
+
+    serve(site, test)
+
+
+def test_a_sweep_job_page_shows_its_trials_and_the_optimisation_history(site: Site) -> None:
+    a, b = (peer_id_of(key_from(i)) for i in range(2, 4))
+    sweep = {
+        "trials": 6,
+        "parallel": 2,
+        "metric": "val_loss",
+        "direction": "minimize",
+        "sampler": "tpe",
+        "pruner": "asha",
+        "report_every": 50,
+        "space": {"optim.lr": {"low": 1e-4, "high": 0.1, "log": True}},
+    }
+    job = site.jobs.create("sw", {"name": "sw", "mode": "sweep", "sweep": sweep}, "auto", {}, [])
+    site.jobs.update(job, state="running")
+
+    def trial(n: int, state: str, value: float | None, worker: str = "") -> dict[str, Any]:
+        return {
+            "number": n,
+            "state": state,
+            "value": value,
+            "params": {"optim.lr": 0.01 * (n + 1)},
+            "worker": worker,
+            "steps": 100,
+        }
+
+    trials = [
+        trial(0, "complete", 0.5, a),
+        trial(1, "complete", 0.3, b),
+        trial(2, "pruned", 1.9, a),
+        trial(3, "complete", 0.4, b),
+        trial(4, "running", None, a),
+    ]
+    site.work.trials[job.id] = (trials, {"number": 1, "params": {"optim.lr": 0.02}, "value": 0.3})
+
+    async def test(client: TestClient) -> None:
+        body = await get(client, f"/jobs/{job.id}")
+        card = body.split('id="sweep"', 1)[1].split("</section>", 1)[0]
+        assert "4 of 6 trials ended" in card and "best: trial 1, val_loss 0.3" in card
+        assert 'data-points="3" data-val-points="3"' in card  # best so far, and each value
+        assert "trial 3: best so far 0.3" in card  # trial 3 (0.4) did not beat trial 1
+        rows = card.split("<tr ")[1:]
+        assert [r.split('data-trial="', 1)[1][0] for r in rows] == ["0", "1", "2", "3", "4"]
+        assert 'class="self"' in rows[1] and "pruned" in rows[2]
+        assert "1 trials running on" in body and "Each complete trial has its own" in body
+        assert 'id="loss-curve"' not in body
 
     serve(site, test)
 

@@ -51,10 +51,15 @@ def loss_chart(
     final_val: tuple[int, float] | None = None,
     title: str = "loss",
     final_train: tuple[int, float] | None = None,
+    *,
+    x_label: str = "step",
+    names: tuple[str, str, str] = ("training", "validation", "loss"),
 ) -> Markup:
     """An SVG of `history` ([step, loss, val_loss] rows). `final_val` and `final_train`
     add the figures of the result (validation loss after the last step, mean training
-    loss over the last steps) as points at its last step, unless one is there."""
+    loss over the last steps) as points at its last step, unless one is there.
+    `x_label` and `names` (the line, the points, the y axis) let the same chart show
+    other series: a sweep's best value so far and each trial's value."""
     train: list[tuple[float, float]] = []
     val: list[tuple[float, float]] = []
     for row in history:
@@ -82,7 +87,7 @@ def loss_chart(
     if not points:
         return Markup(
             head + f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">'
-            "no loss reported yet</text></svg>"
+            f"no {names[2]} reported yet</text></svg>"
         )
     x_max = float(max(total_steps, max(s for s, _ in points), 1))
     losses = [v for _, v in points]
@@ -132,10 +137,10 @@ def loss_chart(
         k += 1
     parts.append(
         f'<text class="axis" x="{(LEFT + WIDTH - RIGHT) / 2}" y="{HEIGHT - 6}" '
-        f'text-anchor="middle">step</text>'
+        f'text-anchor="middle">{escape(x_label)}</text>'
         f'<text class="axis" x="14" y="{(TOP + HEIGHT - BOTTOM) / 2}" text-anchor="middle" '
         f'transform="rotate(-90 14 {(TOP + HEIGHT - BOTTOM) / 2})">'
-        f"{'loss (log)' if log_scale else 'loss'}</text>"
+        f"{escape(names[2])}{' (log)' if log_scale else ''}</text>"
     )
     if train:
         coords = " ".join(f"{tx(s):.1f},{ty(v):.1f}" for s, v in train)
@@ -148,22 +153,22 @@ def loss_chart(
         for s, v in val:
             parts.append(
                 f'<circle class="dot val" cx="{tx(s):.1f}" cy="{ty(v):.1f}" r="3.5">'
-                f"<title>step {s:g}: validation loss {v:.4g}</title></circle>"
+                f"<title>{escape(x_label)} {s:g}: {escape(names[1])} {v:.4g}</title></circle>"
             )
     if train:
         s, v = train[-1]
         parts.append(
             f'<circle class="dot train" cx="{tx(s):.1f}" cy="{ty(v):.1f}" r="3">'
-            f"<title>step {s:g}: training loss {v:.4g}</title></circle>"
+            f"<title>{escape(x_label)} {s:g}: {escape(names[0])} {v:.4g}</title></circle>"
         )
     legend_x = WIDTH - RIGHT - 220
     parts.append(
         f'<g class="legend"><line class="series train" x1="{legend_x}" x2="{legend_x + 18}" '
         f'y1="{TOP + 10}" y2="{TOP + 10}"/><text x="{legend_x + 24}" y="{TOP + 14}">'
-        f"training</text>"
+        f"{escape(names[0])}</text>"
         f'<line class="series val" x1="{legend_x + 100}" x2="{legend_x + 118}" '
         f'y1="{TOP + 10}" y2="{TOP + 10}"/><text x="{legend_x + 124}" y="{TOP + 14}">'
-        f"validation</text></g>"
+        f"{escape(names[1])}</text></g>"
     )
     parts.append("</svg>")
     return Markup("".join(parts))

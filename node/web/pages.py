@@ -192,6 +192,23 @@ def make_env() -> jinja2.Environment:
     return env
 
 
+def sweep_history(job: dict[str, Any]) -> list[list[Any]]:
+    """A sweep's optimisation history, [trial, best so far, its value] per complete
+    trial in trial order (empty for other jobs)."""
+    if job.get("mode") != "sweep":
+        return []
+    sign = 1.0 if job["spec"]["sweep"].get("direction") == "minimize" else -1.0
+    rows: list[list[Any]] = []
+    best: float | None = None
+    for trial in sorted(job.get("trials") or [], key=lambda t: t["number"]):
+        value = trial.get("value")
+        if trial.get("state") != "complete" or not isinstance(value, int | float):
+            continue
+        best = value if best is None or sign * value < sign * best else best
+        rows.append([trial["number"], best, value])
+    return rows
+
+
 # -- receipts -----------------------------------------------------------------------------
 
 
@@ -332,6 +349,7 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
             receipt=receipt,
             final_val=final_val,
             final_train=final_train,
+            sweep_history=sweep_history(view),
         )
 
     async def ledger(request: web.Request) -> web.Response:
