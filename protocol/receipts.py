@@ -92,6 +92,17 @@ def flops_to_credit(training_flops: int) -> float:
     return training_flops / FLOPS_PER_TFLOP
 
 
+#: the weights hash of a receipt for work that returned no weights (a pruned trial):
+#: the sha256 of no bytes
+NO_WEIGHTS_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def partial_credit(credit: float, steps: int, total_steps: int) -> float:
+    """The share of a unit's `credit` for `steps` of its `total_steps`: what a trial
+    the sweep's pruner stopped earns (both sides compute it from the step it names)."""
+    return credit * min(max(steps, 0), total_steps) / max(total_steps, 1)
+
+
 def credit_matches(a: float, b: float) -> bool:
     """True when two credit figures agree to within `CREDIT_REL_TOL` (both finite)."""
     return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=CREDIT_REL_TOL)

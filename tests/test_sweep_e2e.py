@@ -104,15 +104,21 @@ def test_a_sweep_spreads_its_trials_over_peers_prunes_and_returns_the_best(
         line = f"owner stopped unit {trial['unit_id']}"
         wait_for(lambda w=worker, s=line: s in w.log_tail(400), 10, "the worker to stop it")
 
-    def receipts(node: LocalNode, kind: str) -> set[str]:
+    def receipts(node: LocalNode, kind: str) -> dict[str, float]:
         entries = node.get("/api/v1/ledger?limit=1000")["entries"]
-        return {e["unit_id"] for e in entries if e["kind"] == kind}
+        return {e["unit_id"]: e["credit"] for e in entries if e["kind"] == kind}
 
-    complete = {t["unit_id"]: t["worker"] for t in trials if t["state"] == "complete"}
-    wait_for(lambda: set(complete) <= receipts(owner, "work_received"), 30, "owner receipts")
-    for worker in workers:  # each trial's own credit, in both ledgers
-        mine = {u for u, w in complete.items() if w == worker.peer_id}
-        wait_for(lambda w=worker, m=mine: m <= receipts(w, "work_done"), 30, "worker receipts")
+    # each trial's own credit in both ledgers; a pruned one's for the steps it trained
+    paid = {t["unit_id"]: t for t in trials if t["state"] in ("complete", "pruned")}
+    wait_for(lambda: set(paid) <= set(receipts(owner, "work_received")), 30, "owner receipts")
+    for worker in workers:
+        mine = {u for u, t in paid.items() if t["worker"] == worker.peer_id}
+        wait_for(lambda w=worker, m=mine: m <= set(receipts(w, "work_done")), 30, "receipts")
+    credits = receipts(owner, "work_received")
+    for unit_id, trial in paid.items():
+        whole = trial["training_flops"] / 1e12
+        share = trial["steps"] / trial["total_steps"] if trial["state"] == "pruned" else 1.0
+        assert credits[unit_id] == pytest.approx(whole * share, rel=1e-6), trial
 
     study_file = tmp_path / "study.journal"
     urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/study", study_file)

@@ -24,9 +24,16 @@ from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import RoundStore
 from node.work.sweeps import SweepTrials
+from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.blobs import BlobGrant
-from protocol.receipts import flops_to_credit, issue, open_cosigned, parse_cosigned
+from protocol.receipts import (
+    NO_WEIGHTS_SHA256,
+    flops_to_credit,
+    issue,
+    open_cosigned,
+    parse_cosigned,
+)
 from protocol.rounds import delta_limits
 from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
 from training.result_check import (
@@ -61,6 +68,9 @@ class Results:
             return self._reply(False, f"bad result: {exc}")
         unit, why = self._leases.active_unit(peer, result.job_id, result.unit_id)
         job = self.ctx.jobs.get(result.job_id)
+        pruned = None if result.ok else self._sweeps.pruned(peer, result.job_id, result.unit_id)
+        if pruned is not None and job is not None:
+            return self._accept_pruned(job, *pruned, peer)
         if unit is None or job is None:
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
             # a late result for a unit this peer really had; a late failure report
@@ -148,6 +158,29 @@ class Results:
         self._sweeps.trial_done(job, unit, result.weights_sha256, metrics)
         return self._reply(True, "", half_signed)
 
+    def _accept_pruned(self, job: Job, unit: Unit, trial: Trial, peer: str) -> bytes:
+        """A pruned trial's worker reports its stop: the receipt for the steps before
+        the report that pruned it (no weights), issued once."""
+        issued = self.ctx.jobs.receipt(unit.unit_id)
+        if issued is None:
+            receipt = seal(
+                Receipt(
+                    job.id,
+                    unit.unit_id,
+                    self.ctx.peer_id,
+                    peer,
+                    NO_WEIGHTS_SHA256,
+                    trial.steps,
+                    0,
+                    {"pruned_at_step": float(trial.steps)},
+                    time.time(),
+                ),
+                self.ctx.identity.signing_key,
+            )
+            issued = issue(receipt, self._credit(job, unit), self.ctx.identity.signing_key)
+            self.ctx.jobs.add_receipt(unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, issued)
+        return self._reply(True, "", issued)
+
     def _half_signed(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
         receipt = seal(
             Receipt(
@@ -168,8 +201,7 @@ class Results:
     def _credit(self, job: Job, unit: Unit) -> float:
         """A unit's credit, from the spec it trained (a trial's own), never the worker."""
         if unit.trial >= 0:
-            trial = self._sweeps.store.get(job.id, unit.trial)
-            return flops_to_credit(trial.training_flops if trial is not None else 0)
+            return self._sweeps.credit(job.id, unit)
         return credit_of(job)
 
     def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:

@@ -37,6 +37,7 @@ from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle
 from node.work.trial_store import Trial, TrialStore
+from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress
 from training.fields import Section
 from training.sweep_spec import SweepSpec, parse_sweep, trial_spec
@@ -138,8 +139,10 @@ class SweepTrials:
             candidates and not waiting and len(running) < sweep.parallel and (asked < sweep.trials)
         ):
             number, params = await trio.to_thread.run_sync(studies.ask, study, sweep.space)
-            flops = await trio.to_thread.run_sync(self._flops, job, params, sweep)
-            trial = self.store.add(Trial(job.id, number, params, training_flops=flops))
+            flops, steps = await trio.to_thread.run_sync(self._cost, job, params, sweep)
+            trial = self.store.add(
+                Trial(job.id, number, params, training_flops=flops, total_steps=steps)
+            )
             running.append(trial)
             waiting.append(trial)
             asked += 1
@@ -160,12 +163,35 @@ class SweepTrials:
             note = f"trial {trial.number}: {_shown(trial.params)}"
             nursery.start_soon(partial(self.fanout.offer, job, unit, note, spec=spec))
 
-    def _flops(self, job: Job, params: dict[str, Any], sweep: SweepSpec) -> int:
+    def _cost(self, job: Job, params: dict[str, Any], sweep: SweepSpec) -> tuple[int, int]:
+        """(training flops, steps) of a trial's spec: its credit, whole or in part."""
         from training.budget import validate_for_submit
 
         data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        spec = trial_spec(job.spec, params, sweep.report_every)
-        return int(validate_for_submit(spec, data).training_flops)
+        summary = validate_for_submit(trial_spec(job.spec, params, sweep.report_every), data)
+        return int(summary.training_flops), int(summary.total_steps)
+
+    def credit(self, job_id: str, unit: Unit) -> float:
+        """What `unit` of a trial earns: the trial's credit, or the share of it for the
+        steps before the pruner stopped it."""
+        trial = self.store.get(job_id, unit.trial)
+        if trial is None:
+            return 0.0
+        whole = flops_to_credit(trial.training_flops)
+        if trial.state == "pruned" and trial.unit_id == unit.unit_id:
+            return partial_credit(whole, trial.steps, trial.total_steps)
+        return whole
+
+    def pruned(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit, Trial] | None:
+        """The unit and trial, when `unit_id` is `peer`'s unit of a trial the pruner
+        stopped: its worker's failure report earns the partial receipt."""
+        unit = self.ctx.jobs.unit(unit_id)
+        if unit is None or unit.job_id != job_id or unit.worker != peer or unit.trial < 0:
+            return None
+        trial = self.store.get(job_id, unit.trial)
+        if trial is None or trial.state != "pruned" or trial.unit_id != unit_id:
+            return None
+        return unit, trial
 
     def _complete(self, job: Job, study: Any) -> None:
         self.fanout.backoff.drop_job(job.id)

@@ -32,6 +32,7 @@ class Trial:
     weights_sha256: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)  # its result's, when complete
     training_flops: int = 0  # of its spec: the credit a complete trial earns
+    total_steps: int = 0  # of its spec: a pruned trial earns steps / total_steps of it
     reports: list[list[float]] = field(default_factory=list)  # [step, value] sent to the study
     reason: str = ""
 
@@ -60,6 +61,7 @@ class TrialStore:
                 "weights_sha256": str,
                 "metrics": str,
                 "training_flops": int,
+                "total_steps": int,
                 "reports": str,
                 "reason": str,
             },

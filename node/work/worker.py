@@ -10,6 +10,7 @@ the owner has taken the countersigned receipt, never on the worker's own word.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -35,7 +36,13 @@ from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
 from protocol.ids import is_id
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL
-from protocol.receipts import countersign, open_receipt, parse_cosigned
+from protocol.receipts import (
+    NO_WEIGHTS_SHA256,
+    countersign,
+    open_receipt,
+    parse_cosigned,
+    partial_credit,
+)
 from protocol.rounds import RoundShare
 from protocol.work import (
     WORK_LIMITS,
@@ -283,7 +290,9 @@ class WorkerRole:
             if unit.hand_back
             else "stopped: the owner no longer wants this unit"
         )
-        return self._failure(pkg, why, retryable=True)
+        stopped = self._failure(pkg, why, retryable=True)
+        # the steps it trained: a trial the sweep's pruner stopped earns their share
+        return dataclasses.replace(stopped, steps=int(unit.progress.get("step", 0)))
 
     async def _train(self, unit: RunningUnit) -> Result:
         pkg = unit.package
@@ -420,16 +429,24 @@ class WorkerRole:
         ctx = self.ctx
         receipt = parse_cosigned(half_signed)
         issued = open_receipt(receipt.receipt)
+        weights = result.weights_sha256 if result.ok else NO_WEIGHTS_SHA256
         if (issued.owner, issued.job_id, issued.unit_id, issued.worker, issued.weights_sha256) != (
             unit.owner,
             result.job_id,
             result.unit_id,
             ctx.peer_id,
-            result.weights_sha256,
+            weights,
         ):
             raise ProtocolError("the receipt does not match the result sent")
         data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
         credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
+        if not result.ok:  # a pruned trial: the steps before the report that stopped it
+            total = int(unit.progress.get("total_steps", 0))
+            if not 0 < issued.steps <= result.steps or total <= 0:
+                raise ProtocolError(
+                    f"a receipt for {issued.steps} steps; this node trained {result.steps}"
+                )
+            credit = partial_credit(credit, issued.steps, total)
         cosigned = countersign(half_signed, ctx.identity.signing_key, credit)
 
         async def hand_back() -> tuple[bool, str]:
