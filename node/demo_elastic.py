@@ -2,7 +2,7 @@
 
 Node 1 submits a small character language model (trained on meshminer's own module
 docstrings) as an elastic job for three workers. After the first round closes, one
-worker is stopped; a round later a new node joins and takes its place. The demo
+worker is stopped and a new node joins to take its place. The demo
 follows the rounds, then prints the rounds table and the final validation loss.
 """
 
@@ -42,8 +42,8 @@ def write_corpus(path: Path) -> Path:
 def run_elastic(
     net: LocalNetwork, root: Path, console: Console, rounds: int = ROUNDS, timeout: float = 900
 ) -> dict:
-    """Submit the elastic job on the first node, stop a worker after round 0 and add a
-    node after round 1; returns the job as it ended."""
+    """Submit the elastic job on the first node, stop a worker and add a node once
+    round 0 has closed; returns the job as it ended."""
     owner, leaver = net.nodes[0], net.nodes[-1]
     corpus = write_corpus(root / "corpus.txt")
     spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=rounds)
@@ -53,7 +53,7 @@ def run_elastic(
         f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {rounds} rounds "
         f"of {WORKERS} workers (spec in {root / 'char-lm-elastic.toml'})"
     )
-    left_after = joiner = None
+    joiner = None
     deadline = time.monotonic() + timeout
     columns = (
         TextColumn("{task.description}"),
@@ -71,11 +71,9 @@ def run_elastic(
             bar.update(task, description=job["state"], completed=len(closed), loss=loss)
             if job["state"] in ("completed", "failed", "cancelled"):
                 break
-            if closed and left_after is None:
-                left_after = len(closed)
+            if closed and joiner is None:  # one worker leaves as round 1 runs, one joins
                 bar.console.print(f"stopping {leaver.name} ({leaver.peer_id[-6:]}) mid-job")
                 leaver.stop()
-            elif left_after is not None and joiner is None and len(closed) > left_after:
                 joiner = net.add()
                 bar.console.print(f"{joiner.name} ({joiner.peer_id[-6:]}) joins the network")
             time.sleep(0.5)

@@ -30,7 +30,7 @@ def test_demo_trains_a_job_across_the_network() -> None:
 
 def test_the_elastic_demo_survives_a_worker_leaving_and_one_joining() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "node", "demo", "--mode", "elastic", "--rounds", "4"],
+        [sys.executable, "-m", "node", "demo", "--mode", "elastic", "--rounds", "3"],
         capture_output=True,
         text=True,
         timeout=900,

@@ -13,7 +13,8 @@ from node.work.trial_store import Trial
 from training.errors import SpecError
 from training.examples import sweep_toml
 from training.spec import parse_spec, spec_to_plain
-from training.sweep_spec import corner_params, trial_plain, trial_spec
+from training.sweep_spec import corner_params, trial_plain
+from training.trials import trial_spec
 
 
 def _sweep(**changes: object) -> dict:

@@ -134,7 +134,7 @@ def test_a_sweep_spreads_its_trials_over_peers_prunes_and_returns_the_best(
     weights = tmp_path / "best.safetensors"
     urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/weights", weights)
     from training.spec import spec_to_plain
-    from training.sweep_spec import trial_spec
+    from training.trials import trial_spec
 
     assert best["params"]["optim.lr"] != 1e-7
     plain = spec_to_plain(trial_spec(tomllib.loads(spec), best["params"], 50))

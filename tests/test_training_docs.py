@@ -32,6 +32,7 @@ def test_every_example_validates(tmp_path: Path) -> None:
         "digits-mlp",
         "digits-cnn",
         "digits-elastic",
+        "digits-sweep",
         "tiny-shakespeare-lm",
         "digits-layers",
         "houses",

@@ -133,7 +133,8 @@ def check_space(spec: JobSpec, data_file: Path | None = None) -> None:
     """Every choice and both ends of every range of a sweep's space give a trial that
     passes the spec's rules and the budget; the error names the key and the value."""
     from training.spec import spec_to_plain
-    from training.sweep_spec import corner_params, trial_spec
+    from training.sweep_spec import corner_params
+    from training.trials import trial_spec
 
     assert spec.sweep is not None
     base = spec_to_plain(spec)

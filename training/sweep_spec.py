@@ -4,7 +4,8 @@ A sweep (`mode = "sweep"`) trains one *trial* per sampled configuration. A trial
 the job's own spec as a `single` job with the sampled values written into it
 (`trial_plain`), so a worker trains a trial exactly as any other unit, and every
 rule of the spec (types, ranges, the budget) applies to each trial. The space is
-checked at submit by building the trials its corners give (`corner_params`).
+checked at submit by building the trials its corners give (`corner_params`);
+`training.trials.trial_spec` turns one into a checked spec.
 """
 
 from __future__ import annotations
@@ -201,16 +202,6 @@ def corner_params(space: tuple[Param, ...]) -> list[tuple[str, Any, dict[str, An
             params[param.key] = value
             corners.append((param.key, _thawed(value), params))
     return corners
-
-
-def trial_spec(base: dict[str, Any], params: dict[str, Any], report_every: int) -> Any:
-    """The checked `JobSpec` of one trial: validated every `report_every` steps, so
-    its heartbeats carry the values the study's pruner reads."""
-    from training.spec import parse_spec  # (spec.py imports this module)
-
-    plain = trial_plain(base, params)
-    plain["optim"] = {**plain.get("optim", {}), "validate_every": report_every}
-    return parse_spec(plain)
 
 
 def _middle(param: Param) -> Any:

@@ -40,7 +40,8 @@ from node.work.trial_store import Trial, TrialStore
 from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress
 from training.fields import Section
-from training.sweep_spec import SweepSpec, parse_sweep, trial_spec
+from training.sweep_spec import SweepSpec, parse_sweep
+from training.trials import trial_spec
 
 log = logging.getLogger(__name__)
 
