@@ -49,9 +49,15 @@ from training.spec import parse_spec
 
 
 def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int, width: int) -> str:
-    return char_lm_elastic_toml(str(corpus), "bench-elastic", workers=workers,
-                                min_workers=min_workers, inner_steps=inner,
-                                rounds=rounds, width=width)  # fmt: skip
+    return char_lm_elastic_toml(
+        str(corpus),
+        "bench-elastic",
+        workers=workers,
+        min_workers=min_workers,
+        inner_steps=inner,
+        rounds=rounds,
+        width=width,
+    )
 
 
 def communication(root: Path, workers: int, rounds: int, inner: int, width: int) -> Result:
@@ -81,10 +87,12 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
     elastic_bytes = deltas + rounds * workers * weights.stat().st_size
     e_loss = elastic["rounds"][-1]["val_loss"]
     s_loss = baseline["metrics"]["val_loss"]
-    result = Result("elastic: communication at equal quality",
-                    ["run", "final val loss", "bytes", "seconds"])  # fmt: skip
-    result.add(f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, sync_bytes,
-               baseline_s)  # fmt: skip
+    result = Result(
+        "elastic: communication at equal quality", ["run", "final val loss", "bytes", "seconds"]
+    )
+    result.add(
+        f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, sync_bytes, baseline_s
+    )
     result.add(f"elastic H={inner}, int8 deltas", e_loss, elastic_bytes, elastic_s)
     result.meta.update(
         {
@@ -117,8 +125,11 @@ def _run_job(
         victim = net.nodes[-1]
         victim.stop(signal.SIGKILL)
         killed_in = rounds()[-1]["round"]
-        wait_for(lambda: len([r for r in rounds() if r["state"] == "closed"]) >= killed_in + 2,
-                 900, "two more rounds")  # fmt: skip
+        wait_for(
+            lambda: len([r for r in rounds() if r["state"] == "closed"]) >= killed_in + 2,
+            900,
+            "two more rounds",
+        )
         net.add()
     return wait_for(
         lambda: (

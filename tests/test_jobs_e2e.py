@@ -216,7 +216,8 @@ def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path) -> 
     owner = localnet.add()
     volunteer = localnet.add()
     localnet.wait_all_see_each_other(timeout=20)
-    job_id = _submit(owner, _spec(tmp_path, steps=3000))
+    # long enough to still run when the pause arrives (3,000 steps took 3.5 s)
+    job_id = _submit(owner, _spec(tmp_path, steps=12_000))
     job = wait_for(
         lambda: (j := _job(owner, job_id))["progress"].get("step", 0) > 0 and j,
         60,
