@@ -124,10 +124,14 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     job_id = _submit(owner, spec)
     _wait_closed(owner, job_id, 1, 120)
     victim = workers[0]
-    wait_for(
-        lambda: (r := _rounds(owner, job_id))[-1]["state"] == "open" and r[-1]["round"] >= 1,
+    wait_for(  # the victim is training its share of round 1 or later
+        lambda: (
+            (r := _rounds(owner, job_id))[-1]["state"] == "open"
+            and r[-1]["round"] >= 1
+            and victim.get("/api/v1/status")["load"] > 0
+        ),
         60,
-        "round 1 to open",
+        "the victim to train a share of round 1",
     )
     victim.stop(signal.SIGKILL)
     killed_in = _rounds(owner, job_id)[-1]["round"]

@@ -68,7 +68,9 @@ class Results:
             return self._reply(False, f"bad result: {exc}")
         unit, why = self._leases.active_unit(peer, result.job_id, result.unit_id)
         job = self.ctx.jobs.get(result.job_id)
-        pruned = None if result.ok else self._sweeps.pruned(peer, result.job_id, result.unit_id)
+        # a trial the pruner stopped: whatever its worker sends (a stop report, or a
+        # result that crossed the stop) earns the share for the steps before it
+        pruned = self._sweeps.pruned(peer, result.job_id, result.unit_id)
         if pruned is not None and job is not None:
             return self._accept_pruned(job, *pruned, peer)
         if unit is None or job is None:

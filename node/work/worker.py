@@ -429,7 +429,8 @@ class WorkerRole:
         ctx = self.ctx
         receipt = parse_cosigned(half_signed)
         issued = open_receipt(receipt.receipt)
-        weights = result.weights_sha256 if result.ok else NO_WEIGHTS_SHA256
+        partial = issued.weights_sha256 == NO_WEIGHTS_SHA256  # a pruned trial's share
+        weights = NO_WEIGHTS_SHA256 if partial or not result.ok else result.weights_sha256
         if (issued.owner, issued.job_id, issued.unit_id, issued.worker, issued.weights_sha256) != (
             unit.owner,
             result.job_id,
@@ -440,7 +441,7 @@ class WorkerRole:
             raise ProtocolError("the receipt does not match the result sent")
         data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
         credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
-        if not result.ok:  # a pruned trial: the steps before the report that stopped it
+        if partial:  # a pruned trial: the steps before the report that stopped it
             total = int(unit.progress.get("total_steps", 0))
             if not 0 < issued.steps <= result.steps or total <= 0:
                 raise ProtocolError(
