@@ -72,26 +72,14 @@ def job_routes(
         path = await bridge.call(jobs.weights_path, job_id)
         if path is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no weights (unknown or not completed)")
-        return web.FileResponse(
-            path,
-            headers={
-                "Content-Type": "application/octet-stream",
-                "Content-Disposition": f'attachment; filename="{job_id}.safetensors"',
-            },
-        )
+        return _download(path, f"{job_id}.safetensors")
 
     async def study(request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
         path = await bridge.call(jobs.study_path, job_id)
         if path is None:
             raise web.HTTPNotFound(text=f"job {job_id} has no study (unknown or not a sweep)")
-        return web.FileResponse(
-            path,
-            headers={
-                "Content-Type": "application/octet-stream",
-                "Content-Disposition": f'attachment; filename="{job_id}.journal"',
-            },
-        )
+        return _download(path, f"{job_id}.journal")
 
     async def cancel(request: web.Request) -> web.Response:
         guard.check(request)
@@ -109,6 +97,16 @@ def job_routes(
         app.router.add_post(f"/api/v1/jobs/{JOB_ID}/cancel", cancel)
 
     return add
+
+
+def _download(path: Path, filename: str) -> web.FileResponse:
+    return web.FileResponse(
+        path,
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": f'attachment; filename="{filename}"',
+        },
+    )
 
 
 async def _read_submission(
