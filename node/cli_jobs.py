@@ -127,7 +127,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         """Train a spec on this machine, no network: what a peer would return."""
         from training.errors import TrainingError
         from training.local import train_local
-        from training.spec import SpecError, load_spec
+        from training.spec import SpecError, load_spec, spec_to_plain
 
         try:
             parsed = load_spec(spec)
@@ -138,11 +138,19 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
 
             def emit(event: dict[str, Any]) -> None:
                 if event.get("event") == "progress":
+                    trial = event.get("trial")
                     bar.update(
                         task,
+                        description="training" if trial is None else f"trial {trial}",
                         total=event["total_steps"],
                         completed=event["step"],
                         loss=f"loss {event['loss']:.4f}",
+                    )
+                elif event.get("event") == "trial":  # a sweep's trial ended
+                    value = event["value"]
+                    shown = f" {value:.5g}" if isinstance(value, float) else ""
+                    bar.console.print(
+                        f"trial {event['number']} (of {event['trials']}): {event['state']}{shown}"
                     )
 
             try:
@@ -151,6 +159,9 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
                 raise fail(str(exc)) from None
         if result.get("rounds"):
             console.print(rounds_table(result["rounds"]))
+        if result.get("trials"):
+            sweep = spec_to_plain(parsed)["sweep"]
+            console.print(trials_table(result["trials"], result["best"], sweep))
         console.print(f"weights: {out} (sha256 {result['weights_sha256'][:16]}…)")
         console.print(f"metrics: {_metrics(result.get('metrics', {}))}")
 
@@ -268,7 +279,7 @@ def trials_table(trials: list[dict[str, Any]], best: dict | None, sweep: dict) -
             t["state"],
             f"{value:.5g}" if isinstance(value, float) else "-",
             *(_param(t["params"].get(k)) for k in keys),
-            short(t["worker"]) if t["worker"] else "-",
+            short(t["worker"]) if t.get("worker") else "-",
             str(t["steps"]),
             style="bold green" if is_best else None,
         )

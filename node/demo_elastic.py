@@ -1,9 +1,10 @@
 """`meshminer demo --mode elastic`: one job trained by several nodes at once, in rounds.
 
 Node 1 submits a small character language model (trained on meshminer's own module
-docstrings) as an elastic job for three workers. After the first round closes, one
-worker is stopped and a new node joins to take its place. The demo
-follows the rounds, then prints the rounds table and the final validation loss.
+docstrings) as an elastic job for three workers. While the first round runs a new node
+joins the network; once that round has closed, one worker is stopped, and the newcomer
+takes its place in a later round. The demo follows the rounds, then prints the rounds
+table and the final validation loss.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def write_corpus(path: Path) -> Path:
 def run_elastic(
     net: LocalNetwork, root: Path, console: Console, rounds: int = ROUNDS, timeout: float = 900
 ) -> dict:
-    """Submit the elastic job on the first node, stop a worker and add a node once
-    round 0 has closed; returns the job as it ended."""
+    """Submit the elastic job on the first node, add a node while round 0 runs and stop
+    a worker once it has closed; returns the job as it ended.
+
+    The newcomer joins early so that the owner has seen its capacity ad well before the
+    round it is needed in (a node takes seconds to start on a busy machine, and a round
+    short of a worker closes as soon as the others are done)."""
     owner, leaver = net.nodes[0], net.nodes[-1]
     corpus = write_corpus(root / "corpus.txt")
     spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=rounds)
@@ -53,7 +58,7 @@ def run_elastic(
         f"\n{owner.name} submitted elastic job {job['id']}: a character LM, {rounds} rounds "
         f"of {WORKERS} workers (spec in {root / 'char-lm-elastic.toml'})"
     )
-    joiner = None
+    joiner, stopped = None, False
     deadline = time.monotonic() + timeout
     columns = (
         TextColumn("{task.description}"),
@@ -71,11 +76,13 @@ def run_elastic(
             bar.update(task, description=job["state"], completed=len(closed), loss=loss)
             if job["state"] in ("completed", "failed", "cancelled"):
                 break
-            if closed and joiner is None:  # one worker leaves as round 1 runs, one joins
-                bar.console.print(f"stopping {leaver.name} ({leaver.peer_id[-6:]}) mid-job")
-                leaver.stop()
+            if job["rounds"] and joiner is None:
                 joiner = net.add()
                 bar.console.print(f"{joiner.name} ({joiner.peer_id[-6:]}) joins the network")
+            if closed and not stopped:
+                bar.console.print(f"stopping {leaver.name} ({leaver.peer_id[-6:]}) mid-job")
+                leaver.stop()
+                stopped = True
             time.sleep(0.5)
         else:
             raise TimeoutError(f"the elastic demo job did not finish within {timeout:.0f} s")

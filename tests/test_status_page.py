@@ -370,7 +370,7 @@ def test_a_sweep_job_page_shows_its_trials_and_the_optimisation_history(site: Si
         "space": {"optim.lr": {"low": 1e-4, "high": 0.1, "log": True}},
     }
     job = site.jobs.create("sw", {"name": "sw", "mode": "sweep", "sweep": sweep}, "auto", {}, [])
-    site.jobs.update(job, state="running")
+    site.jobs.update(job, state="running", progress={"importances": {"optim.lr": 1.0}})
 
     def trial(n: int, state: str, value: float | None, worker: str = "") -> dict[str, Any]:
         return {
@@ -402,6 +402,12 @@ def test_a_sweep_job_page_shows_its_trials_and_the_optimisation_history(site: Si
         assert 'class="self"' in rows[1] and "pruned" in rows[2]
         assert "1 trials running on" in body and "Each complete trial has its own" in body
         assert 'id="loss-curve"' not in body
+        parallel = card.split('class="chart parallel"', 1)[1].split("</svg>", 1)[0]
+        assert 'data-lines="3"' in parallel  # the complete trials
+        assert 'class="trial best"' in parallel.split('data-trial="1"', 1)[0].rsplit("<", 1)[1]
+        assert "trial 3: val_loss 0.4" in parallel
+        importances = card.split('class="chart importances"', 1)[1].split("</svg>", 1)[0]
+        assert 'data-bars="1"' in importances and "optim.lr" in importances
 
     serve(site, test)
 

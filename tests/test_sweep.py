@@ -1,4 +1,5 @@
-"""A sweep's spec, space and study, without a network: what the owner builds trials from."""
+"""A sweep's spec, space and study, without a network: what the owner builds trials from,
+and `train-local` of a sweep."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from node.work import study as studies
+from node.web.sweep_charts import importance_bars, parallel_coordinates
 from node.work.service import best_trial
 from node.work.trial_store import Trial
-from training.errors import SpecError
+from training import study as studies
+from training.errors import SpecError, TrainingError
 from training.examples import sweep_toml
+from training.local import train_local
 from training.spec import parse_spec, spec_to_plain
 from training.sweep_spec import corner_params, trial_plain
 from training.trials import trial_spec
@@ -99,3 +102,93 @@ def test_the_best_trial_is_the_lowest_or_highest_complete_one_first_on_ties() ->
     assert best_trial(trials, "minimize")["number"] == 2  # type: ignore[index]
     assert best_trial(trials, "maximize")["number"] == 0  # type: ignore[index]
     assert best_trial(trials[1:2], "minimize") is None
+
+
+def test_importances_need_two_trials_and_find_the_key_that_matters() -> None:
+    sweep = parse_spec(_sweep()).sweep
+    assert sweep is not None
+    trials = [
+        ({"optim.lr": lr, "model.hidden": hidden}, abs(lr - 0.01) * 100)
+        for lr in (1e-4, 1e-3, 1e-2, 3e-2, 1e-1)
+        for hidden in ([16], [32], [64, 32])
+    ]
+    assert studies.importances(sweep.space, trials[:1], "minimize") == {}
+    found = studies.importances(sweep.space, trials, "minimize")
+    assert set(found) == {"optim.lr", "model.hidden"}
+    assert found["optim.lr"] > 0.9 > found["model.hidden"]
+
+
+def test_the_parallel_coordinates_put_each_trial_on_its_choice_and_the_best_on_top() -> None:
+    space = {
+        "optim.lr": {"low": 1e-4, "high": 1e-1, "log": True},
+        "model.hidden": {"choices": [[16], [64, 32]]},
+    }
+    trials = [
+        {
+            "number": 0,
+            "state": "complete",
+            "value": 0.2,
+            "params": {"optim.lr": 1e-4, "model.hidden": [16]},
+        },
+        {
+            "number": 1,
+            "state": "complete",
+            "value": 0.1,
+            "params": {"optim.lr": 1e-1, "model.hidden": "[64, 32]"},
+        },
+        {
+            "number": 2,
+            "state": "pruned",
+            "value": 2.0,
+            "params": {"optim.lr": 1e-2, "model.hidden": [16]},
+        },
+    ]
+    svg = str(parallel_coordinates(space, trials, "val_loss", "minimize"))
+    assert 'data-lines="2"' in svg and "[64, 32]" in svg
+    lines = svg.split("<polyline")[1:]
+    assert 'data-trial="1"' in lines[-1] and "best" in lines[-1]  # drawn last: on top
+    # trial 0 sits at the bottom of both param axes, trial 1 at the top (the list choice
+    # matched whether the params hold a list or the study's JSON text)
+    ys = [
+        [float(p.split(",")[1]) for p in line.split('points="')[1].split('"')[0].split()]
+        for line in lines
+    ]
+    assert ys[0][:2] == [ys[0][0]] * 2 and ys[1][:2] == [ys[1][0]] * 2 and ys[0][0] > ys[1][0]
+    assert "no complete trial yet" in str(
+        parallel_coordinates(space, trials[2:], "val_loss", "minimize")
+    )
+    assert 'data-bars="0"' in str(importance_bars({}))
+
+
+def test_train_local_runs_a_sweep_prunes_hopeless_trials_and_keeps_the_best_weights(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
+
+    space = '"optim.lr" = { choices = [3e-2, 10.0] }'
+    spec = parse_spec(tomllib.loads(sweep_toml(trials=6, steps=150, pruner="asha", space=space)))
+    events: list[dict] = []
+    result = train_local(spec, tmp_path / "best.safetensors", emit=events.append)
+    trials = result["trials"]
+    assert [t["number"] for t in trials] == list(range(6))
+    assert {t["state"] for t in trials} <= {"complete", "pruned"}
+    hopeless = [t for t in trials if t["params"]["optim.lr"] == 10.0]
+    assert hopeless and any(t["state"] == "pruned" and t["steps"] < 150 for t in hopeless)
+    complete = [t for t in trials if t["state"] == "complete"]
+    best = min(complete, key=lambda t: t["value"])
+    assert (
+        result["best"]["number"] == best["number"]
+        and result["metrics"]["val_loss"] == best["value"]
+    )
+    assert result["steps"] == sum(t["steps"] for t in trials)
+    assert load_file(tmp_path / "best.safetensors")  # the best trial's, not a pruned one's
+    assert [e["number"] for e in events if e["event"] == "trial"] == list(range(6))
+    assert not list(tmp_path.glob(".*trial"))  # no scratch file left behind
+
+
+def test_train_local_of_a_sweep_whose_trials_all_fail_says_so(tmp_path: Path) -> None:
+    space = '"optim.lr" = { choices = [1e30] }'  # every trial's loss goes non-finite
+    spec = parse_spec(tomllib.loads(sweep_toml(trials=2, steps=60, space=space)))
+    with pytest.raises(TrainingError, match="none of the sweep's 2 trials completed"):
+        train_local(spec, tmp_path / "best.safetensors")
+    assert not (tmp_path / "best.safetensors").exists()

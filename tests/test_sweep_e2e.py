@@ -197,7 +197,7 @@ BAD_SPACES = [
 ]
 
 
-def test_a_bad_space_is_refused_naming_the_key_and_nothing_is_stored(
+def test_a_bad_space_is_refused_and_a_lone_node_trains_its_own_trials(
     localnet: LocalNetwork,
 ) -> None:
     from node.client import ApiError, request_json
@@ -207,4 +207,19 @@ def test_a_bad_space_is_refused_naming_the_key_and_nothing_is_stored(
         with pytest.raises(ApiError) as refused:
             request_json(node.api, "POST", "/api/v1/jobs", {"spec": sweep_toml(space=space)})
         assert message in str(refused.value)
-    assert node.get("/api/v1/jobs") == []
+    assert node.get("/api/v1/jobs") == []  # nothing stored
+
+    # no peer: the owner, which accepts work, trains every trial itself, one at a time
+    space = '"optim.lr" = { choices = [0.01, 1e-7] }'
+    spec = sweep_toml("alone", trials=4, parallel=2, steps=300, pruner="asha", space=space)
+    job_id = request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
+    job = _wait_end(node, job_id, 120)
+    assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
+    trials = job["trials"]
+    assert {t["worker"] for t in trials} == {node.peer_id}
+    assert {t["state"] for t in trials} <= {"complete", "pruned"}
+    assert any(t["state"] == "pruned" and t["steps"] < 300 for t in trials), trials
+    assert job["best"]["params"]["optim.lr"] == 0.01 and job["weights_sha256"]
+    assert len(job["progress"]["importances"]) == 1  # computed once two trials completed
+    entries = node.get("/api/v1/ledger?limit=100")["entries"]
+    assert not [e for e in entries if e["kind"] in ("work_done", "work_received")]

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from node.web import page_data
 from node.web.charts import loss_chart
+from node.web.sweep_charts import importance_bars, parallel_coordinates
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"
@@ -189,6 +190,8 @@ def make_env() -> jinja2.Environment:
         toml=to_toml,
     )
     env.globals["loss_chart"] = loss_chart
+    env.globals["parallel_coordinates"] = parallel_coordinates
+    env.globals["importance_bars"] = importance_bars
     return env
 
 

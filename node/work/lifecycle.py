@@ -154,13 +154,20 @@ class Lifecycle:
             reason=reason,
         )
 
-    def share_done(self, unit_id: str, output_sha256: str, output_bytes: int, note: str) -> bool:
+    def share_done(
+        self,
+        unit_id: str,
+        output_sha256: str,
+        output_bytes: int,
+        note: str,
+        from_states: tuple[str, ...] = ("verifying",),
+    ) -> bool:
         """An elastic unit's delta (or a trial's weights) is accepted: unit verifying
-        -> done; the job's driver takes it from there."""
+        (running, when trained here) -> done; the job's driver takes it from there."""
         unit = self.end(
             unit_id,
             "done",
-            from_states=("verifying",),
+            from_states=from_states,
             output_sha256=output_sha256,
             output_bytes=output_bytes,
         )

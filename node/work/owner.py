@@ -8,8 +8,9 @@
 - `rounds.py`: an elastic job's rounds (shares offered per data slot, the outer step);
 - `sweeps.py`: a sweep job's trials (an Optuna study asked and told, `study.py`).
 
-This module ties them together, trains units on this node when no peer fits, and
-records progress. Every task it starts for a job runs under `_guarded`: whatever goes
+This module ties them together, trains units on this node when no peer fits (a
+single job's, or a sweep's trial while every peer that fits is busy), and records
+progress. Every task it starts for a job runs under `_guarded`: whatever goes
 wrong in one job fails that job's unit with the reason in its timeline and the log,
 and the node keeps running.
 """
@@ -25,13 +26,14 @@ import trio
 
 from node.work.context import WorkContext
 from node.work.executor import UnitFailed
-from node.work.jobs import LIVE_UNIT_STATES, Job
+from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, has_driver
 from node.work.placement import Placement
 from node.work.results import Results
 from node.work.rounds import ElasticRounds
 from node.work.sweeps import SweepTrials
+from protocol.work import Progress
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class OwnerRole:
         self._local: dict[str, trio.CancelScope] = {}
         self.lifecycle = Lifecycle(ctx, self.wake)
         self.leases = Leases(ctx, self.lifecycle, self.record_progress)
-        self.sweeps = SweepTrials(ctx, self.lifecycle)
+        self.sweeps = SweepTrials(ctx, self.lifecycle, self._train_trial_here)
         self.results = Results(ctx, self.lifecycle, self.leases, self.sweeps)
         self.placement = Placement(ctx, self.lifecycle, self._train_here)
         self.rounds = ElasticRounds(ctx, self.lifecycle, runner_request)
@@ -111,34 +113,71 @@ class OwnerRole:
         unit = ctx.jobs.add_unit(job.id, ctx.peer_id, deadline - now, deadline=deadline)
         if self.lifecycle.start(unit, why) is None:
             return
-        out = ctx.unit_dir(unit.unit_id) / "weights.safetensors"
-        request = self._runner_request(
-            job.spec, {s: str(ctx.blobs.path(s)) for s in job.data_blobs}, out
-        )
 
-        def on_event(event: dict[str, Any]) -> None:
+        def on_event(event: dict[str, Any], scope: trio.CancelScope) -> None:
             if event.get("event") == "progress":
                 self.record_progress(job.id, "training", event)
 
+        trained = await self._run_here(job, unit, job.spec, on_event)
+        if trained is not None:
+            result, sha = trained
+            metrics = result_metrics(result)
+            self.lifecycle.done(unit.unit_id, ("running",), sha, metrics, "local", "trained here")
+
+    async def _train_trial_here(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:
+        """Train one of a sweep's trials on this node (every peer that fits is busy):
+        its validations go to the study as a worker's heartbeats would, and a pruned
+        trial stops at once. The owner's own work earns no receipt."""
+        if self.lifecycle.start(unit, f"trial {unit.trial}: training on this node") is None:
+            return
+
+        def on_event(event: dict[str, Any], scope: trio.CancelScope) -> None:
+            if event.get("event") != "progress" or "val_step" not in event:
+                return
+            if self.sweeps.report(unit, _progress_of(unit, event)):
+                scope.cancel()  # pruned: the trial and its unit are ended already
+
+        trained = await self._run_here(job, unit, spec, on_event)
+        if trained is None:
+            return
+        result, sha = trained
+        note = f"trial {unit.trial}: trained on this node"
+        size = self.ctx.blobs.size(sha)
+        if self.lifecycle.share_done(unit.unit_id, sha, size, note, from_states=("running",)):
+            self.sweeps.trial_done(job, unit, sha, result_metrics(result))
+
+    async def _run_here(
+        self,
+        job: Job,
+        unit: Unit,
+        spec: dict[str, Any],
+        on_event: Callable[[dict[str, Any], trio.CancelScope], None],
+    ) -> tuple[dict[str, Any], str] | None:
+        """Run `unit` (started) in a runner on this node; its result and weights hash,
+        or None when it failed or was cancelled (the unit is ended, saying why)."""
+        ctx = self.ctx
+        out = ctx.unit_dir(unit.unit_id) / "weights.safetensors"
+        blobs = {s: str(ctx.blobs.path(s)) for s in job.data_blobs}
+        request = self._runner_request(spec, blobs, out)
         ctx.claim(unit.unit_id)
         try:
             with trio.CancelScope() as scope:
                 self._local[job.id] = scope
                 try:
-                    result = await ctx.train(request, unit.unit_id, job.max_hours, on_event)
+                    result = await ctx.train(
+                        request, unit.unit_id, job.max_hours, lambda e: on_event(e, scope)
+                    )
                 except UnitFailed as exc:
                     self.lifecycle.fatal(unit.unit_id, str(exc))
-                    return
+                    return None
                 sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         finally:
             self._local.pop(job.id, None)
             ctx.release(unit.unit_id)
         if scope.cancelled_caught:
             self.lifecycle.end(unit.unit_id, "cancelled", "cancelled by the owner")
-            return
-        self.lifecycle.done(
-            unit.unit_id, ("running",), sha, result_metrics(result), "local", "trained on this node"
-        )
+            return None
+        return result, sha
 
     def record_progress(self, job_id: str, phase: str, event: dict[str, Any]) -> None:
         job = self.ctx.jobs.get(job_id)
@@ -172,3 +211,21 @@ def result_metrics(result: dict[str, Any]) -> dict[str, Any]:
         "wall_time_s": result.get("wall_time_s", 0.0),
         "device": result.get("device", ""),
     }
+
+
+def _progress_of(unit: Unit, event: dict[str, Any]) -> Progress:
+    """A local runner's progress event as the heartbeat a worker would send."""
+    return Progress(
+        unit.job_id,
+        unit.unit_id,
+        "training",
+        int(event.get("step", 0)),
+        int(event.get("total_steps", 0)),
+        event.get("loss"),
+        float(event.get("samples_per_s", 0.0)),
+        int(event.get("samples", 0)),
+        time.time(),
+        val_loss=event.get("val_loss"),
+        val_step=int(event.get("val_step", -1)),
+        val_accuracy=event.get("val_accuracy"),
+    )

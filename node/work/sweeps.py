@@ -24,21 +24,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.work import study as studies
 from node.work.context import WorkContext
 from node.work.fanout import Fanout
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle
+from node.work.scheduler import unfit_reason
 from node.work.trial_store import Trial, TrialStore
 from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress
+from training import study as studies
 from training.fields import Section
 from training.sweep_spec import SweepSpec, parse_sweep
 from training.trials import trial_spec
@@ -55,8 +57,14 @@ def sweep_of(job: Job) -> SweepSpec:
 
 
 class SweepTrials:
-    def __init__(self, ctx: WorkContext, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        ctx: WorkContext,
+        lifecycle: Lifecycle,
+        train_here: Callable[[Job, Unit, dict[str, Any]], Awaitable[None]],
+    ) -> None:
         self.ctx = ctx
+        self._train_here = train_here  # a trial on this node, while every peer is busy
         self.store = TrialStore(ctx.jobs.db)
         self._lifecycle = lifecycle
         self._changed: dict[str, trio.Event] = {}
@@ -102,6 +110,7 @@ class SweepTrials:
                         return
                     trials = self.store.of_job(job_id)
                     running = [t for t in trials if t.state == "running"]
+                    await self._weigh(job, sweep, trials)
                     if len(trials) >= sweep.trials and not running:
                         self._complete(job, study)
                         return
@@ -111,6 +120,24 @@ class SweepTrials:
                     self._changed[job_id] = trio.Event()
         finally:
             self._changed.pop(job_id, None)
+
+    async def _weigh(self, job: Job, sweep: SweepSpec, trials: list[Trial]) -> None:
+        """The params' importances in the job's progress, again each time another
+        trial has completed (in a thread: the first call imports `optuna.importance`,
+        which takes seconds)."""
+        done = [(t.params, t.value) for t in trials if t.state == "complete"]
+        done = [(params, value) for params, value in done if value is not None]
+        if len(done) < 2 or job.progress.get("importances_from") == len(done):
+            return
+        try:
+            found = await trio.to_thread.run_sync(
+                studies.importances, sweep.space, done, sweep.direction
+            )
+        except Exception:  # a chart is not worth the sweep
+            log.exception("job %s: the params' importances could not be computed", job.id)
+            found = {}
+        progress = {**self._progress(job), "importances": found, "importances_from": len(done)}
+        self.ctx.jobs.transition(job.id, ("running",), progress=progress)
 
     async def _study(self, job: Job, sweep: SweepSpec) -> Any:
         if job.id not in self._studies:
@@ -136,9 +163,8 @@ class SweepTrials:
         candidates = self.fanout.candidates(job, {u.worker for u in live})
         waiting = [t for t in running if t.number not in placed]
         asked = len(trials)
-        while (
-            candidates and not waiting and len(running) < sweep.parallel and (asked < sweep.trials)
-        ):
+        room = len(candidates) + self._may_train_here(job, live)
+        while room > len(waiting) and len(running) < sweep.parallel and (asked < sweep.trials):
             number, params = await trio.to_thread.run_sync(studies.ask, study, sweep.space)
             flops, steps = await trio.to_thread.run_sync(self._cost, job, params, sweep)
             trial = self.store.add(
@@ -148,10 +174,14 @@ class SweepTrials:
             waiting.append(trial)
             asked += 1
             self.ctx.jobs.transition(job.id, ("running",), progress=self._progress(job))
+        here = self._may_train_here(job, live)
         for trial in waiting:
-            if not candidates:
+            if candidates:
+                peer = candidates.pop(0)
+            elif here:
+                peer, here = self.ctx.peer_id, False
+            else:
                 break
-            peer = candidates.pop(0)
             spec = self.trial_spec(job, trial.number)
             unit = self.ctx.jobs.add_unit(
                 job.id,
@@ -161,8 +191,21 @@ class SweepTrials:
                 trial=trial.number,
             )
             self.store.update(job.id, trial.number, ("running",), unit_id=unit.unit_id, worker=peer)
+            if peer == self.ctx.peer_id:
+                nursery.start_soon(self._train_here, job, unit, spec)
+                continue
             note = f"trial {trial.number}: {_shown(trial.params)}"
             nursery.start_soon(partial(self.fanout.offer, job, unit, note, spec=spec))
+
+    def _may_train_here(self, job: Job, live: list[Unit]) -> bool:
+        """This node takes a trial when its policy allows, it has room, and it is not
+        training one of this sweep's already."""
+        ctx = self.ctx
+        return (
+            ctx.has_room()
+            and all(u.worker != ctx.peer_id for u in live)
+            and unfit_reason(ctx.own_ad(), job.spec.get("requirements", {})) is None
+        )
 
     def _cost(self, job: Job, params: dict[str, Any], sweep: SweepSpec) -> tuple[int, int]:
         """(training flops, steps) of a trial's spec: its credit, whole or in part."""
@@ -323,7 +366,10 @@ class SweepTrials:
         return self._studies[job.id]
 
     def _progress(self, job: Job) -> dict[str, Any]:
-        """The job's progress: trials ended of all it will run (as steps, for bars)."""
+        """The job's progress: trials ended of all it will run (as steps, for bars),
+        and the params' importances as last computed (`_weigh`)."""
+        fresh = self.ctx.jobs.get(job.id) or job
+        weighed = {k: v for k, v in fresh.progress.items() if k.startswith("importances")}
         counts = {state: 0 for state in ("running", "complete", "pruned", "failed")}
         for trial in self.store.of_job(job.id):
             counts[trial.state] += 1
@@ -336,6 +382,7 @@ class SweepTrials:
             "fraction": round(ended / total, 4),
             "trials": counts,
             "updated_at": time.time(),
+            **weighed,
         }
 
 
