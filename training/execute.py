@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,15 +51,31 @@ def deterministic(seed: int) -> Iterator[None]:
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     benchmark = torch.backends.cudnn.benchmark
-    torch.use_deterministic_algorithms(True)
+    _deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     try:
         with torch.random.fork_rng(devices=[]):  # the caller's CPU RNG state comes back
             torch.manual_seed(seed)
             yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        _deterministic_algorithms(enabled, warn_only=warn_only)
         torch.backends.cudnn.benchmark = benchmark
+
+
+def _deterministic_algorithms(mode: bool, warn_only: bool = False) -> None:
+    """`torch.use_deterministic_algorithms`, without importing torch._inductor.
+
+    The public call also sets inductor's `deterministic` flag, and importing inductor
+    for that costs 1.5-2.5 s of CPU in every fresh runner. Training here never
+    compiles, so the flag matters only where inductor is loaded already."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private setter: the public call
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+        return
+    setter(mode, warn_only=warn_only)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
 It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
 and exit code 1) and writes the weights to `out` only on success. Everything in the
 request is checked before torch is imported, so a bad request fails in a fraction of
-a second. A *spare* runner (`--spare`) imports torch first and then waits for its
-request: the node keeps one ready while it takes part in elastic rounds. A runner
+a second. A runner forked by `training.forkserver` has torch imported already; it
+is otherwise the same: it reads one request, isolates itself, runs it. A runner
 never reads a file the request does not name as a blob, and verifies each blob's
 sha256 before reading it.
 """
@@ -36,7 +36,6 @@ import errno
 import json
 import os
 import re
-import select
 import sys
 import tempfile
 import traceback
@@ -60,7 +59,6 @@ REQUEST_LIMITS = Limits(
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 TASKS = ("train", "elastic_init", "elastic_inner", "elastic_outer")
-SPARE_UNSAFE = 3  # exit code: a spare that could not keep to one thread
 
 
 class RequestError(ValueError):
@@ -188,33 +186,6 @@ def _emitter(stream: TextIO) -> Callable[[dict], None]:
     return emit
 
 
-def _wait_as_spare(parent_pid: int, idle_s: float) -> bool:
-    """A spare runner: import torch and the tasks now, then wait for a request.
-
-    The node starts one ahead of a job's next round, so the round does not pay a
-    process start and the imports. Isolation still comes per request, before the spec
-    is read. Landlock and the network namespace bind only the thread that applies
-    them and threads started after, so the imports must leave this process with one
-    thread (numpy's OpenBLAS pool would be another: the node starts spares with
-    OPENBLAS_NUM_THREADS=1). False: no request came within `idle_s`."""
-    from training.isolation import die_with_parent
-
-    die_with_parent(parent_pid)
-    import training.elastic_task  # noqa: F401  (torch, numpy and the training modules)
-    from training.execute import deterministic
-
-    with deterministic(0):  # its first use imports torch._inductor: 1.5 s of CPU
-        pass
-
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        print(f"a spare runner must have one thread before it isolates itself, not {threads}",
-              file=sys.stderr)  # fmt: skip
-        sys.exit(SPARE_UNSAFE)
-    ready, _, _ = select.select([sys.stdin], [], [], idle_s)
-    return bool(ready)
-
-
 def _settle_in(folder: Path) -> None:
     """Make the unit's folder this process's working directory, home and tmp."""
     os.chdir(folder)
@@ -222,21 +193,13 @@ def _settle_in(folder: Path) -> None:
     tempfile.tempdir = None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Read one request from stdin, run it, report on stdout; 0 on success, else 1.
-
-    `--spare PARENT_PID IDLE_S`: start as a spare (`_wait_as_spare`); exits 0 quietly
-    when no request comes."""
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--spare"] and not _wait_as_spare(int(args[1]), float(args[2])):
-        return 0
+def main() -> int:
+    """Read one request from stdin, run it, report on stdout; 0 on success, else 1."""
     events = sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the event stream
     emit = _emitter(events)
     try:
         raw = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
-        if not raw and args[:1] == ["--spare"]:
-            return 0  # the node let its spare go
         if len(raw) > MAX_REQUEST_BYTES:
             raise RequestError(f"the request is over {MAX_REQUEST_BYTES} bytes")
         request = decode(raw, REQUEST_LIMITS)

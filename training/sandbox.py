@@ -34,7 +34,6 @@ def limit_memory(memory_limit_mb: int, device_type: str) -> str | None:
     try:
         import torch
         import torch._dynamo  # noqa: F401 - optimizers import it on first use
-        import torch._inductor.config  # noqa: F401 - use_deterministic_algorithms does
 
         torch.ones(256, 256) @ torch.ones(256, 256)  # start the intra-op thread pool first
         limit = address_space_bytes() + memory_limit_mb * 2**20

@@ -65,12 +65,10 @@ class WorkContext:
         unit_id: str,
         max_hours: float,
         on_event: Callable[[dict[str, Any]], None],
-        *,
-        keep_warm: bool = False,
     ) -> dict[str, Any]:
         """Run one unit's training subprocess here, under this node's duty cycle and
-        disk quota (`executor.run_training`). `keep_warm`: another task will likely
-        follow soon (an elastic job's next round), so start a spare runner for it."""
+        disk quota (`executor.run_training`), forked from the node's fork server
+        (`training.forkserver`), which stays for the tasks that follow."""
         return await run_training(
             request,
             self.unit_dir(unit_id),
@@ -78,7 +76,7 @@ class WorkContext:
             on_event,
             duty_cycle=self.duty_cycle,
             disk_quota_bytes=self.unit_disk_quota_bytes,
-            spare_dir=self.data_dir / "runners" if keep_warm else None,
+            warm_dir=self.data_dir / "runners",
         )
 
     def duty_cycle(self) -> float:

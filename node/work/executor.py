@@ -28,23 +28,22 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from node.work.forks import ForkedRunner, ForkServer, ForkServerGone
 from protocol import encode
-from training.runner import SPARE_UNSAFE
+from training.forkserver import UNSAFE
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
 DUTY_PERIOD_S = 1.0
 DISK_CHECK_S = 2.0
-SPARE_IDLE_S = 600.0  # a spare runner waits this long for a task, then leaves
 #: what the runner inherits from the daemon's environment (thread counts, devices)
 PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES",
@@ -63,30 +62,33 @@ async def run_training(
     *,
     duty_cycle: Callable[[], float] = lambda: 100.0,
     disk_quota_bytes: int = 0,
-    spare_dir: Path | None = None,
+    warm_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the runner on `request`; returns its `result` event or raises UnitFailed.
 
-    With `spare_dir`, a spare runner is started there for the next task (see
-    `_start_spare`); a task takes the spare when one is ready, whatever its caller."""
+    With `warm_dir`, the runner is forked from the node's fork server, started there
+    when none runs (`_start_forkserver`); without, or when the server cannot fork,
+    it is a fresh process."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stderr_path = workdir / "stderr.log"
+    result: dict[str, Any] | None = None
+    error = ""
+    over_quota: list[str] = []
+    runner = None
+    if warm_dir is not None:
+        await _start_forkserver(warm_dir)
+        runner = await _fork(workdir, stderr_path)
+    runner = runner or await _start(workdir, stderr_path)
+    proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
     request = {
         **request,
         "isolation": {
             "cpu_seconds": int(time_limit_s * (os.cpu_count() or 1)) + 60,
             "disk_quota_bytes": disk_quota_bytes,
-            "parent_pid": os.getpid(),
+            "parent_pid": runner.parent_pid,  # the runner dies with it
         },
     }
-    result: dict[str, Any] | None = None
-    error = ""
-    over_quota: list[str] = []
-    runner = _take_spare(stderr_path) or await _start(workdir, stderr_path)
-    proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
     try:
-        if spare_dir is not None:
-            await _start_spare(spare_dir)
         with trio.move_on_after(time_limit_s) as deadline:
             async with trio.open_nursery() as watchers:
                 watchers.start_soon(_duty_cycle, proc, duty_cycle)
@@ -157,43 +159,29 @@ _spawner: _Spawner | None = None
 
 @dataclass
 class _Runner:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedRunner
     stdin: trio.lowlevel.FdStream
     stdout: trio.lowlevel.FdStream
-    stderr_path: Path
-    started: float = field(default_factory=time.monotonic)
-
-    def discard(self) -> None:
-        _kill_group(self.proc)
-        self.proc.wait()
-        for stream in (self.stdin, self.stdout):
-            stream.close()
+    parent_pid: int  # the process it dies with: this node, or the fork server
 
 
-async def _start(cwd: Path, stderr_path: Path, spare_args: list[str] | None = None) -> _Runner:
-    global _spawner
-    if _spawner is None:
-        _spawner = _Spawner()
-    env = runner_env(cwd)
-    args = [sys.executable, "-m", "training.runner"]
-    if spare_args is not None:
-        args += ["--spare", *spare_args]
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # see training.runner._wait_as_spare
+async def _start(cwd: Path, stderr_path: Path) -> _Runner:
+    """A fresh runner process."""
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
     with open(stderr_path, "wb") as stderr:
         popen = functools.partial(
             subprocess.Popen,
-            args,
+            [sys.executable, "-m", "training.runner"],
             stdin=stdin_r,
             stdout=stdout_w,
             stderr=stderr.fileno(),
             cwd=cwd,
-            env=env,
+            env=runner_env(cwd),
             start_new_session=True,
         )
         try:
-            proc = await trio.to_thread.run_sync(_spawner.spawn, popen)
+            proc = await trio.to_thread.run_sync(_spawn, popen)
         except BaseException:
             for fd in (stdin_w, stdout_r):
                 os.close(fd)
@@ -202,47 +190,74 @@ async def _start(cwd: Path, stderr_path: Path, spare_args: list[str] | None = No
             os.close(stdin_r)
             os.close(stdout_w)
     return _Runner(
-        proc, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r), stderr_path
+        proc, trio.lowlevel.FdStream(stdin_w), trio.lowlevel.FdStream(stdout_r), os.getpid()
     )
 
 
-# The spare runner of this trio run (one node), or None; False once a spare proved
-# unusable here (`training.runner.SPARE_UNSAFE`), so none is started again.
-_spare: trio.lowlevel.RunVar[_Runner | None | bool] = trio.lowlevel.RunVar("spare", None)
+def _spawn(popen: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+    global _spawner
+    if _spawner is None:
+        _spawner = _Spawner()
+    return _spawner.spawn(popen)
 
 
-async def _start_spare(folder: Path) -> None:
-    """Start a runner that imports torch and waits (`training.runner --spare`), so the
-    next task here does not pay a process start and the imports: about 1 s of CPU,
-    more on a loaded machine. One at a time; it leaves by itself after SPARE_IDLE_S."""
-    if _spare.get() is not None:
-        return
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    spare_args = [str(os.getpid()), str(SPARE_IDLE_S)]
-    _spare.set(await _start(folder, folder / f"spare-{time.time_ns()}.log", spare_args))
+# The fork server of this trio run (one node), or None; False once a server proved
+# unusable here (`training.forkserver.UNSAFE`), so none is started again.
+_forks: trio.lowlevel.RunVar[ForkServer | None | bool] = trio.lowlevel.RunVar("forks", None)
+_starting: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("forks_lock")
 
 
-def _take_spare(stderr_path: Path) -> _Runner | None:
-    """The spare, if one is alive and not about to leave; its stderr moves to
-    `stderr_path`."""
-    spare = _spare.get()
-    if not isinstance(spare, _Runner):
+async def _start_forkserver(folder: Path) -> None:
+    """Start the fork server (`training.forkserver`) when none runs, so the tasks to
+    come start in milliseconds instead of 2-4 s of CPU. It leaves by itself after
+    `forks.IDLE_S` without a fork."""
+    try:
+        lock = _starting.get()
+    except LookupError:
+        lock = trio.Lock()
+        _starting.set(lock)
+    async with lock:  # two tasks at once start one server
+        current = _forks.get()
+        if current is False or (isinstance(current, ForkServer) and current.usable()):
+            return
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = runner_env(folder)
+        _forks.set(await trio.to_thread.run_sync(ForkServer.start, folder, env, _spawn))
+
+
+async def _fork(cwd: Path, stderr_path: Path) -> _Runner | None:
+    """A runner forked by the fork server, when one runs and answers."""
+    server = _forks.get()
+    if not isinstance(server, ForkServer):
         return None
-    _spare.set(None)
-    alive = spare.proc.poll() is None
-    if alive and time.monotonic() - spare.started < SPARE_IDLE_S - 30:
-        os.replace(spare.stderr_path, stderr_path)
-        return spare
-    spare.discard()
-    if spare.proc.returncode == SPARE_UNSAFE:
-        tail = spare.stderr_path.read_bytes()[-500:].decode(errors="replace").strip()
-        log.warning("spare runners are off on this machine: %s", tail)
-        _spare.set(False)
-    spare.stderr_path.unlink(missing_ok=True)
-    return None
+    try:
+        if not server.usable():
+            raise ForkServerGone("the fork server has left")
+        proc, stdin_w, stdout_r = await trio.to_thread.run_sync(server.fork, cwd, stderr_path)
+    except ForkServerGone as exc:
+        log.info("%s; starting a fresh runner", exc)
+        await _drop(server)
+        return None
+    return _Runner(
+        proc,
+        trio.lowlevel.FdStream(stdin_w),
+        trio.lowlevel.FdStream(stdout_r),
+        server.proc.pid,
+    )
 
 
-async def _wait(proc: subprocess.Popen) -> int:
+async def _drop(server: ForkServer) -> None:
+    """Let a server that failed us go (its runners still running finish first); none
+    is started again if it had threads."""
+    server.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # gone, or leaving in its time
+        await trio.to_thread.run_sync(functools.partial(server.proc.wait, timeout=1))
+    if server.proc.returncode == UNSAFE:
+        log.warning("runners start fresh on this machine: the fork server had threads")
+    _forks.set(False if server.proc.returncode == UNSAFE else None)
+
+
+async def _wait(proc: subprocess.Popen | ForkedRunner) -> int:
     """Wait for the runner without a thread: its pidfd turns readable when it exits."""
     if proc.returncode is None:
         try:
@@ -273,14 +288,14 @@ def runner_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | ForkedRunner) -> None:
     """The runner and everything it started: continued (if stopped), then killed."""
     for sig in (signal.SIGCONT, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
 
 
-async def _duty_cycle(proc: subprocess.Popen, percent: Callable[[], float]) -> None:
+async def _duty_cycle(proc: subprocess.Popen | ForkedRunner, percent: Callable[[], float]) -> None:
     while True:
         share = min(100.0, max(1.0, float(percent()))) / 100
         if share >= 1.0:
@@ -297,7 +312,9 @@ async def _duty_cycle(proc: subprocess.Popen, percent: Callable[[], float]) -> N
             return
 
 
-async def _disk_quota(proc: subprocess.Popen, workdir: Path, quota: int, over: list[str]) -> None:
+async def _disk_quota(
+    proc: subprocess.Popen | ForkedRunner, workdir: Path, quota: int, over: list[str]
+) -> None:
     while True:
         await trio.sleep(DISK_CHECK_S)
         used = await trio.to_thread.run_sync(folder_bytes, workdir)

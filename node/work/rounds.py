@@ -339,9 +339,7 @@ class ElasticRounds:
             elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
         request = {**request, "task": task, **({"elastic": elastic} if elastic else {})}
         try:
-            result = await ctx.train(
-                request, task_id, job.max_hours, lambda event: None, keep_warm=True
-            )
+            result = await ctx.train(request, task_id, job.max_hours, lambda event: None)
         except UnitFailed as exc:
             raise RuntimeError(f"{task} failed on the owner: {exc}") from None
         return result, folder

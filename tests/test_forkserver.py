@@ -1,0 +1,116 @@
+"""The fork server: started with a node's first task, it forks every later task's
+runner with torch imported already, and each runner isolates itself for its task as
+a fresh one does."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import trio
+
+from node.work.executor import UnitFailed, run_training, runner_env
+from node.work.service import runner_request
+from training.examples import digits_toml
+from training.spec import parse_spec, spec_to_plain
+
+
+def _request(unit: Path, steps: int = 3) -> dict:
+    spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=steps, hidden=(8,)))))
+    return runner_request(
+        spec, {}, unit / "weights.safetensors", gpu_memory_fraction=1.0, memory_limit_mb=0
+    )
+
+
+def _servers(folder: Path) -> list[int]:
+    """Pids of the fork servers running in `folder`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and os.readlink(proc / "cwd") == str(folder)
+                and b"training.forkserver" in (proc / "cmdline").read_bytes()
+                and not _zombie(int(proc.name))
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, caplog) -> None:
+    warm = tmp_path / "runners"
+    units = [tmp_path / (c * 16) for c in "abc"]
+    caplog.set_level(logging.INFO, "node.work.executor")
+    parents: list[int] = []
+
+    async def main() -> list[list[int]]:
+        seen = []
+        for unit in units[:2]:
+            result = await run_training(_request(unit), unit, 600, parents.append, warm_dir=warm)
+            assert result["event"] == "result"
+            seen.append(_servers(warm))
+        # a runner that is killed (its time limit) is reported as such, and the
+        # server forks the next one all the same
+        with pytest.raises(UnitFailed, match="time limit"):
+            await run_training(
+                _request(units[2], 10**6), units[2], 3, lambda e: None, warm_dir=warm
+            )
+        result = await run_training(
+            _request(units[0]), units[0], 600, lambda e: None, warm_dir=warm
+        )
+        assert result["event"] == "result"
+        seen.append(_servers(warm))
+        return seen
+
+    first, second, third = trio.run(main)
+    assert len(first) == 1 and first == second == third  # one server, every time
+    for unit in units[:2]:
+        assert (unit / "stderr.log").is_file() and (unit / "weights.safetensors").is_file()
+    isolation = [r.getMessage() for r in caplog.records if "runner isolation" in r.getMessage()]
+    assert len(isolation) == 4 and len(set(isolation)) == 1  # each isolated itself
+    assert "on" in isolation[0]
+    os.kill(first[0], 9)
+
+
+def _serve(tmp_path: Path, idle: str, threads: str) -> subprocess.CompletedProcess:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    env = {**runner_env(tmp_path), "OPENBLAS_NUM_THREADS": threads}
+    args = [sys.executable, "-m", "training.forkserver", str(os.getpid()), idle]
+    try:
+        return subprocess.run(
+            [*args, str(theirs.fileno())],
+            capture_output=True, cwd=tmp_path, env=env, timeout=120,
+            pass_fds=(theirs.fileno(),),
+        )  # fmt: skip
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_server_keeps_one_thread_and_leaves_when_idle(tmp_path: Path) -> None:
+    served = _serve(tmp_path, "0.5", "1")
+    assert served.returncode == 0, served.stderr.decode()
+    assert served.stdout == b""
+
+
+def test_a_server_that_would_have_threads_refuses(tmp_path: Path) -> None:
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("OpenBLAS starts no pool thread on one core")
+    served = _serve(tmp_path, "5", "2")
+    assert served.returncode == 3, served.stderr.decode()
+    assert b"one thread" in served.stderr
