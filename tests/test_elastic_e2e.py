@@ -120,28 +120,26 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=150, rounds=8, hidden=(32,))
+    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=300, rounds=10, hidden=(32,))
     job_id = _submit(owner, spec)
     _wait_closed(owner, job_id, 1, 120)
     newcomer = localnet.add()  # idle until a slot frees: all three are taken
     wait_for(lambda: newcomer.peer_id in owner.peer_ids(), 30, "the owner to see the newcomer")
-    victim = workers[0]
-    wait_for(  # the victim is training its share of round 1 or later
-        lambda: (
-            (r := _rounds(owner, job_id))[-1]["state"] == "open"
-            and r[-1]["round"] >= 1
-            and victim.get("/api/v1/status")["load"] > 0
-        ),
+    opened = wait_for(  # a round after the first is open
+        lambda: (r := _rounds(owner, job_id))[-1]["state"] == "open" and r[-1]["round"] >= 1 and r,
         60,
-        "the victim to train a share of round 1",
+        "round 1 to open",
     )
+    # the victim: a worker of the round just closed, likely holding its slot again now
+    victim = next(w for w in workers if w.peer_id in opened[-2]["workers"])
     victim.stop(signal.SIGKILL)
-    killed_in = _rounds(owner, job_id)[-1]["round"]
+    killed_in = opened[-1]["round"]
     job = _wait_end(owner, job_id, 300)
     assert job["state"] == "completed", job["timeline"][-5:]
     rounds = job["rounds"]
-    assert victim.peer_id in rounds[killed_in]["dropped"], rounds[killed_in]
-    assert all(victim.peer_id not in r["workers"] for r in rounds[killed_in:])
+    gone = {p for r in rounds[killed_in : killed_in + 2] for p in r["dropped"] + r["left"]}
+    assert victim.peer_id in gone, rounds[killed_in : killed_in + 2]
+    assert all(victim.peer_id not in r["workers"] for r in rounds[killed_in + 1 :])
     assert any(newcomer.peer_id in r["workers"] for r in rounds[killed_in:]), rounds
     assert all(len(r["workers"]) >= 2 for r in rounds)
     fixed = _simulated_val_loss(spec, tmp_path)

@@ -164,26 +164,30 @@ def test_kill_9_of_the_daemon_leaves_no_runner(localnet: LocalNetwork) -> None:
     from node.client import request_json
 
     request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})
-    units = node.data_dir / "units"
 
-    def runner() -> int | None:
+    def process_in(folder: Path) -> int | None:
+        """A training process (a runner, or the fork server) working in `folder`."""
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
                 if (
-                    str(units) in os.readlink(proc / "cwd")
-                    and b"training.runner" in (proc / "cmdline").read_bytes()
+                    str(folder) in os.readlink(proc / "cwd")
+                    and b"-m\0training." in (proc / "cmdline").read_bytes()
+                    and not _zombie(int(proc.name))
                 ):
                     return int(proc.name)
             except OSError:
                 continue
         return None
 
-    pid = wait_for(runner, 60, "the runner to start")
+    pid = wait_for(lambda: process_in(node.data_dir / "units"), 60, "the runner to start")
+    server = process_in(node.data_dir / "runners")  # the runner's parent
+    assert server is not None
     node.proc.send_signal(signal.SIGKILL)
     node.proc.wait()
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10, "the runner to die")
+    for gone in (pid, server):
+        wait_for(lambda p=gone: not Path(f"/proc/{p}").exists() or _zombie(p), 10, "it to die")
 
 
 def _zombie(pid: int) -> bool:

@@ -55,6 +55,7 @@ def _val_loss(spec_plain: dict, weights: Path) -> float:
     return found["val_loss"]
 
 
+STEPS = 2000
 SPACE = """\
 "optim.lr" = { choices = [0.003, 0.01, 1e-7] }
 "model.hidden" = { choices = [[16], [32], [64, 32]] }"""
@@ -70,7 +71,8 @@ def test_a_sweep_spreads_its_trials_over_peers_prunes_and_returns_the_best(
     owner = localnet.add(["--not-accepting"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = sweep_toml("sweep", trials=12, parallel=3, steps=300, pruner="asha", space=SPACE)
+    # long enough that a trial's heartbeats (one a second) carry validations to prune on
+    spec = sweep_toml("sweep", trials=12, parallel=3, steps=STEPS, pruner="asha", space=SPACE)
     (tmp_path / "sweep.toml").write_text(spec)
     out = subprocess.run(
         [
@@ -99,7 +101,7 @@ def test_a_sweep_spreads_its_trials_over_peers_prunes_and_returns_the_best(
     pruned = [t for t in trials if t["state"] == "pruned"]  # lr = 1e-7 learns nothing
     assert pruned, trials
     for trial in pruned:  # stopped on its worker, not trained to the end
-        assert trial["steps"] < 300 and trial["reports"], trial
+        assert trial["steps"] < STEPS and trial["reports"], trial
         worker = next(w for w in workers if w.peer_id == trial["worker"])
         line = f"owner stopped unit {trial['unit_id']}"
         wait_for(lambda w=worker, s=line: s in w.log_tail(400), 10, "the worker to stop it")

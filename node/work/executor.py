@@ -269,7 +269,10 @@ async def _wait(proc: subprocess.Popen | ForkedRunner) -> int:
                 await trio.lowlevel.wait_readable(pidfd)
             finally:
                 os.close(pidfd)
-        proc.wait()
+        if isinstance(proc, ForkedRunner):  # its status comes from the fork server
+            await trio.to_thread.run_sync(proc.wait)
+        else:
+            proc.wait()
     return proc.returncode
 
 

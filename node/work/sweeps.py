@@ -273,6 +273,9 @@ class SweepTrials:
         trial = self.store.get(unit.job_id, unit.trial)
         if job is None or trial is None or trial.state != "running":
             return ""
+        current = self.ctx.jobs.unit(unit.unit_id)
+        if current is None or current.state not in ("offered", "running"):
+            return ""  # its result is here already (a heartbeat sent while uploading)
         sweep = sweep_of(job)
         metric = sweep.metric
         value = {"val_loss": progress.val_loss, "val_accuracy": progress.val_accuracy}.get(

@@ -267,6 +267,7 @@ class WorkerRole:
                 heartbeat.start_soon(self._heartbeat, unit)
                 outcome = await self._outcome(unit)
                 unit.phase = "uploading"  # heartbeats hold the lease while it is delivered
+                ctx.release(pkg.unit_id)  # its runner is gone: room for the next unit
                 await self._deliver(unit, outcome)
                 heartbeat.cancel_scope.cancel()
         except Exception:
