@@ -48,6 +48,8 @@ from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
 
+HAND_BACK_S = 3.0  # at shutdown, how long running units have to reach their owners
+
 
 POLICY_FIELDS = ("accepting", "load_limit_pct", "max_job_hours", "max_gpu_memory_share")
 
@@ -313,6 +315,8 @@ async def _serve(
                 async for signum in signals:
                     log.info("received %s, shutting down", signal.Signals(signum).name)
                     break
+                if work.worker is not None:
+                    await work.worker.hand_back_all(HAND_BACK_S)
             finally:
                 await trio.to_thread.run_sync(http.stop)
                 nursery.cancel_scope.cancel()

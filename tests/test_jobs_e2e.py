@@ -212,8 +212,11 @@ def test_deny_list_declines_with_the_reason(localnet: LocalNetwork, tmp_path: Pa
     assert any("deny list" in e["note"] for e in job["timeline"])
 
 
-def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path) -> None:
-    owner = localnet.add()
+@pytest.mark.parametrize("how", ["pause", "shutdown"])
+def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path, how: str) -> None:
+    """`node pause --hand-back`, or a worker stopped (SIGTERM) while it trains: its
+    owner gets the unit back at once, not after a lease."""
+    owner = localnet.add(["--lease", "60"])  # a lease expiry would time the test out
     volunteer = localnet.add()
     localnet.wait_all_see_each_other(timeout=20)
     # long enough to still run when the pause arrives (3,000 steps took 3.5 s)
@@ -224,23 +227,28 @@ def test_hand_back_reoffers_the_unit(localnet: LocalNetwork, tmp_path: Path) -> 
         "training to start",
     )
     assert job["worker"] == volunteer.peer_id  # peers are offered work before the owner
-    out = _cli("node", "pause", "--hand-back", "--api", volunteer.api)
-    assert out.returncode == 0, out.stderr
+    if how == "pause":
+        out = _cli("node", "pause", "--hand-back", "--api", volunteer.api)
+        assert out.returncode == 0, out.stderr
+    else:
+        assert volunteer.stop(signal.SIGTERM) == 0
     job = wait_for(
         lambda: (j := _job(owner, job_id))["worker"] not in ("", volunteer.peer_id) and j,
         60,
         "the unit to be handed back and re-offered",
     )
+    why = "node paused" if how == "pause" else "node shutting down"
     assert any(
-        "returned the unit" in e["note"] and "handed back" in e["note"] for e in job["timeline"]
-    )
+        "returned the unit" in e["note"] and f"handed back by the volunteer ({why})" in e["note"]
+        for e in job["timeline"]
+    ), job["timeline"]
     job = wait_for(
         lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
         240,
         "the job to finish",
     )
     assert job["state"] == "completed", job["reason"]
-    assert job["worker"] == owner.peer_id  # the volunteer is paused: the owner trains it
+    assert job["worker"] == owner.peer_id  # the volunteer is paused or gone: the owner trains it
 
 
 def test_a_worker_with_room_trains_two_units_at_once(

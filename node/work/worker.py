@@ -115,7 +115,7 @@ class RunningUnit:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     phase: str = "fetching"
     progress: dict[str, Any] = field(default_factory=dict)
-    hand_back: bool = False
+    hand_back: str = ""  # why the volunteer gives it back ("": it does not)
 
 
 class WorkerRole:
@@ -250,13 +250,23 @@ class WorkerRole:
 
     # -- running a unit --------------------------------------------------------------
 
-    def stop_current(self, hand_back: bool) -> None:
+    def stop_current(self, hand_back: bool, why: str = "node paused") -> None:
         """Pause with hand-back: cancel the running units and tell their owners."""
         if not hand_back:
             return
         for unit in self.units.values():
-            unit.hand_back = True
+            unit.hand_back = why
             unit.scope.cancel()
+
+    async def hand_back_all(self, timeout: float) -> None:
+        """On shutdown: give every running unit back to its owner, who offers it
+        again at once instead of waiting out its lease; up to `timeout` seconds."""
+        if not self.units:
+            return
+        self.stop_current(hand_back=True, why="node shutting down")
+        with trio.move_on_after(timeout):
+            while self.units:
+                await trio.sleep(0.05)
 
     async def _run(self, unit: RunningUnit) -> None:
         pkg = unit.package
@@ -287,7 +297,7 @@ class WorkerRole:
                 log.exception("unit %s: internal error", pkg.unit_id)
                 return self._failure(pkg, f"internal error on the worker: {exc}", retryable=True)
         why = (
-            "handed back by the volunteer (node paused)"
+            f"handed back by the volunteer ({unit.hand_back})"
             if unit.hand_back
             else "stopped: the owner no longer wants this unit"
         )
