@@ -153,3 +153,23 @@ def test_weights_bytes_do_not_depend_on_insertion_order() -> None:
     b = dict(reversed(list(a.items())))
     meta = {"name": "x", "arch": "mlp", "seed": "0", "task": "regression"}
     assert weights_bytes(a, meta) == weights_bytes(b, dict(reversed(list(meta.items()))))
+
+
+def test_deterministic_demands_deterministic_kernels_without_importing_inductor() -> None:
+    """`deterministic()` sets torch's flag itself: the public call would import
+    torch._inductor (1.5-2.5 s of CPU in every runner) to set a flag nothing here reads."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch\n"
+        "from training.execute import deterministic\n"
+        "with deterministic(0):\n"
+        "    inside = torch.are_deterministic_algorithms_enabled()\n"
+        "print(inside, torch.are_deterministic_algorithms_enabled(),"
+        " 'torch._inductor' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr
