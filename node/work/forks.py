@@ -11,10 +11,8 @@ worker thread or once the runner has exited.
 from __future__ import annotations
 
 import array
-import contextlib
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -33,27 +31,19 @@ class ForkServerGone(Exception):
 
 
 class ForkedRunner:
-    """What the executor uses of a `subprocess.Popen`, for a runner the server forked."""
+    """What the executor uses of a `subprocess.Popen` (`pid`, `wait`, `returncode`),
+    for a runner the server forked."""
 
     def __init__(self, pid: int, server: ForkServer) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._server = server
 
-    def poll(self) -> int | None:
-        if self.returncode is None and _exited(self.pid, 0):
-            self.returncode = self._server.status(self.pid)
-        return self.returncode
-
     def wait(self) -> int:
         if self.returncode is None:
-            _exited(self.pid, None)
+            _exited(self.pid)
             self.returncode = self._server.status(self.pid)
         return self.returncode
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
 
 
 class ForkServer:
@@ -147,13 +137,13 @@ class ForkServer:
         return PID.unpack(reply)[0]
 
 
-def _exited(pid: int, timeout: float | None) -> bool:
-    """Whether `pid` has exited, waiting up to `timeout` (None: for as long as it takes)."""
+def _exited(pid: int) -> None:
+    """Wait until `pid` (not our child: no waitpid) has exited."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True
+        return
     try:
-        return bool(select.select([pidfd], [], [], timeout)[0])
+        select.select([pidfd], [], [])
     finally:
         os.close(pidfd)
