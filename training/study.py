@@ -154,9 +154,12 @@ def tell(study: Any, number: int, state: str, value: float | None = None) -> Non
         study.tell(number, state=kind, skip_if_finished=True)
 
 
-def running_numbers(study: Any) -> set[int]:
+def running(study: Any, space: tuple[Param, ...]) -> list[tuple[int, dict[str, Any]]]:
+    """(number, spec values) of the trials the study has asked for and not been told
+    the end of."""
     states = _optuna().trial.TrialState
-    return {t.number for t in study.get_trials(deepcopy=False, states=(states.RUNNING,))}
+    found = study.get_trials(deepcopy=False, states=(states.RUNNING,))
+    return [(t.number, spec_params(space, t.params)) for t in found]
 
 
 def importances(

@@ -98,6 +98,7 @@ class SweepTrials:
             return
         sweep = sweep_of(job)
         study = await self._study(job, sweep)
+        await self._adopt(job, sweep, study)
         self._changed[job_id] = trio.Event()
         try:
             async with trio.open_nursery() as offers:
@@ -120,6 +121,17 @@ class SweepTrials:
                     self._changed[job_id] = trio.Event()
         finally:
             self._changed.pop(job_id, None)
+
+    async def _adopt(self, job: Job, sweep: SweepSpec, study: Any) -> None:
+        """Trials the study asked for whose row was never stored (the owner stopped
+        between the two) become running trials again, so none is lost."""
+        known = {t.number for t in self.store.of_job(job.id)}
+        for number, params in await trio.to_thread.run_sync(studies.running, study, sweep.space):
+            if number in known:
+                continue
+            flops, steps = await trio.to_thread.run_sync(self._cost, job, params, sweep)
+            self.store.add(Trial(job.id, number, params, training_flops=flops, total_steps=steps))
+            log.info("job %s: trial %d was asked for before a restart; it runs now", job.id, number)
 
     async def _weigh(self, job: Job, sweep: SweepSpec, trials: list[Trial]) -> None:
         """The params' importances in the job's progress, again each time another
