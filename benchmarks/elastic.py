@@ -39,7 +39,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Result
+from benchmarks.harness import Result, run_parts
 from node.client import submit_job
 from node.demo_elastic import write_corpus
 from node.localnet import LocalNetwork, LocalNode, wait_for
@@ -222,7 +222,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="meshminer-elastic-"))
-    meta: dict[str, Any] = {}
     runs = {
         "comm": lambda: communication(
             root / "comm", args.workers, args.rounds, args.inner_steps, args.width
@@ -234,11 +233,7 @@ def main() -> None:
             root / "util", args.net_workers, args.net_rounds, [50, 200], args.width
         ),
     }
-    for name in args.parts:
-        part = runs[name]()
-        part.show()  # each part as it ends: a later failure keeps what came before
-        meta[part.name] = {"rows": part.rows, **part.meta}
-        print(f"results: {Result('elastic', ['part'], meta=meta).save()}")
+    run_parts("elastic", args.parts, runs)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,17 @@ class Result:
         return path
 
 
+def run_parts(name: str, parts: Sequence[str], runs: dict[str, Callable[[], Result]]) -> None:
+    """Run the named parts in order, showing each as it ends and saving all of them so
+    far as `results/<name>.json` (a later part's failure keeps what came before)."""
+    meta: dict[str, Any] = {}
+    for part_name in parts:
+        part = runs[part_name]()
+        part.show()
+        meta[part.name] = {"rows": part.rows, **part.meta}
+        print(f"results: {Result(name, ['part'], meta=meta).save()}")
+
+
 def _fmt(v: Any) -> str:
     """Three significant digits, without switching to exponents below a million."""
     if not isinstance(v, float) or math.isnan(v):

@@ -32,7 +32,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Result
+from benchmarks.harness import Result, run_parts
 from node.client import submit_job
 from node.localnet import LocalNetwork, wait_for
 from training.examples import sweep_toml
@@ -179,12 +179,7 @@ def main() -> None:
         "quality": lambda: quality(root / "quality", args.trials, args.seeds),
         "asha": lambda: asha(root / "asha", args.trials, args.seeds),
     }
-    meta: dict[str, Any] = {}
-    for name in args.parts:
-        part = runs[name]()
-        part.show()  # each part as it ends: a later failure keeps what came before
-        meta[part.name] = {"rows": part.rows, **part.meta}
-        print(f"results: {Result('sweep', ['part'], meta=meta).save()}")
+    run_parts("sweep", args.parts, runs)
 
 
 if __name__ == "__main__":
