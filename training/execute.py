@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,18 +124,26 @@ def run_job(
     device: str = "cpu",
     emit: Emit | None = None,
     notes: list[str] | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
 
     Emits `started`, `progress` and `result` events; returns the result (the `result`
-    event without its "event" key). Raises `SpecError` or `TrainingError`.
+    event without its "event" key). With `checkpoint_dir`, the training state is
+    written there at every step of `checkpoint_steps` (spec.trust.checkpoints
+    segments) and the result lists the files' sha256, in step order. Raises
+    `SpecError` or `TrainingError`.
     """
     emit = emit or (lambda event: None)
     began = time.monotonic()
     run = prepare(spec, data_file, device)
+    checkpoints: list[str] = []
     with deterministic(spec.seed):
         model = build_model(run.plan).to(run.device)
         emit_started(run, emit, notes)
+        on_step = None
+        if checkpoint_dir is not None:
+            on_step = _checkpointer(run, model, checkpoint_dir, checkpoints)
         outcome = train(
             model,
             run.data,
@@ -145,6 +153,7 @@ def run_job(
             total_steps=run.summary.total_steps,
             device=run.device,
             emit=emit,
+            on_step=on_step,
         )
         sha256 = write_weights(Path(out), model.state_dict(), run.metadata)
     result = {
@@ -155,8 +164,26 @@ def run_job(
         "metrics": outcome.metrics,
         "weights_sha256": sha256,
     }
+    if checkpoint_dir is not None:
+        result["checkpoints"] = checkpoints
     emit({"event": "result", **result})
     return result
+
+
+def _checkpointer(
+    run: Prepared, model: torch.nn.Module, folder: Path, shas: list[str]
+) -> Callable[[int, torch.optim.Optimizer], None]:
+    from training.checkpoints import checkpoint_file, checkpoint_steps, save_checkpoint
+
+    wanted = set(checkpoint_steps(run.summary.total_steps, run.spec.trust.checkpoints))
+    folder.mkdir(exist_ok=True)
+
+    def on_step(step: int, optimizer: torch.optim.Optimizer) -> None:
+        if step in wanted:
+            path = folder / checkpoint_file(step)
+            shas.append(save_checkpoint(path, model, optimizer, step, run.device))
+
+    return on_step
 
 
 def emit_started(run: Prepared, emit: Emit, notes: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from training.optim import LossFn, make_loss, make_optimizer, make_schedule
 from training.spec import JobSpec
 
 Emit = Callable[[dict[str, Any]], None]
+OnStep = Callable[[int, torch.optim.Optimizer], None]
 PROGRESS_INTERVAL_S = 0.25
 SHUFFLE_SEED_OFFSET = 1  # the split uses the seed itself; shuffling the next one
 
@@ -62,12 +63,15 @@ def train(
     optimizer: torch.optim.Optimizer | None = None,
     batch_seed: int | None = None,
     validate: bool = True,
+    on_step: OnStep | None = None,
 ) -> LoopResult:
     """Train `model` in place for `total_steps` steps; emits `progress` events.
 
     An elastic round passes its own `optimizer` (the inner state a worker keeps from
     round to round), the `batch_seed` of its data slot, and `validate=False` (the
-    owner validates the global weights after its outer step)."""
+    owner validates the global weights after its outer step). `on_step(step,
+    optimizer)` is called before the first step (step 0) and after every step: the
+    checkpoints a worker keeps as evidence (`training.checkpoints`) are written there."""
     loss_fn = make_loss(loss_name, data.info.task)
     if optimizer is None:
         optimizer = make_optimizer(spec.optim, model.parameters())
@@ -78,16 +82,13 @@ def train(
     start = last_report = time.monotonic()
     model.train()
     index_batches = batches(len(data.train), batch, spec.seed if batch_seed is None else batch_seed)
+    if on_step is not None:
+        on_step(0, optimizer)
     for step in range(1, total_steps + 1):
         x, y = data.train.batch(next(index_batches))
-        x, y = x.to(device), y.to(device)
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if spec.optim.grad_clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), spec.optim.grad_clip)
-        optimizer.step()
-        schedule.step()
+        loss = train_step(model, loss_fn, optimizer, schedule, x.to(device), y.to(device), spec)
+        if on_step is not None:
+            on_step(step, optimizer)
         if step > tail_from:
             tail_sum += loss.detach()
         now = time.monotonic()
@@ -117,6 +118,27 @@ def train(
     if validate and data.val is not None:
         metrics.update(evaluate(model, data.val, loss_fn, batch, device, data.info.task))
     return LoopResult(total_steps, total_steps * batch, metrics)
+
+
+def train_step(
+    model: nn.Module,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    spec: JobSpec,
+) -> torch.Tensor:
+    """One optimizer step on one batch; the same code for training and for a replay
+    of it (`training.checkpoints.advance`), so both give the same bits."""
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if spec.optim.grad_clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), spec.optim.grad_clip)
+    optimizer.step()
+    schedule.step()
+    return loss
 
 
 @torch.no_grad()

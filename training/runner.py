@@ -10,10 +10,15 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "memory_limit_mb": int >= 0,                (default 0: no limit)
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
                    "parent_pid": int},           (optional; see training.isolation)
-     "task": "train" | "elastic_init" | "elastic_inner" | "elastic_outer",
+     "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer",
+     "checkpoints": bool,                        (train: keep the evidence; default false)
+     "replay": {...},                            (the replay task's segments)
      "elastic": {...}}                           (the elastic tasks' files; see below)
 
-`train` (the default) trains a whole job. The elastic tasks are the steps of
+`train` (the default) trains a whole job; with `checkpoints`, it writes the training
+state every k steps into `out`'s folder and lists their sha256 in its result
+(`training.checkpoints`). `replay` is the owner's spot check of such a result
+(`training.replay`). The elastic tasks are the steps of
 `training.elastic`: `elastic_init` writes round 0's global weights to `out`;
 `elastic_inner` trains one share ({"job_id", "round", "slot", "weights": sha256,
 "state_in": path (optional), "state_out": path}) and writes its `RoundDelta` to `out`;
@@ -58,7 +63,7 @@ REQUEST_LIMITS = Limits(
     max_bin_len=0,
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-TASKS = ("train", "elastic_init", "elastic_inner", "elastic_outer")
+TASKS = ("train", "replay", "elastic_init", "elastic_inner", "elastic_outer")
 
 
 class RequestError(ValueError):
@@ -84,6 +89,8 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     memory_mb = section.integer("memory_limit_mb", 0, lo=0, hi=2**40)
     task = section.string("task", "train", choices=TASKS)
     elastic = section.table("elastic")
+    replay = section.table("replay")
+    checkpoints = section.boolean("checkpoints", False)
     isolation = section.table("isolation")
     cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
     disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
@@ -117,10 +124,12 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         )
     validate_for_submit(spec, data_file)  # before torch is imported
 
-    if (task == "train") != (spec.mode != "elastic"):
+    if (task in ("train", "replay")) != (spec.mode != "elastic"):
         raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
-    if task == "train" and section.has("elastic"):
+    if task in ("train", "replay") and section.has("elastic"):
         raise RequestError("request.elastic is only for the elastic tasks")
+    if task != "replay" and section.has("replay"):
+        raise RequestError("request.replay is only for the replay task")
 
     from training.execute import resolve_device, run_job
     from training.sandbox import limit_gpu_memory, limit_memory
@@ -133,7 +142,16 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         notes = [n for n in (limit_memory(memory_mb, target.type),) if n]
         limit_gpu_memory(fraction, target)
     if task == "train":
-        return run_job(spec, data_file, out, device=target.type, emit=emit, notes=notes)
+        folder = out.parent / "checkpoints" if checkpoints else None
+        return run_job(
+            spec, data_file, out, device=target.type, emit=emit, notes=notes, checkpoint_dir=folder
+        )
+    if task == "replay":
+        from training.replay import run_replay
+
+        return run_replay(
+            replay, spec, data_file, out, lambda sha: _blob_file(blobs, sha), target.type, emit
+        )
     from training.elastic_task import run_elastic_task
 
     return run_elastic_task(

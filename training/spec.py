@@ -131,6 +131,15 @@ class ElasticSpec:
 
 
 @dataclass(frozen=True)
+class TrustSpec:
+    """How the owner checks a worker's result: see docs/jobspec.md#trust."""
+
+    checkpoints: int = 100  # segments per unit; the worker commits to a state hash at each end
+    spot_check_budget: float = 0.1  # the most of a unit's steps the owner replays
+    replicas: int = 1  # workers (of one determinism class) that train each unit
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     model: ModelSpec
@@ -142,6 +151,7 @@ class JobSpec:
     requirements: Requirements = Requirements()
     elastic: ElasticSpec | None = None  # set exactly when mode = "elastic"
     sweep: SweepSpec | None = None  # set exactly when mode = "sweep"
+    trust: TrustSpec = TrustSpec()
 
 
 def parse_spec(
@@ -176,13 +186,16 @@ def parse_spec(
         raise SpecError(f'sweep: this table is for mode = "sweep" (mode is {mode!r})')
     optim = _parse_optim(optim_section, steps_required=elastic is None)
     requirements = _parse_requirements(top.table("requirements"))
+    trust = _parse_trust(top.table("trust"), mode)
     top.finish()
     if (model.arch == "char_transformer") != (data.parsed.kind == "text"):
         raise SpecError(
             "model.arch: char_transformer trains on text (data.source = builtin:text:<path> "
             "or a text blob), and text data needs arch = char_transformer"
         )
-    return JobSpec(name, model, data, optim, mode, seed, placement, requirements, elastic, sweep)
+    return JobSpec(
+        name, model, data, optim, mode, seed, placement, requirements, elastic, sweep, trust
+    )
 
 
 def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
@@ -239,6 +252,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         plain["elastic"] = dataclasses.asdict(spec.elastic)
     if spec.sweep is not None:
         plain["sweep"] = spec.sweep.to_plain()
+    if spec.trust != TrustSpec():  # left out at its defaults: specs from before it stay equal
+        plain["trust"] = dataclasses.asdict(spec.trust)
     return plain
 
 
@@ -383,6 +398,28 @@ def _parse_elastic(section: Section) -> ElasticSpec:
             f"{elastic.round_timeout_s:g}"
         )
     return elastic
+
+
+def _parse_trust(section: Section, mode: str) -> TrustSpec:
+    trust = TrustSpec(
+        checkpoints=section.integer("checkpoints", TrustSpec.checkpoints, lo=0, hi=1000),
+        spot_check_budget=section.number(
+            "spot_check_budget", TrustSpec.spot_check_budget, lo=0, hi=1
+        ),
+        replicas=section.integer("replicas", TrustSpec.replicas, lo=1, hi=3),
+    )
+    section.finish()
+    if trust.spot_check_budget > 0 and trust.checkpoints == 0:
+        raise SpecError(
+            "trust.spot_check_budget: spot checks replay the segments between checkpoints; "
+            "set trust.checkpoints (e.g. 100) or spot_check_budget = 0"
+        )
+    if trust.replicas > 1 and mode != "single":
+        raise SpecError(
+            f'trust.replicas: replicas are for mode = "single" jobs (mode is {mode!r}); '
+            "elastic deltas and sweep trials are spot-checked"
+        )
+    return trust
 
 
 def _check_inner_optim(section: Section) -> None:

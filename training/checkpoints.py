@@ -1,0 +1,169 @@
+"""Checkpoints as evidence: the full training state every k steps, and its replay.
+
+A worker commits to the sha256 of its training state at the end of every segment of
+k steps (`checkpoint_steps`), signed inside its result, and keeps the files until the
+unit is settled. The owner picks segments after the result is in, fetches the state
+at a segment's start and replays its steps (`advance`): on one determinism class the
+replayed state's file has the same sha256 as the worker's, bit for bit, because the
+state file holds everything the next steps depend on (weights, optimizer state, the
+RNG) and `training.weights` writes equal tensors as equal bytes. What is *not* in
+the file is rebuilt from the spec: the order of batches (a seeded permutation per
+epoch, skipped forward to the step) and the learning rate (the schedule at the step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from training.errors import TrainingError
+from training.execute import Prepared
+from training.loop import batches, train_step
+from training.models import build_model
+from training.optim import lr_factor, make_loss, make_optimizer, make_schedule
+from training.weights import write_weights
+
+CHECKPOINT_FORMAT = "meshminer.checkpoint/1"
+_MODEL, _OPTIM, _RNG = "model.", "optim.", "rng."
+
+
+def checkpoint_steps(total_steps: int, segments: int) -> list[int]:
+    """The steps a checkpoint is taken at: 0, k, 2k, ... and the last step, where
+    k = ceil(total / segments): at most `segments` segments, all of k steps but the
+    last."""
+    if segments <= 0 or total_steps <= 0:
+        return []
+    every = max(1, math.ceil(total_steps / segments))
+    return [*range(0, total_steps, every), total_steps]
+
+
+def checkpoint_file(step: int) -> str:
+    return f"checkpoint-{step:08d}.safetensors"
+
+
+@dataclass
+class TrainState:
+    """Everything a training step reads and changes, at `step`."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    step: int
+
+
+def state_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The flat, named tensors of a training state (what a checkpoint file holds)."""
+    tensors = {_MODEL + name: t for name, t in model.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                value = torch.tensor(value)
+            tensors[f"{_OPTIM}{index}.{key}"] = value
+    tensors[_RNG + "cpu"] = torch.get_rng_state()
+    if device.type == "cuda":
+        tensors[_RNG + "cuda"] = torch.cuda.get_rng_state(device)
+    return tensors
+
+
+def save_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, device: torch.device
+) -> str:
+    """Write the state at `step` (deterministic bytes); return the file's sha256."""
+    metadata = {"format": CHECKPOINT_FORMAT, "step": str(step)}
+    return write_weights(path, state_tensors(model, optimizer, device), metadata)
+
+
+def initial_state(run: Prepared) -> TrainState:
+    """The state before step 1, as a fresh run of the spec builds it (call inside
+    `training.execute.deterministic(spec.seed)`)."""
+    model = build_model(run.plan).to(run.device)
+    optimizer = make_optimizer(run.spec.optim, model.parameters())
+    schedule = make_schedule(run.spec.optim, optimizer, run.summary.total_steps)
+    model.train()
+    return TrainState(model, optimizer, schedule, 0)
+
+
+def load_checkpoint(run: Prepared, path: Path) -> TrainState:
+    """The state a checkpoint file holds, ready to `advance`. Raises `TrainingError`
+    when the file does not fit the spec's model."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise TrainingError(f"checkpoint {path.name} is not readable: {exc}") from exc
+    if metadata.get("format") != CHECKPOINT_FORMAT or not metadata.get("step", "").isdigit():
+        raise TrainingError(f"checkpoint {path.name} is not a {CHECKPOINT_FORMAT} file")
+    step = int(metadata["step"])
+    state = initial_state(run)
+    weights = {k[len(_MODEL) :]: v for k, v in tensors.items() if k.startswith(_MODEL)}
+    try:
+        state.model.load_state_dict(weights, strict=True)
+        optim: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith(_OPTIM):
+                index, name = key[len(_OPTIM) :].split(".", 1)
+                optim.setdefault(int(index), {})[name] = value
+        saved = state.optimizer.state_dict()
+        state.optimizer.load_state_dict({"state": optim, "param_groups": saved["param_groups"]})
+        torch.set_rng_state(tensors[_RNG + "cpu"])
+        if run.device.type == "cuda" and _RNG + "cuda" in tensors:
+            torch.cuda.set_rng_state(tensors[_RNG + "cuda"], run.device)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise TrainingError(f"checkpoint {path.name} does not fit this job's model: {exc}") from exc
+    _move_schedule(state, run, step)
+    return state
+
+
+def _move_schedule(state: TrainState, run: Prepared, step: int) -> None:
+    """Put the learning-rate schedule where it stands after `step` steps, computed
+    as `LambdaLR` computes it (the same floats)."""
+    schedule = state.schedule
+    total = run.summary.total_steps
+    schedule.last_epoch = step
+    for group, base in zip(state.optimizer.param_groups, schedule.base_lrs, strict=True):
+        group["lr"] = base * lr_factor(run.spec.optim, step, total)
+    schedule._last_lr = [group["lr"] for group in state.optimizer.param_groups]  # type: ignore[attr-defined]
+    state.step = step
+
+
+def advance(run: Prepared, state: TrainState, to_step: int) -> None:
+    """Train `state` on from its step to `to_step`, as the training loop did."""
+    if not state.step <= to_step <= run.summary.total_steps:
+        raise TrainingError(f"cannot advance from step {state.step} to {to_step}")
+    spec = run.spec
+    loss_fn = make_loss(run.summary.loss, run.data.info.task)
+    index_batches = batches(len(run.data.train), run.summary.batch_size, spec.seed)
+    for _ in range(state.step):  # the batches before this step: permutations only
+        next(index_batches)
+    state.model.train()
+    for _ in range(state.step, to_step):
+        x, y = run.data.train.batch(next(index_batches))
+        x, y = x.to(run.device), y.to(run.device)
+        train_step(state.model, loss_fn, state.optimizer, state.schedule, x, y, spec)
+    state.step = to_step
+
+
+def relative_distance(a: TrainState, b: TrainState) -> float:
+    """The largest relative L2 distance between two states' weight tensors: what a
+    check across determinism classes compares against its tolerance."""
+    worst = 0.0
+    theirs = b.model.state_dict()
+    for name, mine in a.model.state_dict().items():
+        if not mine.is_floating_point():
+            continue
+        other = theirs[name].to(mine.device, mine.dtype)
+        scale = max(float(other.norm()), 1e-12)
+        worst = max(worst, float((mine - other).norm()) / scale)
+    return worst
