@@ -5,7 +5,15 @@ and handed in by the node.
 
 from ledger.audit import AUDIT_DB, AuditLog
 from ledger.chain import LEDGER_DB, Ledger
-from ledger.entry import GENESIS, KINDS, REJECTED, WORK_DONE, WORK_RECEIVED, Entry
+from ledger.entry import (
+    GENESIS,
+    INVALIDATED,
+    KINDS,
+    REJECTED,
+    WORK_DONE,
+    WORK_RECEIVED,
+    Entry,
+)
 from ledger.errors import (
     AuditFull,
     CorruptLedger,
@@ -22,6 +30,7 @@ from ledger.verify import VerifyReport
 __all__ = [
     "AUDIT_DB",
     "GENESIS",
+    "INVALIDATED",
     "KINDS",
     "LEDGER_DB",
     "REJECTED",

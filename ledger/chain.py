@@ -31,6 +31,7 @@ from ledger.entry import (
     COLUMNS,
     GENESIS,
     GENESIS_PREV_HASH,
+    INVALIDATED,
     REJECTED,
     WORK_DONE,
     WORK_KINDS,
@@ -266,6 +267,21 @@ class Ledger:
 
         `worker` and `owner` must be peer ids; `reason` is kept to its first
         4000 characters. Raises `InvalidArgument`."""
+        return self._append_refusal(REJECTED, job_id, unit_id, worker, owner, {"reason": reason})
+
+    def append_invalidated(
+        self, job_id: str, unit_id: str, worker: str, owner: str, reason: str, evidence: bytes
+    ) -> Entry:
+        """Record a result that failed a spot check: no credit, the reason, and the
+        signed `Evidence` (protocol.evidence) anyone can check. Raises `InvalidArgument`."""
+        if not isinstance(evidence, bytes) or not evidence:
+            raise InvalidArgument("evidence must be the signed Evidence envelope")
+        fields = {"reason": reason, "evidence": evidence}
+        return self._append_refusal(INVALIDATED, job_id, unit_id, worker, owner, fields)
+
+    def _append_refusal(
+        self, kind: str, job_id: str, unit_id: str, worker: str, owner: str, fields: dict
+    ) -> Entry:
         for name, value in (("job_id", job_id), ("unit_id", unit_id)):
             if not isinstance(value, str) or len(value) > MAX_ID_LEN:
                 raise InvalidArgument(f"{name} must be text of at most {MAX_ID_LEN} characters")
@@ -274,11 +290,12 @@ class Ledger:
                 public_key_from_peer_id(value)
             except ProtocolError as exc:
                 raise InvalidArgument(f"{name} must be a peer id: {exc}") from exc
+        reason = fields["reason"]
         if not isinstance(reason, str) or not reason:
-            raise InvalidArgument("reason must be non-empty text saying why it was rejected")
-        payload = encode({"reason": reason[:MAX_REASON_CHARS]})
+            raise InvalidArgument(f"reason must be non-empty text saying why it was {kind}")
+        payload = encode({**fields, "reason": reason[:MAX_REASON_CHARS]})
         with self._lock, immediate(self._conn):
-            return self._insert(REJECTED, job_id, unit_id, worker, owner, 0.0, payload)
+            return self._insert(kind, job_id, unit_id, worker, owner, 0.0, payload)
 
     def _insert(
         self,

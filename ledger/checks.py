@@ -26,14 +26,27 @@ from typing import Any
 from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError, CryptoError
 
-from ledger.entry import GENESIS, GENESIS_PREV_HASH, KINDS, REJECTED, WORK_DONE, Entry
+from ledger.entry import (
+    GENESIS,
+    GENESIS_PREV_HASH,
+    INVALIDATED,
+    KINDS,
+    REJECTED,
+    WORK_DONE,
+    Entry,
+)
 from protocol import Limits, ProtocolError, decode
 from protocol.peer_id import peer_id_from_public_key
 from protocol.receipts import claim_bytes, parse_cosigned, peek_receipt, peer_key
 
-#: genesis and rejected payloads are one small map
+#: genesis, rejected and invalidated payloads are one small map (evidence: a signed
+#: envelope that holds the worker's signed result)
 PAYLOAD_LIMITS = Limits(
-    max_bytes=8 * 1024, max_depth=1, max_container_len=4, max_str_len=4096, max_bin_len=64
+    max_bytes=400 * 1024,
+    max_depth=1,
+    max_container_len=4,
+    max_str_len=4096,
+    max_bin_len=300 * 1024,
 )
 MAX_REASON_CHARS = 4000
 
@@ -73,12 +86,15 @@ def check_entry(entry: Entry, node_peer_id: str, node_key: bytes) -> list[SigChe
         raise EntryProblem("seq 0 must be the genesis entry, and only seq 0")
     if kind == GENESIS:
         return _check_genesis(entry, node_peer_id)
-    if kind == REJECTED:
-        reason = _small_map(entry.payload, {"reason"})["reason"]
-        if not isinstance(reason, str):
+    if kind in (REJECTED, INVALIDATED):
+        keys = {"reason"} if kind == REJECTED else {"reason", "evidence"}
+        payload = _small_map(entry.payload, keys)
+        if not isinstance(payload["reason"], str):
             raise EntryProblem("payload reason must be text")
+        if kind == INVALIDATED and not isinstance(payload["evidence"], bytes):
+            raise EntryProblem("payload evidence must be bytes (a signed Evidence envelope)")
         if entry.credit != 0.0 or entry.worker_sig != b"":
-            raise EntryProblem("a rejected entry carries no credit and no worker signature")
+            raise EntryProblem(f"a {kind} entry carries no credit and no worker signature")
         return [SigCheck(entry.seq, "node signature", node_key, entry.body(), entry.owner_sig)]
     return _check_work(entry, node_peer_id)
 

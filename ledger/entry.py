@@ -35,7 +35,8 @@ GENESIS: Final = "genesis"
 WORK_DONE: Final = "work_done"  # this node was the worker
 WORK_RECEIVED: Final = "work_received"  # this node was the owner
 REJECTED: Final = "rejected"  # a result this node refused, with the reason
-KINDS: Final = (GENESIS, WORK_DONE, WORK_RECEIVED, REJECTED)
+INVALIDATED: Final = "invalidated"  # a result that failed a spot check, with the evidence
+KINDS: Final = (GENESIS, WORK_DONE, WORK_RECEIVED, REJECTED, INVALIDATED)
 WORK_KINDS: Final = (WORK_DONE, WORK_RECEIVED)
 
 WorkKind = Literal["work_done", "work_received"]
@@ -76,7 +77,7 @@ class Entry:
     worker: str
     owner: str
     credit: float  # TFLOP; 0 for genesis and rejected
-    payload: bytes  # genesis: node key; work: co-signed receipt; rejected: reason
+    payload: bytes  # genesis: key; work: co-signed receipt; rejected, invalidated: why
     owner_sig: bytes
     worker_sig: bytes
     ts: float  # unix seconds when appended

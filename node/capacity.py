@@ -29,6 +29,23 @@ class LocalCapacity:
     tflops: float
     torch_version: str
     cuda_version: str
+    determinism: str = ""
+
+
+def determinism_class(gpus: list[GpuInfo]) -> str:
+    """What must be equal for two nodes to train bit for bit alike: the device model,
+    torch and CUDA builds, the CPU's kernel set and torch's thread count (CPU
+    reductions split by thread). Spot checks and replicas compare hashes strictly
+    within a class and with a tolerance across classes."""
+    import torch
+
+    device = gpus[0] if gpus else GpuInfo("unknown", kind="cpu")
+    parts = [f"{device.kind}:{device.name}", f"torch {torch.__version__}"]
+    if device.kind == "cuda":
+        parts.append(f"cuda {torch.version.cuda or ''}")
+    else:
+        parts += [torch.backends.cpu.get_cpu_capability(), f"threads {torch.get_num_threads()}"]
+    return " | ".join(parts)[:200]
 
 
 def discover_gpus() -> list[GpuInfo]:
@@ -151,7 +168,7 @@ def local_capacity(data_dir: Path, refresh: bool = False) -> LocalCapacity:
         cache.write_text(
             json.dumps({"fingerprint": fingerprint, "tflops": tflops, "measured_at": time.time()})
         )
-    return LocalCapacity(gpus, tflops, torch.__version__, cuda_version)
+    return LocalCapacity(gpus, tflops, torch.__version__, cuda_version, determinism_class(gpus))
 
 
 def _cached_tflops(cache: Path, fingerprint: str) -> float | None:

@@ -27,6 +27,7 @@ from node.identity import Identity, load_or_create_api_token
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.discovery import keep_connected
+from node.net.evidence_gossip import EvidenceGossip
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
@@ -106,6 +107,7 @@ class Node:
             seq=seq,
             timestamp=time.time(),
             version=__version__,
+            determinism=self.capacity.determinism,
         )
 
     def signed_ad(self) -> bytes:
@@ -253,6 +255,9 @@ async def _serve(
             host, peers, metrics, node.signed_ad, settings.publish_interval_s
         )
         receipts = ReceiptGossip(host, audit, metrics)
+        evidence = EvidenceGossip(
+            host, lambda found: work.owner.reputation.reported(found.worker, found.reason)
+        )
         async with trio.open_nursery() as nursery:
             node.work = work = WorkService(
                 WorkContext(
@@ -268,6 +273,7 @@ async def _serve(
                     deny_owners=settings.deny_owners,
                     ledger=PublishingLedger(ledger, events),  # type: ignore[arg-type]
                     publish_receipt=receipts.publish,
+                    publish_evidence=evidence.publish,
                     lease_s=settings.lease_s,
                     unit_keys=UnitKeys(db, identity.seed),
                     max_units=settings.max_units,
@@ -300,8 +306,10 @@ async def _serve(
             try:
                 await node.gossip.start()
                 await receipts.start()
+                await evidence.start()
                 nursery.start_soon(node.gossip.run)
                 nursery.start_soon(receipts.run)
+                nursery.start_soon(evidence.run)
                 nursery.start_soon(work.run)
                 nursery.start_soon(watch_peers, peers, events)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)

@@ -85,6 +85,7 @@ class CapacityAd:
     seq: int
     timestamp: float  # unix seconds
     version: str = ""  # meshminer version of the advertising node
+    determinism: str = ""  # the node's determinism class (node.capacity.determinism_class)
 
     def check(self, path: str) -> None:
         require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
@@ -93,6 +94,7 @@ class CapacityAd:
         require(_finite_nonneg(self.tflops), f"{path}.tflops", "must be a finite number >= 0")
         require(0 <= self.load_pct <= 100, f"{path}.load_pct", "must be 0..100")
         require(self.seq >= 0, f"{path}.seq", "must be >= 0")
+        require(len(self.determinism) <= 200, f"{path}.determinism", "must be <= 200 chars")
         require(
             math.isfinite(self.timestamp) and self.timestamp > 0,
             f"{path}.timestamp",

@@ -2,6 +2,7 @@
 
 CAPACITY_TOPIC = "meshminer/capacity/1"
 RECEIPTS_TOPIC = "meshminer/receipts/1"
+EVIDENCE_TOPIC = "meshminer/evidence/1"  # a failed spot check, with the worker's signed claim
 
 # request/response streams
 ADS_PROTOCOL = "/meshminer/ads/1"  # fetch a peer's current ad table when a connection opens

@@ -29,6 +29,9 @@ WORK_LIMITS = Limits(
 )
 
 
+MAX_CHECKPOINTS = 1001  # trust.checkpoints is at most 1000 segments
+
+
 def _check_ids(obj: object, path: str) -> None:
     for name in ("job_id", "unit_id"):
         check_id(getattr(obj, name), f"{path}.{name}")
@@ -162,10 +165,16 @@ class Result:
     wall_time_s: float = 0.0
     device: str = ""
     retryable: bool = False  # the failure was not the job's (handed back, data unreachable)
+    # sha256 of the training-state files at the steps of training.checkpoints
+    # .checkpoint_steps, in order: the evidence a spot check replays (docs/threat-model.md)
+    checkpoints: list[str] = field(default_factory=list)
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
         require_sha256(self.weights_sha256, f"{path}.weights_sha256", allow_empty=not self.ok)
+        require(len(self.checkpoints) <= MAX_CHECKPOINTS, f"{path}.checkpoints", "too many")
+        for i, sha in enumerate(self.checkpoints):
+            require_sha256(sha, f"{path}.checkpoints[{i}]")
         require(self.weights_size >= 0, f"{path}.weights_size", "must be >= 0")
         require(len(self.error) <= 4000, f"{path}.error", "must be <= 4000 chars")
         _check_metrics(self.metrics, f"{path}.metrics")

@@ -43,6 +43,7 @@ from protocol.blobs import (
     BlobRequest,
 )
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
+from protocol.evidence import EVIDENCE_LIMITS, Evidence
 from protocol.receipts import CoSignedReceipt
 from protocol.rounds import MAX_ROUND, MAX_SLOT, RoundDelta, RoundShare
 from protocol.schema import to_plain
@@ -238,7 +239,22 @@ results = st.builds(
     wall_time_s=st.floats(0, 1e6),
     device=st.text(max_size=10),
     retryable=st.booleans(),
+    checkpoints=st.lists(shas, max_size=5),
 )
+evidences = st.builds(
+    Evidence,
+    job_id=ids,
+    unit_id=ids,
+    owner=peers,
+    worker=peers,
+    result=small_bytes,
+    index=st.integers(-1, 1000),
+    start_step=st.integers(0, 100),
+    end_step=st.integers(100, 2**31),
+    replayed_sha256=shas,
+    reason=st.text(max_size=50),
+    created_at=times,
+).filter(lambda e: e.owner != e.worker)
 receipts = st.builds(
     Receipt,
     job_id=ids,
@@ -285,6 +301,7 @@ MESSAGES = {
     ReceiptReply: (receipt_replies, WORK_LIMITS),
     BlobGrant: (blob_grants, GRANT_LIMITS),
     BlobRequest: (blob_requests, REQUEST_LIMITS),
+    Evidence: (evidences, EVIDENCE_LIMITS),
 }
 
 signing_keys = st.binary(min_size=32, max_size=32).map(SigningKey)

@@ -37,6 +37,7 @@ def _ctx(tmp_path: Path, seed: bytes | None = None) -> WorkContext:
         deny_owners=[],
         ledger=None,  # type: ignore[arg-type]
         publish_receipt=None,  # type: ignore[arg-type]
+        publish_evidence=None,  # type: ignore[arg-type]
         unit_keys=UnitKeys(db, bytes(identity.signing_key)),
     )
 

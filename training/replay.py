@@ -3,6 +3,7 @@
 The request's `replay` table:
 
     {"init": bool,                          build the state before step 1 and hash it
+     "init_claimed": sha256 (optional),      the worker's checkpoint 0, to measure against
      "segments": [{"start": int, "end": int, "from": sha256,
                    "claimed": sha256 (optional)}, ...],
      "final": sha256 (optional)}            the worker's last checkpoint
@@ -53,6 +54,7 @@ def run_replay(
 ) -> dict[str, Any]:
     began = time.monotonic()
     init = section.boolean("init", False)
+    init_claimed = section.string("init_claimed", "", max_len=64)
     segments = [_segment(item, i) for i, item in enumerate(_list(section.get("segments", [])))]
     final = section.string("final", "", max_len=64)
     section.finish()
@@ -67,6 +69,9 @@ def run_replay(
             result["init_sha256"] = save_checkpoint(
                 scratch, state.model, state.optimizer, 0, run.device
             )
+            if init_claimed:
+                theirs = load_checkpoint(run, blob_file(init_claimed))
+                result["init_distance"] = relative_distance(state, theirs)
         for start, end, source, claimed in segments:
             if not 0 <= start < end <= total:
                 raise SpecError(f"request.replay: segment {start}..{end} is not within 0..{total}")

@@ -35,6 +35,7 @@ class WorkContext:
     deny_owners: list[str]
     ledger: Ledger
     publish_receipt: Callable[[bytes], Awaitable[None]]  # gossip a co-signed receipt
+    publish_evidence: Callable[[bytes], Awaitable[None]]  # gossip a failed spot check
     credit_for: Callable[[dict, Path | None], float] | None = None  # TFLOP, from the spec
     lease_s: float = 15.0
     data_port: int = 0  # the direct blob channel's port (0: libp2p streams only)

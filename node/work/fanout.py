@@ -1,7 +1,8 @@
 """Offering one job's many units at once (a round's shares, a sweep's trials).
 
 Which peers are candidates (fresh, fit the spec's requirements, not excluded from the
-job, not waiting out a backoff, not busy with another unit of it; best first by
+job or by a failed spot check, not waiting out a backoff, not busy with another unit
+of it; best first: trusted peers (`node.work.reputation`), then by
 `tflops x (1 - load)`), and what a peer's answer means: accepted, the unit runs;
 declined for now (busy, unreachable), the unit row is dropped and the peer backs off;
 declined for this job, the unit fails and the peer is excluded from the job. Either
@@ -19,6 +20,7 @@ from node.work.jobs import Job, Unit
 from node.work.lifecycle import Lifecycle
 from node.work.offers import send_offer
 from node.work.placement import Backoff
+from node.work.reputation import Reputation
 from node.work.scheduler import unfit_reason
 from protocol.crypto import new_job_key
 from protocol.rounds import RoundShare
@@ -32,11 +34,14 @@ class Fanout:
         self._lifecycle = lifecycle
         self._changed = changed  # the job's driver: a unit of this job moved
         self.backoff = Backoff()
+        self._reputation = Reputation(ctx.jobs.db)
 
     def candidates(self, job: Job, busy: set[str]) -> list[str]:
         """Peers that fit the job and are not in `busy`, best first."""
         now = time.time()
         excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
+        excluded |= self._reputation.excluded(now)
+        trusted = self._reputation.trusted()
         requirements = job.spec.get("requirements", {})
         fits = [
             e.ad
@@ -45,7 +50,13 @@ class Fanout:
             and e.ad.peer_id not in excluded
             and unfit_reason(e.ad, requirements) is None
         ]
-        fits.sort(key=lambda ad: (-ad.tflops * (1 - ad.load_pct / 100), ad.peer_id))
+        fits.sort(
+            key=lambda ad: (
+                ad.peer_id not in trusted,
+                -ad.tflops * (1 - ad.load_pct / 100),
+                ad.peer_id,
+            )
+        )
         return [ad.peer_id for ad in fits]
 
     async def offer(

@@ -30,8 +30,10 @@ from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, has_driver
 from node.work.placement import Placement
+from node.work.reputation import Reputation
 from node.work.results import Results
 from node.work.rounds import ElasticRounds
+from node.work.spot_checks import SpotChecks
 from node.work.sweeps import SweepTrials
 from protocol.work import Progress
 
@@ -50,8 +52,10 @@ class OwnerRole:
         self.lifecycle = Lifecycle(ctx, self.wake)
         self.leases = Leases(ctx, self.lifecycle, self.record_progress)
         self.sweeps = SweepTrials(ctx, self.lifecycle, self._train_trial_here)
-        self.results = Results(ctx, self.lifecycle, self.leases, self.sweeps)
-        self.placement = Placement(ctx, self.lifecycle, self._train_here)
+        self.reputation = Reputation(ctx.jobs.db)
+        spot_checks = SpotChecks(ctx, runner_request, self.reputation)
+        self.results = Results(ctx, self.lifecycle, self.leases, self.sweeps, spot_checks)
+        self.placement = Placement(ctx, self.lifecycle, self._train_here, self.reputation)
         self.rounds = ElasticRounds(ctx, self.lifecycle, runner_request)
         self.lifecycle.unit_changed = self._unit_changed
         self.lifecycle.trial_lost = self.sweeps.trial_lost

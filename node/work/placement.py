@@ -20,6 +20,7 @@ from node.work.jobs import LIVE_UNIT_STATES, Job
 from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle
 from node.work.offers import send_offer
+from node.work.reputation import Reputation
 from node.work.scheduler import SELF, choose_worker
 from protocol.crypto import new_job_key
 
@@ -62,10 +63,12 @@ class Placement:
         ctx: WorkContext,
         lifecycle: Lifecycle,
         train_here: Callable[[Job, str], Awaitable[None]],
+        reputation: Reputation,
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
         self._train_here = train_here
+        self._reputation = reputation
         self.backoff = Backoff()
 
     async def place(self, job_id: str) -> None:
@@ -79,6 +82,7 @@ class Placement:
                 return
             now = time.time()
             excluded = set(job.excluded) | self.backoff.waiting(job_id, now)
+            excluded |= self._reputation.excluded(now)
             if not ctx.has_room():
                 excluded.add(SELF)
             choice = choose_worker(
@@ -87,6 +91,7 @@ class Placement:
                 ctx.peers.entries(),
                 ctx.own_ad(),
                 excluded,
+                self._reputation.trusted(),
             )
             if choice.worker is None:
                 if job.reason != choice.reason:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import trio
 
@@ -23,6 +24,7 @@ from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import RoundStore
+from node.work.spot_checks import SpotChecks, Verdict
 from node.work.sweeps import SweepTrials
 from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
@@ -53,12 +55,18 @@ RESULT_FETCH_S = 900.0  # the result stream's timeout: verification holds the un
 
 class Results:
     def __init__(
-        self, ctx: WorkContext, lifecycle: Lifecycle, leases: Leases, sweeps: SweepTrials
+        self,
+        ctx: WorkContext,
+        lifecycle: Lifecycle,
+        leases: Leases,
+        sweeps: SweepTrials,
+        spot_checks: SpotChecks,
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
         self._leases = leases
         self._sweeps = sweeps
+        self._spot_checks = spot_checks
 
     async def handle_result(self, peer: str, data: bytes) -> bytes:
         """Verify a worker's result, fetch and check the weights, answer with a receipt."""
@@ -99,19 +107,26 @@ class Results:
         if verifying is None:
             return self._reply(False, "result rejected: a result for this unit is already here")
         try:
-            await self._fetch_and_check(job, unit, peer, result)
+            had_weights = await self._fetch_and_check(job, unit, peer, result)
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
             self._lifecycle.lost(unit.unit_id, reason)
             self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
             return self._reply(False, f"weights rejected: {exc}")
+        verdict = None
+        if self._spot_checks.wanted(job, unit):
+            verdict = await self._spot_check(job, unit, peer, result, data)
+            if not verdict.ok:
+                if not had_weights:  # weights that failed are not kept
+                    self.ctx.blobs.remove(result.weights_sha256)
+                return await self._invalidate(job, unit, peer, verdict)
         try:
             if unit.round >= 0:
                 return self._accept_share(job, unit, peer, result)
             if unit.trial >= 0:
-                return self._accept_trial(job, unit, peer, result)
-            return self._accept(job, unit, peer, result)
+                return self._accept_trial(job, unit, peer, result, verdict)
+            return self._accept(job, unit, peer, result, verdict)
         except Exception as exc:  # a bug here loses this unit, never the node
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
@@ -137,7 +152,9 @@ class Results:
         )
         return self._reply(True, "", half_signed)
 
-    def _accept_trial(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+    def _accept_trial(
+        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
+    ) -> bytes:
         """A sweep trial's weights, checked: the receipt for its run, and the trial
         complete with the metric the worker reported."""
         half_signed = self._half_signed(job, unit, peer, result)
@@ -151,12 +168,7 @@ class Results:
         self.ctx.jobs.add_receipt(
             unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
         )
-        metrics = {
-            **dict(result.metrics),
-            "steps": result.steps,
-            "samples": result.samples,
-            "wall_time_s": result.wall_time_s,
-        }
+        metrics, _ = self._metrics(job, unit, peer, result, verdict)
         self._sweeps.trial_done(job, unit, result.weights_sha256, metrics)
         return self._reply(True, "", half_signed)
 
@@ -206,23 +218,19 @@ class Results:
             return self._sweeps.credit(job.id, unit)
         return credit_of(job)
 
-    def _accept(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+    def _accept(
+        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
+    ) -> bytes:
         """Issue the half-signed receipt, then complete the unit and the job; a job
         cancelled while the weights were checked stays cancelled and gives no receipt."""
         half_signed = self._half_signed(job, unit, peer, result)
-        metrics = {
-            **dict(result.metrics),
-            "steps": result.steps,
-            "samples": result.samples,
-            "wall_time_s": result.wall_time_s,
-            "device": result.device,
-        }
+        metrics, status = self._metrics(job, unit, peer, result, verdict)
         completed = self._lifecycle.done(
             unit.unit_id,
             ("verifying",),
             result.weights_sha256,
-            metrics,
-            "claimed",
+            {**metrics, "device": result.device},
+            status,
             f"result from {peer} checked; receipt issued",
         )
         if completed is None:
@@ -232,6 +240,64 @@ class Results:
         )
         log.info("job %s completed by %s", job.id, peer)
         return self._reply(True, "", half_signed)
+
+    def _metrics(
+        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
+    ) -> tuple[dict[str, Any], str]:
+        """The figures the job shows: evaluated here when the result was spot-checked
+        (the worker's own are kept as `claimed`), else the worker's claim. A passed
+        check also counts for the worker's reputation here."""
+        counts = {
+            "steps": result.steps,
+            "samples": result.samples,
+            "wall_time_s": result.wall_time_s,
+        }
+        if verdict is None:
+            return {**dict(result.metrics), **counts}, "claimed"
+        self._spot_checks.reputation.valid(peer, self._credit(job, unit))
+        checked = {
+            "checked_segments": len(verdict.segments),
+            "replayed_steps": verdict.replayed_steps,
+        }
+        claimed = {"claimed": dict(result.metrics)}
+        shown = {**dict(result.metrics), **verdict.metrics, **counts, **checked, **claimed}
+        return shown, "verified"
+
+    async def _spot_check(
+        self, job: Job, unit: Unit, peer: str, result: Result, envelope: bytes
+    ) -> Verdict:
+        """Replay a few segments of the result (`node.work.spot_checks`); a check that
+        cannot run (the worker serves no checkpoint) fails the result."""
+        spec = self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
+        grant = self._weights_grant(peer, result)
+        key = self.ctx.grant_keys.get((result.job_id, result.unit_id), b"")
+        self.ctx.jobs.transition(job.id, (job.state,), f"spot-checking the result of {peer}")
+        try:
+            return await self._spot_checks.check(
+                job, unit, spec, peer, result, envelope, grant, key
+            )
+        except Exception as exc:
+            log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
+            return Verdict(False, f"the spot check could not run: {exc}")
+
+    async def _invalidate(self, job: Job, unit: Unit, peer: str, verdict: Verdict) -> bytes:
+        """No credit, the evidence in the ledger and on gossip, the worker caught, and
+        the unit offered to someone else."""
+        reason = f"{peer} failed a spot check: {verdict.reason}"
+        log.warning("unit %s: %s", unit.unit_id, reason)
+        if verdict.evidence:
+            try:
+                self.ctx.ledger.append_invalidated(
+                    job.id, unit.unit_id, peer, self.ctx.peer_id, verdict.reason, verdict.evidence
+                )
+            except MeshminerError as exc:
+                log.warning("invalidation of unit %s not recorded: %s", unit.unit_id, exc)
+            self._spot_checks.reputation.caught(peer, verdict.reason)
+            await self.ctx.publish_evidence(verdict.evidence)
+        else:
+            self._record_rejection(job.id, unit.unit_id, peer, reason)
+        self._lifecycle.lost(unit.unit_id, reason)
+        return self._reply(False, f"spot check failed: {verdict.reason}")
 
     async def handle_countersigned(self, peer: str, data: bytes) -> bytes:
         """The worker's countersigned receipt: record it in the ledger and gossip it.
@@ -273,18 +339,11 @@ class Results:
         except MeshminerError as exc:
             log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
-    async def _fetch_and_check(self, job: Job, unit: Unit, peer: str, result: Result) -> None:
+    async def _fetch_and_check(self, job: Job, unit: Unit, peer: str, result: Result) -> bool:
         """Fetch the weights (an elastic share: its delta) under the worker's grant, at
-        most the plan's size, and check them; what fails is not kept."""
-        grant = open_envelope(
-            result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
-        ).message
-        if (
-            grant.grantee != self.ctx.peer_id
-            or grant.blobs != [result.weights_sha256]
-            or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
-        ):
-            raise ProtocolError("the weights grant does not match the result")
+        most the plan's size, and check them; what fails is not kept. True when the
+        weights were stored here before."""
+        grant = self._weights_grant(peer, result)
         key = self.ctx.grant_keys.get((result.job_id, result.unit_id))
         if key is None:
             raise ProtocolError("no key for this unit (it ended)")
@@ -323,6 +382,20 @@ class Results:
             if not had:  # what was just fetched for this result is not kept
                 self.ctx.blobs.remove(result.weights_sha256)
             raise
+        return had
+
+    def _weights_grant(self, peer: str, result: Result) -> BlobGrant:
+        """The worker's grant for its weights and checkpoints, as the result names them."""
+        grant = open_envelope(
+            result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
+        ).message
+        if (
+            grant.grantee != self.ctx.peer_id
+            or grant.blobs != [result.weights_sha256, *result.checkpoints]
+            or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
+        ):
+            raise ProtocolError("the weights grant does not match the result")
+        return grant
 
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
         return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)

@@ -38,10 +38,15 @@ def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
     return None
 
 
-def _rank(ad: CapacityAd, requirements: dict[str, Any]) -> tuple:
+def _rank(ad: CapacityAd, requirements: dict[str, Any], trusted: frozenset[str]) -> tuple:
     has_gpu = any(g.kind == "cuda" for g in ad.gpus)
     prefer_gpu = requirements.get("gpu", "preferred") == "preferred"
-    return (has_gpu if prefer_gpu else True, ad.tflops * (1 - ad.load_pct / 100), ad.peer_id)
+    return (
+        has_gpu if prefer_gpu else True,
+        ad.peer_id in trusted,
+        ad.tflops * (1 - ad.load_pct / 100),
+        ad.peer_id,
+    )
 
 
 def choose_worker(
@@ -50,9 +55,12 @@ def choose_worker(
     peers: list[PeerEntry],
     own: CapacityAd,
     excluded: set[str],
+    trusted: set[str] | frozenset[str] = frozenset(),
 ) -> Choice:
     """Peers first; this node only when none fits (and its policy allows) or when the
-    spec asks for `placement = "local"`."""
+    spec asks for `placement = "local"`. Among fitting peers, GPUs first (when the
+    job prefers one), then peers past their probation here (`trusted`), then free
+    throughput."""
     if placement == "local":
         return Choice(SELF, "the spec asks for placement = local")
     reasons = []
@@ -71,7 +79,7 @@ def choose_worker(
         else:
             reasons.append(f"{ad.peer_id[-6:]}: {why}")
     if candidates:
-        best = max(candidates, key=lambda ad: _rank(ad, requirements))
+        best = max(candidates, key=lambda ad: _rank(ad, requirements, frozenset(trusted)))
         return Choice(best.peer_id, f"{len(candidates)} of {len(peers)} peers fit")
     own_reason = unfit_reason(own, requirements)
     if own_reason is None and SELF not in excluded:

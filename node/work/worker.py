@@ -67,6 +67,17 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 15.0
 
 
+def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[Any]) -> list[str]:
+    """Move the runner's checkpoint files into the blob store, where the blob server
+    serves them under the owner's grant; their sha256 in step order."""
+    files = sorted((folder / "checkpoints").glob("checkpoint-*.safetensors"))
+    if len(files) != len(reported):
+        raise RuntimeError(f"the runner wrote {len(files)} checkpoints, reported {len(reported)}")
+    shas = [ctx.blobs.put_file(path) for path in files]
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    return shas
+
+
 def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
     """Where this node keeps its inner optimizer state for `slot` of an elastic job
     between rounds (under units/, so the sweep of old unit folders clears it)."""
@@ -116,6 +127,7 @@ class RunningUnit:
     phase: str = "fetching"
     progress: dict[str, Any] = field(default_factory=dict)
     hand_back: str = ""  # why the volunteer gives it back ("": it does not)
+    evidence: list[str] = field(default_factory=list)  # its checkpoints in the blob store
 
 
 class WorkerRole:
@@ -286,6 +298,15 @@ class WorkerRole:
             ctx.grant_keys.pop((pkg.job_id, pkg.unit_id), None)
             self.units.pop(pkg.unit_id, None)
             ctx.release(pkg.unit_id)
+            self._drop_evidence(unit)
+
+    def _drop_evidence(self, unit: RunningUnit) -> None:
+        """The unit is settled (the owner answered, or gave up): its checkpoints go,
+        except those another unit here still holds (equal initial states)."""
+        held = {sha for other in self.units.values() for sha in other.evidence}
+        for sha in set(unit.evidence) - held:
+            self.ctx.blobs.remove(sha)
+        unit.evidence = []
 
     async def _outcome(self, unit: RunningUnit) -> Result:
         """Train the unit; whatever happens, a Result to send (a failure says why)."""
@@ -331,6 +352,8 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
             request = share_request(request, pkg.job_id, share, kept, out)
+        else:  # the evidence the owner's spot check replays (training.checkpoints)
+            request["checkpoints"] = True
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
@@ -345,7 +368,14 @@ class WorkerRole:
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
-        grant = issue_grant(ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha], size, 24 * 3600)
+        checkpoints = await trio.to_thread.run_sync(
+            keep_checkpoints, ctx, out.parent, result.get("checkpoints", [])
+        )
+        unit.evidence = checkpoints
+        largest = max([size, *(ctx.blobs.size(c) for c in set(checkpoints))])
+        grant = issue_grant(
+            ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha, *checkpoints], largest, 24 * 3600
+        )
         return Result(
             job_id=pkg.job_id,
             unit_id=pkg.unit_id,
@@ -363,6 +393,7 @@ class WorkerRole:
             samples=int(result.get("samples", 0)),
             wall_time_s=float(result.get("wall_time_s", 0.0)),
             device=str(result.get("device", ""))[:64],
+            checkpoints=checkpoints,
         )
 
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:

@@ -1,0 +1,254 @@
+"""The owner's spot check of a worker's result: replay a few segments, chosen now.
+
+A result commits, under the worker's signature, to the sha256 of its training state
+at every checkpoint step (`training.checkpoints`). After it arrives, this node picks
+segments with the OS's random source (the worker cannot know which), fetches the
+worker's checkpoints at their starts under the worker's grant, and replays them in
+its own sandboxed runner (`training.replay`). Checked, every time:
+
+- checkpoint 0 is the spec's own initial state (another seed, another model: caught);
+- each replayed segment ends on the worker's next checkpoint: the same sha256 within
+  one determinism class, a relative distance of at most `TOLERANCE` across classes;
+- the worker's last checkpoint unpacks to exactly the weights it returned, and those
+  are evaluated here: the job shows these metrics, not the worker's.
+
+The number of segments is the job's `trust.spot_check_budget` of them for a peer on
+probation, fewer for a trusted one (`node.work.reputation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.work.context import WorkContext
+from node.work.grants import fetch_granted
+from node.work.jobs import Job, Unit
+from node.work.reputation import Reputation
+from protocol import seal
+from protocol.blobs import BlobGrant
+from protocol.evidence import Evidence
+from protocol.work import Result
+
+log = logging.getLogger(__name__)
+
+#: across determinism classes: the largest relative L2 distance of any weight tensor
+#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
+TOLERANCE = 1e-3
+RunnerRequest = Callable[[dict[str, Any], dict[str, str], Path], dict[str, Any]]
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # evaluated here
+    evidence: bytes = b""  # the signed Evidence when not ok
+    segments: list[int] = field(default_factory=list)  # the checked ones
+    replayed_steps: int = 0
+    total_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    index: int  # the checkpoint that failed (-1: the weights)
+    start: int
+    end: int
+    replayed: str
+    reason: str
+
+
+class SpotChecks:
+    def __init__(
+        self, ctx: WorkContext, runner_request: RunnerRequest, reputation: Reputation
+    ) -> None:
+        self.ctx = ctx
+        self._runner_request = runner_request
+        self.reputation = reputation
+        # checkpoints fetched for checks in progress: two units of one spec share
+        # states (checkpoint 0 at least), so a file goes when its last check ends
+        self._holders: Counter[str] = Counter()
+        self._fetched: set[str] = set()
+
+    def wanted(self, job: Job, unit: Unit) -> bool:
+        """Whether units of this kind carry checkpoints to check (elastic shares do
+        not yet: docs/threat-model.md says what guards a round)."""
+        return unit.round < 0 and _checkpoint_count(job) > 0
+
+    async def check(
+        self,
+        job: Job,
+        unit: Unit,
+        spec: dict[str, Any],
+        peer: str,
+        result: Result,
+        result_envelope: bytes,
+        grant: BlobGrant,
+        key: bytes,
+    ) -> Verdict:
+        from training.checkpoints import checkpoint_steps
+        from training.spec import parse_spec
+
+        parsed = parse_spec(spec)
+        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
+        total, bound = await trio.to_thread.run_sync(_sizes, parsed, spec, data)
+        steps = checkpoint_steps(total, parsed.trust.checkpoints)
+        if len(result.checkpoints) != len(steps):
+            return Verdict(
+                False,
+                f"the result commits to {len(result.checkpoints)} checkpoints; this job's "
+                f"spec takes {len(steps)} (trust.checkpoints = {parsed.trust.checkpoints})",
+            )
+        full = math.floor(parsed.trust.spot_check_budget * (len(steps) - 1))
+        wanted = min(len(steps) - 1, self.reputation.checks_for(peer, max(1, full)))
+        chosen = sorted(secrets.SystemRandom().sample(range(len(steps) - 1), wanted))
+        cross = self._class_of(peer) != self.ctx.own_ad().determinism
+        cps = result.checkpoints
+        need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
+        if cross:
+            need |= {cps[i + 1] for i in chosen}
+        self._hold(need)
+        try:
+            await fetch_granted(
+                self.ctx, peer, grant, result.weights_grant, key, sorted(need), bound
+            )
+            replay = await self._replay(job, unit, spec, steps, chosen, cps, cross)
+        finally:
+            self._release(need)
+        failure = _compare(replay, steps, chosen, cps, cross, result.weights_sha256)
+        verdict = Verdict(
+            failure is None,
+            metrics=dict(replay.get("metrics", {})),
+            segments=chosen,
+            replayed_steps=int(replay.get("replayed_steps", 0)),
+            total_steps=total,
+        )
+        if failure is not None:
+            verdict.reason = failure.reason
+            verdict.evidence = seal(
+                Evidence(
+                    job.id,
+                    unit.unit_id,
+                    self.ctx.peer_id,
+                    peer,
+                    result_envelope,
+                    failure.index,
+                    failure.start,
+                    failure.end,
+                    failure.replayed,
+                    failure.reason,
+                    time.time(),
+                ),
+                self.ctx.identity.signing_key,
+            )
+        return verdict
+
+    def _hold(self, shas: set[str]) -> None:
+        for sha in shas:
+            if not self._holders[sha] and not self.ctx.blobs.has(sha):
+                self._fetched.add(sha)
+            self._holders[sha] += 1
+
+    def _release(self, shas: set[str]) -> None:
+        """Evidence fetched for a check is not kept once no check needs it."""
+        for sha in shas:
+            self._holders[sha] -= 1
+            if self._holders[sha] <= 0:
+                del self._holders[sha]
+                if sha in self._fetched:
+                    self._fetched.discard(sha)
+                    self.ctx.blobs.remove(sha)
+
+    def _class_of(self, peer: str) -> str:
+        entry = self.ctx.peers.get(peer)
+        return entry.ad.determinism if entry is not None else ""
+
+    async def _replay(
+        self,
+        job: Job,
+        unit: Unit,
+        spec: dict[str, Any],
+        steps: list[int],
+        chosen: list[int],
+        cps: list[str],
+        cross: bool,
+    ) -> dict[str, Any]:
+        ctx = self.ctx
+        segments = []
+        for i in chosen:
+            segment = {"start": steps[i], "end": steps[i + 1], "from": cps[i]}
+            if cross:
+                segment["claimed"] = cps[i + 1]
+            segments.append(segment)
+        table: dict[str, Any] = {"init": True, "segments": segments, "final": cps[-1]}
+        if cross:
+            table["init_claimed"] = cps[0]
+        blobs = {s: str(ctx.blobs.path(s)) for s in {*job.data_blobs, *cps} if ctx.blobs.has(s)}
+        folder = ctx.unit_dir(unit.unit_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        request = self._runner_request(spec, blobs, folder / "replayed-weights.safetensors")
+        request |= {"task": "replay", "replay": table}
+        return await ctx.train(request, unit.unit_id, job.max_hours, lambda event: None)
+
+
+def _checkpoint_count(job: Job) -> int:
+    return int(job.spec.get("trust", {}).get("checkpoints", 100))
+
+
+def _sizes(parsed: Any, spec: dict[str, Any], data: Path | None) -> tuple[int, int]:
+    """The spec's steps, and the most bytes one of its checkpoints may have: the
+    weights, at most two optimizer moments of them, and the RNG and headers."""
+    from training.budget import validate_for_submit
+    from training.result_check import expected_tensors, max_weights_bytes
+
+    weights = max_weights_bytes(expected_tensors(spec, data))
+    return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
+
+
+def _compare(
+    replay: dict[str, Any],
+    steps: list[int],
+    chosen: list[int],
+    cps: list[str],
+    cross: bool,
+    weights_sha256: str,
+) -> Failure | None:
+    """The first disagreement between the replay and the worker's commitments."""
+    if cross:
+        if replay.get("init_distance", math.inf) > TOLERANCE:
+            off = f"{replay.get('init_distance', math.inf):.3g}"
+            why = f"checkpoint 0 is {off} off the spec's initial state"
+            return Failure(0, 0, 0, replay["init_sha256"], why)
+    elif replay.get("init_sha256") != cps[0]:
+        return Failure(
+            0, 0, 0, replay["init_sha256"], "checkpoint 0 is not the spec's initial state"
+        )
+    for j, i in enumerate(chosen):
+        ok = replay["distances"][j] <= TOLERANCE if cross else replay["ends"][j] == cps[i + 1]
+        if not ok:
+            how = f" (relative distance {replay['distances'][j]:.3g})" if cross else ""
+            return Failure(
+                i + 1,
+                steps[i],
+                steps[i + 1],
+                replay["ends"][j],
+                f"steps {steps[i]}..{steps[i + 1]} replayed do not give checkpoint {i + 1}{how}",
+            )
+    if replay.get("weights_sha256") != weights_sha256:
+        return Failure(
+            -1,
+            steps[-1],
+            steps[-1],
+            replay.get("weights_sha256", "0" * 64),
+            "the returned weights are not those of the last checkpoint",
+        )
+    return None
