@@ -81,6 +81,15 @@ class LocalNode:
     def get(self, path: str) -> Any:
         return request_json(self.api, "GET", path, token=self.token, timeout=5)
 
+    def wait_job_end(self, job_id: str, timeout: float) -> dict:
+        """Job `job_id` of this node once it has ended (completed, failed, cancelled)."""
+
+        def ended() -> dict | None:
+            job = self.get(f"/api/v1/jobs/{job_id}")
+            return job if job["state"] in ("completed", "failed", "cancelled") else None
+
+        return wait_for(ended, timeout, f"job {job_id} to end")
+
     def peer_ids(self) -> set[str]:
         return {p["peer_id"] for p in self.get("/api/v1/peers")}
 

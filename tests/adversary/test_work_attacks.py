@@ -19,12 +19,9 @@ import io
 import pickle
 import secrets
 import shutil
-import sqlite3
 import time
 import tomllib
 import zipfile
-from contextlib import closing
-from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -32,9 +29,9 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from factories import capacity_ad
 from nacl.public import Box
 from nacl.signing import SigningKey
+from rogue import RogueWorker, api, query, submit_and_accept, unchecked_digits_toml, until
 from safetensors.numpy import save as save_safetensors
 
 from node.client import request_json
@@ -45,13 +42,12 @@ from node.work.blobs import BlobStore
 from node.work.transfer import serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import MAX_BLOB_BYTES, BlobGrant
-from protocol.crypto import new_job_key, open_from, seal_to
+from protocol.crypto import new_job_key, seal_to
 from protocol.envelope import signing_bytes
 from protocol.names import (
     ADS_PROTOCOL,
     CAPACITY_TOPIC,
     PROGRESS_PROTOCOL,
-    RESULT_PROTOCOL,
     TASK_PROTOCOL,
 )
 from protocol.schema import to_plain
@@ -60,7 +56,6 @@ from protocol.work import (
     OfferReply,
     Progress,
     ReceiptReply,
-    Result,
     WorkOffer,
     WorkPackage,
     decode_ack,
@@ -72,12 +67,8 @@ from training.spec import parse_spec, spec_to_plain
 pytestmark = pytest.mark.slow
 
 
-def _digits_toml(name: str, steps: int = 20) -> str:
-    return digits_toml(name, steps=steps, hidden=(16,), lr=3e-3, gpu="none")
-
-
 def _digits_plain(name: str, steps: int = 20) -> dict[str, Any]:
-    return spec_to_plain(parse_spec(tomllib.loads(_digits_toml(name, steps))))
+    return spec_to_plain(parse_spec(tomllib.loads(unchecked_digits_toml(name, steps))))
 
 
 def _peer_id(key: SigningKey) -> str:
@@ -99,35 +90,12 @@ def _forged(message: Any, claimed: SigningKey, actual: SigningKey) -> bytes:
     )
 
 
-async def _api(node: LocalNode, path: str) -> Any:
-    return await trio.to_thread.run_sync(node.get, path)
-
-
-async def _until(condition: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Await `condition()` (sync, run in a thread) until truthy; fails naming `what`."""
-    deadline = trio.current_time() + timeout
-    while True:
-        value = await trio.to_thread.run_sync(condition)
-        if value:
-            return value
-        if trio.current_time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await trio.sleep(interval)
-
-
-def _query(node: LocalNode, sql: str, *args: Any) -> list[tuple]:
-    """Read the node's node.db (read-only, beside the running node)."""
-    uri = f"file:{node.data_dir / 'node.db'}?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as db:
-        return db.execute(sql, args).fetchall()
-
-
 def _receipt_rows(node: LocalNode, job_id: str) -> list[tuple]:
-    return _query(node, "select unit_id, role from receipts where job_id = ?", job_id)
+    return query(node, "select unit_id, role from receipts where job_id = ?", job_id)
 
 
 def _receipt_count(node: LocalNode) -> int:
-    return _query(node, "select count(*) from receipts")[0][0]
+    return query(node, "select count(*) from receipts")[0][0]
 
 
 def _stored_blobs(node: LocalNode) -> set[str]:
@@ -138,7 +106,7 @@ def _stored_blobs(node: LocalNode) -> set[str]:
 
 async def _assert_alive(node: LocalNode) -> dict[str, Any]:
     assert node.proc is not None and node.proc.poll() is None, f"{node.name} died"
-    status = await _api(node, "/api/v1/status")
+    status = await api(node, "/api/v1/status")
     assert status["peer_id"] == node.peer_id
     return status
 
@@ -295,7 +263,7 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
         good = _work_offer(key, wid, spec)
         accepted, reason = await _send_offer(host, worker, seal(good, key))
         assert accepted, reason
-        await _until(lambda: worker.get("/api/v1/status")["load"] == 100, 10, "load 100%")
+        await until(lambda: worker.get("/api/v1/status")["load"] == 100, 10, "load 100%")
         # the same unit id again, in a new offer: refused, the running unit untouched
         again = dataclasses.replace(_work_offer(key, wid, spec, unit_id=good.unit_id))
         accepted, reason = await _send_offer(host, worker, seal(again, key))
@@ -320,7 +288,7 @@ def test_a_rogue_owners_broken_offers_are_declined(localnet: LocalNetwork) -> No
 
 def _honest_tensors(seed: int = 1) -> dict[str, np.ndarray]:
     """Exactly the tensors the digits job's model has."""
-    spec = spec_to_plain(parse_spec(tomllib.loads(_digits_toml("weights"))))
+    spec = spec_to_plain(parse_spec(tomllib.loads(unchecked_digits_toml("weights"))))
     return {
         name: np.full(shape, 0.01 * seed, dtype=np.float32)
         for name, (shape, _) in expected_tensors(spec).items()
@@ -344,120 +312,6 @@ def _torch_zip() -> bytes:
     return buf.getvalue()
 
 
-@dataclass
-class RogueWorker:
-    """Advertises itself, accepts every offer, serves whatever weights it is told to."""
-
-    identity: Identity
-    store: BlobStore
-    host: MeshHost | None = None
-    packages: dict[str, WorkPackage] = field(default_factory=dict)  # by job id
-    seq: int = 0
-
-    @property
-    def key(self) -> SigningKey:
-        return self.identity.signing_key
-
-    @property
-    def peer_id(self) -> str:
-        return self.identity.peer_id
-
-    def ad(self) -> bytes:
-        assert self.host is not None
-        self.seq += 1
-        return seal(capacity_ad(self.peer_id, self.seq, addrs=self.host.addrs()), self.key)
-
-    async def serve_table(self, peer: str, request: bytes) -> bytes:
-        return encode([self.ad()])
-
-    async def publish_ads(self) -> None:
-        assert self.host is not None
-        while True:
-            await self.host.publish(CAPACITY_TOPIC, self.ad())
-            await trio.sleep(0.5)
-
-    async def handle_offer(self, peer: str, data: bytes) -> bytes:
-        offer = open_envelope(data, WorkOffer, expected_signer=peer, limits=WORK_LIMITS).message
-        inner = open_from(public_key_from_peer_id(peer), self.key, offer.sealed)
-        package = open_envelope(
-            inner, WorkPackage, expected_signer=peer, limits=WORK_LIMITS
-        ).message
-        assert offer.worker == self.peer_id
-        assert (package.job_id, package.unit_id) == (offer.job_id, offer.unit_id)
-        self.packages[package.job_id] = package
-        return seal(OfferReply(package.job_id, package.unit_id, True, ""), self.key)
-
-    def job_key(self, job_id: str, unit_id: str) -> bytes | None:
-        package = self.packages.get(job_id)
-        return package.job_key if package and package.unit_id == unit_id else None
-
-    def serve(self, data: bytes, under: str | None = None) -> tuple[str, int]:
-        """Store `data` for the blob server, under its own sha256 or the name `under`."""
-        if under is None:
-            return self.store.put_bytes(data), len(data)
-        path = self.store.location(under)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return under, len(data)
-
-    def result(self, package: WorkPackage, owner: str, sha: str, size: int) -> Result:
-        grant = BlobGrant(
-            job_id=package.job_id,
-            unit_id=package.unit_id,
-            owner=self.peer_id,
-            grantee=owner,
-            blobs=[sha],
-            max_bytes=size,
-            expires_at=time.time() + 3600,
-        )
-        return Result(
-            job_id=package.job_id,
-            unit_id=package.unit_id,
-            ok=True,
-            error="",
-            weights_sha256=sha,
-            weights_size=size,
-            weights_grant=seal(grant, self.key),
-            metrics={"val_accuracy": 0.99, "val_loss": 0.01},
-            steps=20,
-            samples=1280,
-            wall_time_s=1.0,
-            device="cpu",
-        )
-
-    async def send_result(self, owner: LocalNode, envelope: bytes) -> ReceiptReply:
-        assert self.host is not None
-        raw = await self.host.request(
-            owner.peer_id, RESULT_PROTOCOL, envelope, WORK_LIMITS.max_bytes, timeout=60
-        )
-        return open_envelope(
-            raw, ReceiptReply, expected_signer=owner.peer_id, limits=WORK_LIMITS
-        ).message
-
-
-async def _submit_and_accept(owner: LocalNode, rogue: RogueWorker, name: str) -> WorkPackage:
-    """Submit a digits job to `owner`; returns the package once the rogue holds it and
-    the owner has recorded the acceptance."""
-    body = {"spec": _digits_toml(name)}
-    job = await trio.to_thread.run_sync(
-        lambda: request_json(owner.api, "POST", "/api/v1/jobs", body)
-    )
-    job_id = job["id"]
-    with trio.fail_after(20):
-        while job_id not in rogue.packages:
-            await trio.sleep(0.05)
-    package = rogue.packages[job_id]
-    await _until(
-        lambda: (
-            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"] == "running"
-            and j["unit_id"] == package.unit_id
-        ),
-        10,
-        f"the owner to record that {name} was accepted",
-    )
-    return package
-
-
 async def _rejected(
     owner: LocalNode, rogue: RogueWorker, envelope: bytes, job_id: str, expected: str
 ) -> str:
@@ -467,7 +321,7 @@ async def _rejected(
     assert not reply.accepted, reply
     assert reply.receipt == b""
     assert expected in reply.reason, reply.reason
-    job = await _api(owner, f"/api/v1/jobs/{job_id}")
+    job = await api(owner, f"/api/v1/jobs/{job_id}")
     assert job["state"] != "completed" and job["weights_sha256"] == "", job
     assert _receipt_rows(owner, job_id) == []
     assert _stored_blobs(owner) == set(), "a rejected blob was kept"
@@ -492,21 +346,21 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
         await host.connect(owner.multiaddr)
         nursery.start_soon(rogue.publish_ads)
-        await _until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+        await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
         good, good_size = rogue.serve(_weights(1))
 
         # 9 (set up first, so its lease runs out while the others play): never a heartbeat
-        late = await _submit_and_accept(owner, rogue, "late")
+        late = await submit_and_accept(owner, rogue, "late")
 
         # 6: the served bytes do not hash to the sha256 the result names
-        package = await _submit_and_accept(owner, rogue, "bad-hash")
+        package = await submit_and_accept(owner, rogue, "bad-hash")
         claimed, size = rogue.serve(_weights(2), under=sha256(_weights(3)).hexdigest())
         envelope = seal(rogue.result(package, owner.peer_id, claimed, size), rogue.key)
         observed["6 weights hash mismatch"] = await _rejected(
             owner, rogue, envelope, package.job_id, "weights rejected"
         )
         assert "hashes to" in observed["6 weights hash mismatch"]
-        job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+        job = await api(owner, f"/api/v1/jobs/{package.job_id}")
         assert job["state"] == "queued"
         assert any(f"weights from {rogue.peer_id} rejected" in n for n in _notes(job)), job
 
@@ -515,18 +369,18 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
             ("8a pickle", "pickle", _pickle_bytes()),
             ("8b torch .pt zip", "zip", _torch_zip()),
         ):
-            package = await _submit_and_accept(owner, rogue, job_name)
+            package = await submit_and_accept(owner, rogue, job_name)
             sha, size = rogue.serve(data)
             envelope = seal(rogue.result(package, owner.peer_id, sha, size), rogue.key)
             observed[name] = await _rejected(
                 owner, rogue, envelope, package.job_id, "not a safetensors file"
             )
-            job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+            job = await api(owner, f"/api/v1/jobs/{package.job_id}")
             assert job["state"] == "queued"
             assert any("not a safetensors file" in n for n in _notes(job)), job
 
         # 7: good weights, but the result is signed by another key / its signature forged
-        forged_job = await _submit_and_accept(owner, rogue, "forged")
+        forged_job = await submit_and_accept(owner, rogue, "forged")
         result = rogue.result(forged_job, owner.peer_id, good, good_size)
         observed["7a result signed by another key"] = await _rejected(
             owner,
@@ -544,11 +398,11 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         )
         # a result that cannot be attributed to its sender never touches a job: the
         # unit runs on (and would take the worker's genuine result, or expire)
-        job = await _api(owner, f"/api/v1/jobs/{forged_job.job_id}")
+        job = await api(owner, f"/api/v1/jobs/{forged_job.job_id}")
         assert job["state"] == "running" and job["unit_id"] == forged_job.unit_id, job
 
         # 9: the lease ran out (no heartbeat); then a valid-looking result arrives
-        job = await _until(
+        job = await until(
             lambda: (j := owner.get(f"/api/v1/jobs/{late.job_id}"))["state"] == "queued" and j,
             20,
             "the late unit's lease to expire",
@@ -558,7 +412,7 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         observed["9 late result"] = await _rejected(
             owner, rogue, envelope, late.job_id, "lease expired"
         )
-        job = await _api(owner, f"/api/v1/jobs/{late.job_id}")
+        job = await api(owner, f"/api/v1/jobs/{late.job_id}")
         assert job["state"] == "queued"
         assert any("late result" in n and "lease expired" in n for n in _notes(job)), job
 
@@ -577,11 +431,11 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
             ("11 a wrong shape", "shape", shaped, "expected F32 [16], found F32 [33]"),
             ("12 NaN", "nan", poisoned, "NaN or Inf"),
         ):
-            package = await _submit_and_accept(owner, rogue, job_name)
+            package = await submit_and_accept(owner, rogue, job_name)
             sha, size = rogue.serve(save_safetensors(tensors))
             envelope = seal(rogue.result(package, owner.peer_id, sha, size), rogue.key)
             observed[name] = await _rejected(owner, rogue, envelope, package.job_id, expected)
-        package = await _submit_and_accept(owner, rogue, "oversized")
+        package = await submit_and_accept(owner, rogue, "oversized")
         big = dataclasses.replace(
             rogue.result(package, owner.peer_id, good, good_size), weights_size=1 << 30
         )
@@ -598,7 +452,7 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         assert not reply.accepted and "unknown unit" in reply.reason
 
         # 15: two results for one unit at once: one receipt at most
-        package = await _submit_and_accept(owner, rogue, "twice")
+        package = await submit_and_accept(owner, rogue, "twice")
         twice = seal(rogue.result(package, owner.peer_id, good, good_size), rogue.key)
         replies: list[ReceiptReply] = []
 
@@ -614,17 +468,17 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
 
         # control: the same good weights in a genuine result are accepted with a receipt
         # (so the refusals above were about what was broken)
-        package = await _submit_and_accept(owner, rogue, "control")
+        package = await submit_and_accept(owner, rogue, "control")
         envelope = seal(rogue.result(package, owner.peer_id, good, good_size), rogue.key)
         reply = await rogue.send_result(owner, envelope)
         assert reply.accepted, reply.reason
-        job = await _api(owner, f"/api/v1/jobs/{package.job_id}")
+        job = await api(owner, f"/api/v1/jobs/{package.job_id}")
         assert job["state"] == "completed" and job["weights_sha256"] == good
         assert _receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
         assert _stored_blobs(owner) == {good}
 
         # the forged results never touched their job: its unit ran on until its lease ended
-        job = await _api(owner, f"/api/v1/jobs/{forged_job.job_id}")
+        job = await api(owner, f"/api/v1/jobs/{forged_job.job_id}")
         assert job["state"] != "completed" and _receipt_rows(owner, forged_job.job_id) == []
         nursery.cancel_scope.cancel()
     return observed
@@ -665,7 +519,7 @@ async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, 
         await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
         await host.connect(owner.multiaddr)
         nursery.start_soon(rogue.publish_ads)
-        await _until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+        await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
         body = {"spec": digits_toml("forever", steps=20, extra="max_hours = 0.002")}
         job = await trio.to_thread.run_sync(
             lambda: request_json(owner.api, "POST", "/api/v1/jobs", body)
@@ -688,7 +542,7 @@ async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, 
                     break
                 await trio.sleep(0.5)
         held = time.monotonic() - accepted_at
-        job = await _until(
+        job = await until(
             lambda: (j := owner.get(f"/api/v1/jobs/{job['id']}"))["state"] != "running" and j,
             5,
             "the owner to end the unit",

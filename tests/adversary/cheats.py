@@ -1,0 +1,90 @@
+"""Workers that cheat at training, built from our own training modules.
+
+Each cheat trains (or does not) in the test process and produces what an honest
+runner produces: a weights file and a checkpoint chain at the spec's checkpoint
+steps, whose sha256 it then signs in its result. `benchmarks/trust.py` uses them
+too."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from training.checkpoints import (
+    advance,
+    checkpoint_file,
+    checkpoint_steps,
+    initial_state,
+    save_checkpoint,
+)
+from training.execute import deterministic, prepare
+from training.spec import JobSpec
+from training.weights import write_weights
+
+
+@dataclass(frozen=True)
+class Claim:
+    weights: Path
+    checkpoints: list[Path]  # in step order
+    trained_steps: int
+
+
+def train_claiming(spec: JobSpec, folder: Path, trains: Callable[[int], bool]) -> Claim:
+    """Run `spec`'s steps, training only step s where `trains(s)` (1-based), and
+    write the checkpoints an honest worker would claim for all of them."""
+    run = prepare(spec, None, "cpu")
+    total = run.summary.total_steps
+    wanted = set(checkpoint_steps(total, spec.trust.checkpoints))
+    folder.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    trained = 0
+    with deterministic(spec.seed):
+        state = initial_state(run)
+        for step in range(total + 1):
+            if step and trains(step):
+                state.step = step - 1  # the batch and schedule of this step
+                advance(run, state, step)
+                trained += 1
+            if step in wanted:
+                path = folder / checkpoint_file(step)
+                save_checkpoint(path, state.model, state.optimizer, step, run.device)
+                files.append(path)
+        weights = folder / "weights.safetensors"
+        write_weights(weights, state.model.state_dict(), run.metadata)
+    return Claim(weights, files, trained)
+
+
+def honest(spec: JobSpec, folder: Path) -> Claim:
+    return train_claiming(spec, folder, lambda step: True)
+
+
+def lazy(spec: JobSpec, folder: Path, share: float = 0.1) -> Claim:
+    """Trains `share` of the steps, spread evenly, and claims all."""
+    every = round(1 / share)
+    return train_claiming(spec, folder, lambda step: step % every == 0)
+
+
+def initial_weights(spec: JobSpec, folder: Path) -> Claim:
+    return train_claiming(spec, folder, lambda step: False)
+
+
+def other_seed(spec: JobSpec, folder: Path) -> Claim:
+    """Trains every step, correctly, of the same spec with another seed."""
+    return honest(replace(spec, seed=spec.seed + 1), folder)
+
+
+def skipping(
+    spec: JobSpec, folder: Path, fraction: float, together: bool, rng: random.Random
+) -> Claim:
+    """Skips `fraction` of the steps: in one run of consecutive steps at a random
+    place (`together`), or spread at random over the unit."""
+    total = prepare(spec, None, "cpu").summary.total_steps
+    count = max(1, round(fraction * total))
+    if together:
+        first = rng.randrange(1, total - count + 2)
+        skipped = set(range(first, first + count))
+    else:
+        skipped = set(rng.sample(range(1, total + 1), count))
+    return train_claiming(spec, folder, lambda step: step not in skipped)
