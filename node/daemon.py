@@ -116,7 +116,8 @@ class Node:
 
     def status(self) -> dict[str, Any]:
         ad = to_plain(self.ad())
-        capacity = {k: ad[k] for k in ("gpus", "tflops", "torch_version", "cuda_version")}
+        keys = ("gpus", "tflops", "torch_version", "cuda_version", "determinism")
+        capacity = {k: ad[k] for k in keys}
         return {
             "peer_id": self.identity.peer_id,
             "addrs": self.host.addrs(),

@@ -57,6 +57,7 @@ class LocalNode:
     http_port: int
     args: list[str]
     http_host: str = "127.0.0.1"  # what the API binds to; clients always use loopback
+    env: dict[str, str] = field(default_factory=dict)  # over this process's environment
     proc: subprocess.Popen | None = None
     peer_id: str = ""
     log_path: Path = field(init=False)
@@ -120,7 +121,7 @@ class LocalNode:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**ONE_THREAD, **os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**ONE_THREAD, **os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
 
     def wait_ready(self, timeout: float = 60) -> LocalNode:
@@ -169,9 +170,10 @@ class LocalNetwork:
         extra_args: list[str] | None = None,
         bootstrap: bool = True,
         http_host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
     ) -> LocalNode:
         """Start one more node (joining through the first) and wait until it answers."""
-        return self.add_many(1, extra_args, bootstrap, http_host=http_host)[0]
+        return self.add_many(1, extra_args, bootstrap, http_host=http_host, env=env)[0]
 
     def add_many(
         self,
@@ -180,6 +182,7 @@ class LocalNetwork:
         bootstrap: bool = True,
         ready_timeout: float = 90,
         http_host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
     ) -> list[LocalNode]:
         """Start `count` nodes at once (they boot in parallel), then wait for all."""
         new = []
@@ -188,7 +191,9 @@ class LocalNetwork:
             args = [*self.node_args, *(extra_args or [])]
             if bootstrap and self.nodes and self.nodes[0].peer_id:
                 args += ["--bootstrap", self.nodes[0].multiaddr]
-            node = LocalNode(name, self.root / name, free_port(), free_port(), args, http_host)
+            node = LocalNode(
+                name, self.root / name, free_port(), free_port(), args, http_host, dict(env or {})
+            )
             self.nodes.append(node)
             node.launch()
             new.append(node)

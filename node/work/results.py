@@ -24,7 +24,7 @@ from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import RoundStore
-from node.work.spot_checks import SpotChecks, Verdict
+from node.work.spot_checks import TOLERANCE, SpotChecks, Verdict
 from node.work.sweeps import SweepTrials
 from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
@@ -258,6 +258,7 @@ class Results:
         checked = {
             "checked_segments": len(verdict.segments),
             "replayed_steps": verdict.replayed_steps,
+            "check": "bitwise" if verdict.strict else f"tolerance {TOLERANCE:g}",
         }
         claimed = {"claimed": dict(result.metrics)}
         shown = {**dict(result.metrics), **verdict.metrics, **counts, **checked, **claimed}

@@ -56,6 +56,7 @@ class Verdict:
     segments: list[int] = field(default_factory=list)  # the checked ones
     replayed_steps: int = 0
     total_steps: int = 0
+    strict: bool = True  # bitwise (one determinism class), else within TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class SpotChecks:
             segments=chosen,
             replayed_steps=int(replay.get("replayed_steps", 0)),
             total_steps=total,
+            strict=not cross,
         )
         if failure is not None:
             verdict.reason = failure.reason

@@ -25,7 +25,6 @@ from cheats import Claim, initial_weights, lazy, other_seed
 from nacl.signing import SigningKey
 from rogue import RogueWorker, api, query, submit_and_accept, until
 
-from node.capacity import determinism_class, discover_gpus
 from node.identity import Identity
 from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import MeshHost
@@ -60,7 +59,7 @@ async def _cheat_once(owner: LocalNode, honest: LocalNode, name: str, root: Path
     """One cheat plays one job; returns the job id once everything about the catch
     is asserted."""
     rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root / name, durable=False))
-    rogue.determinism = determinism_class(discover_gpus())  # the owner's: strict checks
+    rogue.determinism = owner.get("/api/v1/status")["capacity"]["determinism"]  # strict checks
     listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
     async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
         rogue.host = host
