@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import secrets
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ import trio
 from node.work.context import WorkContext
 from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
-from node.work.reputation import Reputation
+from node.work.reputation import Reputation, segments_to_check
 from protocol import seal
 from protocol.blobs import BlobGrant
 from protocol.evidence import Evidence
@@ -109,9 +110,9 @@ class SpotChecks:
                 f"the result commits to {len(result.checkpoints)} checkpoints; this job's "
                 f"spec takes {len(steps)} (trust.checkpoints = {parsed.trust.checkpoints})",
             )
-        full = math.floor(parsed.trust.spot_check_budget * (len(steps) - 1))
-        wanted = min(len(steps) - 1, self.reputation.checks_for(peer, max(1, full)))
-        chosen = sorted(secrets.SystemRandom().sample(range(len(steps) - 1), wanted))
+        streak = self.reputation.get(peer).streak
+        budget = parsed.trust.spot_check_budget
+        chosen = choose_segments(len(steps) - 1, budget, streak, secrets.SystemRandom())
         cross = self._class_of(peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
         need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
@@ -125,7 +126,7 @@ class SpotChecks:
             replay = await self._replay(job, unit, spec, steps, chosen, cps, cross)
         finally:
             self._release(need)
-        failure = _compare(replay, steps, chosen, cps, cross, result.weights_sha256)
+        failure = compare_replay(replay, steps, chosen, cps, cross, result.weights_sha256)
         verdict = Verdict(
             failure is None,
             metrics=dict(replay.get("metrics", {})),
@@ -185,21 +186,36 @@ class SpotChecks:
         cross: bool,
     ) -> dict[str, Any]:
         ctx = self.ctx
-        segments = []
-        for i in chosen:
-            segment = {"start": steps[i], "end": steps[i + 1], "from": cps[i]}
-            if cross:
-                segment["claimed"] = cps[i + 1]
-            segments.append(segment)
-        table: dict[str, Any] = {"init": True, "segments": segments, "final": cps[-1]}
-        if cross:
-            table["init_claimed"] = cps[0]
+        table = replay_table(steps, chosen, cps, cross)
         blobs = {s: str(ctx.blobs.path(s)) for s in {*job.data_blobs, *cps} if ctx.blobs.has(s)}
         folder = ctx.unit_dir(unit.unit_id)
         folder.mkdir(parents=True, exist_ok=True)
         request = self._runner_request(spec, blobs, folder / "replayed-weights.safetensors")
         request |= {"task": "replay", "replay": table}
         return await ctx.train(request, unit.unit_id, job.max_hours, lambda event: None)
+
+
+def choose_segments(
+    segments: int, budget: float, streak: int, rng: random.Random
+) -> list[int]:
+    """Which of a unit's `segments` to replay: `budget` of them (at least one) for a
+    peer on probation, fewer as its `streak` of valid results grows."""
+    full = max(1, math.floor(budget * segments))
+    return sorted(rng.sample(range(segments), min(segments, segments_to_check(full, streak))))
+
+
+def replay_table(steps: list[int], chosen: list[int], cps: list[str], cross: bool) -> dict:
+    """The runner's `replay` request table for the `chosen` segments of a chain."""
+    segments = []
+    for i in chosen:
+        segment = {"start": steps[i], "end": steps[i + 1], "from": cps[i]}
+        if cross:
+            segment["claimed"] = cps[i + 1]
+        segments.append(segment)
+    table: dict[str, Any] = {"init": True, "segments": segments, "final": cps[-1]}
+    if cross:
+        table["init_claimed"] = cps[0]
+    return table
 
 
 def _checkpoint_count(job: Job) -> int:
@@ -216,7 +232,7 @@ def _sizes(parsed: Any, spec: dict[str, Any], data: Path | None) -> tuple[int, i
     return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
 
 
-def _compare(
+def compare_replay(
     replay: dict[str, Any],
     steps: list[int],
     chosen: list[int],
