@@ -391,6 +391,7 @@ class Ledger:
             "work_done": earned[0],
             "work_received": spent[0],
             "rejected": by_kind.get("rejected", (0, 0.0))[0],
+            "invalidated": by_kind.get("invalidated", (0, 0.0))[0],
             "entries": sum(n for n, _ in by_kind.values()),
         }
 

@@ -427,6 +427,34 @@ def test_bad_arguments_to_append_rejected_are_refused(
     assert ledger.count() == 1
 
 
+def test_invalidated_entries_hold_the_evidence_and_verify(ledger: Ledger) -> None:
+    evidence = b"\x01" * 150_000  # the signed Evidence: large, it holds the worker's result
+    entry = ledger.append_invalidated(
+        "c37bd1a8462d7ad6", "2f3c64ad0364f2a9", peer_id_of(PEER), ledger.peer_id, "replay", evidence
+    )
+    assert entry.kind == "invalidated" and entry.credit == 0.0 and entry.worker_sig == b""
+    payload = decode(entry.payload, Limits(max_bytes=200_000, max_bin_len=200_000))
+    assert payload == {"reason": "replay", "evidence": evidence}
+    NODE.verify_key.verify(entry.body(), entry.owner_sig)
+    assert ledger.verify().ok
+    balances = ledger.balances()
+    assert (balances["invalidated"], balances["spent"], balances["earned"]) == (1, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("evidence", [b"", "text", None])
+def test_invalidated_without_evidence_is_refused(ledger: Ledger, evidence: object) -> None:
+    with pytest.raises(InvalidArgument, match="evidence must be"):
+        ledger.append_invalidated(
+            "j",
+            "u",
+            peer_id_of(PEER),
+            ledger.peer_id,
+            "why",
+            evidence,  # type: ignore[arg-type]
+        )
+    assert ledger.count() == 1
+
+
 def test_concurrent_appenders_on_two_connections_keep_one_chain(tmp_path: Path) -> None:
     first = Ledger.open(tmp_path, NODE)
     second = Ledger.open(tmp_path, NODE)
