@@ -1,0 +1,111 @@
+"""Checkpoints as evidence: the runner writes them without changing the training, and
+the replay task reproduces every segment bit for bit from the worker's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from training.checkpoints import checkpoint_steps
+from training.errors import SpecError, TrainingError
+from training.runner import run_request
+from training.spec import parse_spec, spec_to_plain
+from training.weights import file_sha256
+
+OPTIMS = {
+    "adam, cosine, dropout": {"name": "adam", "lr": 0.01, "schedule": "cosine", "warmup_steps": 3},
+    "sgd with momentum": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+}
+
+
+def _spec(optim: dict[str, Any], steps: int = 30, checkpoints: int = 7) -> dict[str, Any]:
+    return spec_to_plain(
+        parse_spec(
+            {
+                "name": "ck",
+                "seed": 5,
+                "model": {"arch": "mlp", "hidden": [16], "dropout": 0.1},
+                "data": {"source": "builtin:digits"},
+                "optim": {**optim, "steps": steps},
+                "trust": {"checkpoints": checkpoints},
+            }
+        )
+    )
+
+
+def _train(spec: dict, folder: Path, checkpoints: bool) -> dict[str, Any]:
+    folder.mkdir()
+    out = folder / "weights.safetensors"
+    request = {"spec": spec, "blobs": {}, "out": str(out), "device": "cpu"}
+    return run_request(request | {"checkpoints": checkpoints}, lambda event: None)
+
+
+def _replay(spec: dict, folder: Path, blobs: dict[str, str], table: dict) -> dict[str, Any]:
+    folder.mkdir()
+    request = {
+        "spec": spec,
+        "blobs": blobs,
+        "out": str(folder / "weights.safetensors"),
+        "device": "cpu",
+        "task": "replay",
+        "replay": table,
+    }
+    return run_request(request, lambda event: None)
+
+
+def test_checkpoint_steps_cut_a_unit_into_at_most_n_segments() -> None:
+    assert checkpoint_steps(30, 7) == [0, 5, 10, 15, 20, 25, 30]
+    assert checkpoint_steps(200, 100) == list(range(0, 201, 2))
+    assert checkpoint_steps(10, 100) == list(range(11))  # one step a segment
+    assert checkpoint_steps(7, 3) == [0, 3, 6, 7]  # the last one shorter
+    assert checkpoint_steps(30, 0) == []
+
+
+@pytest.mark.parametrize("optim", list(OPTIMS.values()), ids=list(OPTIMS))
+def test_every_segment_replays_to_the_workers_next_checkpoint(tmp_path: Path, optim) -> None:
+    spec = _spec(optim)
+    plain = _train(spec, tmp_path / "plain", checkpoints=False)
+    worker = _train(spec, tmp_path / "worker", checkpoints=True)
+    assert worker["weights_sha256"] == plain["weights_sha256"]  # evidence changes nothing
+    files = sorted((tmp_path / "worker" / "checkpoints").iterdir())
+    cps = worker["checkpoints"]
+    assert [file_sha256(f) for f in files] == cps and len(cps) == 7
+    steps = checkpoint_steps(30, 7)
+    table = {
+        "init": True,
+        "segments": [
+            {"start": steps[i], "end": steps[i + 1], "from": cps[i]} for i in range(len(steps) - 1)
+        ],
+        "final": cps[-1],
+    }
+    blobs = {sha: str(path) for sha, path in zip(cps, files, strict=True)}
+    replay = _replay(spec, tmp_path / "owner", blobs, table)
+    assert replay["init_sha256"] == cps[0]
+    assert replay["ends"] == cps[1:]
+    assert replay["weights_sha256"] == worker["weights_sha256"]
+    assert replay["metrics"]["val_loss"] == worker["metrics"]["val_loss"]
+    assert replay["replayed_steps"] == 30
+
+
+def test_a_replay_refuses_what_does_not_fit(tmp_path: Path) -> None:
+    spec = _spec(OPTIMS["sgd with momentum"])
+    worker = _train(spec, tmp_path / "worker", checkpoints=True)
+    files = sorted((tmp_path / "worker" / "checkpoints").iterdir())
+    cps = worker["checkpoints"]
+    blobs = {sha: str(path) for sha, path in zip(cps, files, strict=True)}
+    cases = [
+        ({"segments": [{"start": 0, "end": 99, "from": cps[0]}]}, SpecError, "not within"),
+        ({"segments": [{"start": 5, "end": 10, "from": cps[0]}]}, SpecError, "is of step 0"),
+        ({"segments": [{"start": 0, "end": 5}]}, SpecError, "from"),
+        ({"final": "ab" * 32}, Exception, "request.blobs lacks"),
+        ({"segments": "all"}, SpecError, "must be a list"),
+    ]
+    for i, (table, error, match) in enumerate(cases):
+        with pytest.raises(error, match=match):
+            _replay(spec, tmp_path / f"bad{i}", blobs, table)
+    other = _spec(OPTIMS["adam, cosine, dropout"] | {"name": "adam"}, checkpoints=7)
+    other["model"]["hidden"] = [8]  # another model: the worker's state does not fit it
+    with pytest.raises(TrainingError, match="does not fit"):
+        _replay(other, tmp_path / "other", blobs, {"final": cps[-1]})
