@@ -82,6 +82,11 @@ class LocalNode:
     def get(self, path: str) -> Any:
         return request_json(self.api, "GET", path, token=self.token, timeout=5)
 
+    def submit_spec(self, spec_toml: str) -> str:
+        """Submit a job whose spec needs no data file; its id."""
+        body = {"spec": spec_toml}
+        return request_json(self.api, "POST", "/api/v1/jobs", body, token=self.token)["id"]
+
     def wait_job_end(self, job_id: str, timeout: float) -> dict:
         """Job `job_id` of this node once it has ended (completed, failed, cancelled)."""
 

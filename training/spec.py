@@ -136,6 +136,7 @@ class TrustSpec:
 
     checkpoints: int = 100  # segments per unit; the worker commits to a state hash at each end
     spot_check_budget: float = 0.1  # the most of a unit's segments the owner replays
+    replicas: int = 1  # workers of one determinism class that train each unit
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def parse_spec(
         raise SpecError(f'sweep: this table is for mode = "sweep" (mode is {mode!r})')
     optim = _parse_optim(optim_section, steps_required=elastic is None)
     requirements = _parse_requirements(top.table("requirements"))
-    trust = _parse_trust(top.table("trust"))
+    trust = _parse_trust(top.table("trust"), mode)
     top.finish()
     if (model.arch == "char_transformer") != (data.parsed.kind == "text"):
         raise SpecError(
@@ -399,14 +400,24 @@ def _parse_elastic(section: Section) -> ElasticSpec:
     return elastic
 
 
-def _parse_trust(section: Section) -> TrustSpec:
+def _parse_trust(section: Section, mode: str) -> TrustSpec:
     trust = TrustSpec(
         checkpoints=section.integer("checkpoints", TrustSpec.checkpoints, lo=0, hi=1000),
         spot_check_budget=section.number(
             "spot_check_budget", TrustSpec.spot_check_budget, lo=0, hi=1
         ),
+        replicas=section.integer("replicas", TrustSpec.replicas, lo=1, hi=3),
     )
     section.finish()
+    if trust.replicas > 1 and mode != "single":
+        raise SpecError(
+            f'trust.replicas: replicas are for mode = "single" jobs (mode is {mode!r}); '
+            "elastic shares and sweep trials are spot-checked"
+        )
+    if trust.replicas > 1 and trust.checkpoints == 0:
+        raise SpecError(
+            "trust.replicas: replicas are compared by their checkpoints; set trust.checkpoints"
+        )
     if trust.spot_check_budget > 0 and trust.checkpoints == 0:
         raise SpecError(
             "trust.spot_check_budget: spot checks replay the segments between checkpoints; "

@@ -33,6 +33,11 @@ def has_driver(job: Job | None) -> bool:
     return job is not None and job.spec.get("mode") in ("elastic", "sweep")
 
 
+def replicas_of(job: Job) -> int:
+    """How many workers train each unit of `job` (the spec's `trust.replicas`)."""
+    return int(job.spec.get("trust", {}).get("replicas", 1))
+
+
 class Lifecycle:
     """A single job follows its one unit. An elastic job's units are shares of rounds,
     a sweep's are trials: their ends only tell the job's driver (`rounds.py`,
@@ -116,7 +121,7 @@ class Lifecycle:
         ):
             return
         excluded = sorted({*job.excluded, unit.worker} - {self.ctx.peer_id})
-        if job.attempts >= MAX_ATTEMPTS:
+        if job.attempts >= MAX_ATTEMPTS * replicas_of(job):
             self.ctx.jobs.transition(
                 job.id,
                 ("queued", "running"),

@@ -15,10 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import trio
+
 from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job
 from node.work.leases import unit_deadline
-from node.work.lifecycle import Lifecycle
+from node.work.lifecycle import Lifecycle, replicas_of
 from node.work.offers import send_offer
 from node.work.reputation import Reputation
 from node.work.scheduler import SELF, choose_worker
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+REPLICA_RETRY_S = 1.0
 
 
 class Backoff:
@@ -54,7 +57,16 @@ class Backoff:
 
 
 def wants_unit(ctx: WorkContext, job: Job) -> bool:
-    return job.state == "queued" and not ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)
+    """A queued job with no live unit; a job with replicas also while it runs with
+    fewer live units than replicas and none done yet."""
+    live = ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)
+    if job.state == "queued":
+        return len(live) < replicas_of(job)
+    return (
+        job.state == "running"
+        and 0 < len(live) < replicas_of(job)
+        and not ctx.jobs.units_of(job.id, "done")
+    )
 
 
 class Placement:
@@ -79,10 +91,20 @@ class Placement:
             if job is None or not wants_unit(ctx, job):
                 if job is None or job.state != "queued":
                     self.backoff.drop_job(job_id)
+                # a replica may be lost and wanted again until the job settles
+                if (
+                    job is not None
+                    and job.state == "running"
+                    and replicas_of(job) > 1
+                    and not ctx.jobs.units_of(job.id, "done")
+                ):
+                    await trio.sleep(REPLICA_RETRY_S)
+                    continue
                 return
             now = time.time()
             excluded = set(job.excluded) | self.backoff.waiting(job_id, now)
             excluded |= self._reputation.excluded(now)
+            excluded |= self._replica_misfits(job)
             if not ctx.has_room():
                 excluded.add(SELF)
             choice = choose_worker(
@@ -93,15 +115,30 @@ class Placement:
                 excluded,
                 self._reputation.trusted(),
             )
-            if choice.worker is None:
+            if choice.worker is None or (choice.worker == SELF and job.state == "running"):
+                if job.state == "running":  # the next replica: wait for a peer that fits
+                    await trio.sleep(REPLICA_RETRY_S)
+                    continue
                 if job.reason != choice.reason:
                     ctx.jobs.transition(job.id, ("queued",), reason=choice.reason)
                 return
             if choice.worker == SELF:
                 await self._train_here(job, choice.reason)
                 return
-            if await self._offer(job, choice.worker):
+            if await self._offer(job, choice.worker) and replicas_of(job) == 1:
                 return
+
+    def _replica_misfits(self, job: Job) -> set[str]:
+        """Peers that may not take the job's next replica: those holding one, and, once
+        one is placed, those of another determinism class (replicas compare bitwise)."""
+        if replicas_of(job) <= 1:
+            return set()
+        holders = {u.worker for u in self.ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)}
+        if not holders:
+            return set()
+        classes = {e.ad.peer_id: e.ad.determinism for e in self.ctx.peers.entries()}
+        wanted = {classes.get(peer, "") for peer in holders}
+        return holders | {peer for peer, cls in classes.items() if cls not in wanted}
 
     async def _offer(self, job: Job, peer: str) -> bool:
         """True when the unit is placed; False to choose another peer."""

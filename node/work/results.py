@@ -23,8 +23,9 @@ from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
+from node.work.replicas import Replicas
 from node.work.round_store import RoundStore
-from node.work.spot_checks import TOLERANCE, SpotChecks, Verdict
+from node.work.spot_checks import TOLERANCE, SpotChecks, Submitted, Verdict
 from node.work.sweeps import SweepTrials
 from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
@@ -67,6 +68,7 @@ class Results:
         self._leases = leases
         self._sweeps = sweeps
         self._spot_checks = spot_checks
+        self._replicas = Replicas(spot_checks)
 
     async def handle_result(self, peer: str, data: bytes) -> bytes:
         """Verify a worker's result, fetch and check the weights, answer with a receipt."""
@@ -225,21 +227,36 @@ class Results:
         cancelled while the weights were checked stays cancelled and gives no receipt."""
         half_signed = self._half_signed(job, unit, peer, result)
         metrics, status = self._metrics(job, unit, peer, result, verdict)
+        found = f"; {verdict.note}" if verdict is not None and verdict.note else ""
         completed = self._lifecycle.done(
             unit.unit_id,
             ("verifying",),
             result.weights_sha256,
             {**metrics, "device": result.device},
             status,
-            f"result from {peer} checked; receipt issued",
+            f"result from {peer} checked{found}; receipt issued",
         )
-        if completed is None:
+        if completed is None and not self._replica_of_completed(job.id, unit, result):
             return self._reply(False, "result rejected: the job ended while it was checked")
+        # a replica still training is not needed any more (one being checked settles)
+        for other in self.ctx.jobs.units_of(job.id, "offered", "running"):
+            self._lifecycle.end(other.unit_id, "cancelled", "the unit settled without it")
         self.ctx.jobs.add_receipt(
             unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
         )
         log.info("job %s completed by %s", job.id, peer)
         return self._reply(True, "", half_signed)
+
+    def _replica_of_completed(self, job_id: str, unit: Unit, result: Result) -> bool:
+        """The partner replica completed the job with these very weights first."""
+        now, job = self.ctx.jobs.unit(unit.unit_id), self.ctx.jobs.get(job_id)
+        return (
+            now is not None
+            and now.state == "done"
+            and job is not None
+            and job.state == "completed"
+            and job.weights_sha256 == result.weights_sha256
+        )
 
     def _metrics(
         self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
@@ -267,19 +284,28 @@ class Results:
     async def _spot_check(
         self, job: Job, unit: Unit, peer: str, result: Result, envelope: bytes
     ) -> Verdict:
-        """Replay a few segments of the result (`node.work.spot_checks`); a check that
-        cannot run (the worker serves no checkpoint) fails the result."""
+        """Replay a few segments of the result (`node.work.spot_checks`) and, for a job
+        with replicas, compare it with its partner's (`node.work.replicas`). A check
+        that cannot run (the worker serves no checkpoint) fails the result."""
         spec = self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
-        grant = self._weights_grant(peer, result)
         key = self.ctx.grant_keys.get((result.job_id, result.unit_id), b"")
         self.ctx.jobs.transition(job.id, (job.state,), f"spot-checking the result of {peer}")
         try:
-            return await self._spot_checks.check(
-                job, unit, spec, peer, result, envelope, grant, key
-            )
+            grant = self._weights_grant(peer, result)
+            sub = Submitted(job, unit, spec, peer, result, envelope, grant, key)
+            verdict = await self._spot_checks.check(sub)
         except Exception as exc:
             log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
             return Verdict(False, f"the spot check could not run: {exc}")
+        if verdict.ok and int(job.spec.get("trust", {}).get("replicas", 1)) > 1:
+            settled = await self._replicas.settle(sub)
+            verdict.ok, verdict.reason, verdict.evidence = (
+                settled.ok,
+                settled.reason,
+                settled.evidence,
+            )
+            verdict.note = settled.note
+        return verdict
 
     async def _invalidate(self, job: Job, unit: Unit, peer: str, verdict: Verdict) -> bytes:
         """No credit, the evidence in the ledger and on gossip, the worker caught, and

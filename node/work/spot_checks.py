@@ -58,6 +58,21 @@ class Verdict:
     replayed_steps: int = 0
     total_steps: int = 0
     strict: bool = True  # bitwise (one determinism class), else within TOLERANCE
+    note: str = ""  # what a replica comparison found
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A worker's result as the owner has it, with what fetching its files needs."""
+
+    job: Job
+    unit: Unit
+    spec: dict[str, Any]  # the plain spec the unit trained (a trial's own)
+    peer: str
+    result: Result
+    envelope: bytes  # the worker's signed result, for evidence
+    grant: BlobGrant
+    key: bytes
 
 
 @dataclass(frozen=True)
@@ -84,76 +99,104 @@ class SpotChecks:
     def wanted(self, job: Job, unit: Unit) -> bool:
         """Whether units of this kind carry checkpoints to check (elastic shares do
         not yet: docs/threat-model.md says what guards a round)."""
-        return unit.round < 0 and _checkpoint_count(job) > 0
+        trust = job.spec.get("trust", {})
+        checked = trust.get("spot_check_budget", 0.1) > 0 or trust.get("replicas", 1) > 1
+        return unit.round < 0 and trust.get("checkpoints", 100) > 0 and checked
 
-    async def check(
-        self,
-        job: Job,
-        unit: Unit,
-        spec: dict[str, Any],
-        peer: str,
-        result: Result,
-        result_envelope: bytes,
-        grant: BlobGrant,
-        key: bytes,
-    ) -> Verdict:
-        from training.checkpoints import checkpoint_steps
-        from training.spec import parse_spec
-
-        parsed = parse_spec(spec)
-        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        total, bound = await trio.to_thread.run_sync(_sizes, parsed, spec, data)
-        steps = checkpoint_steps(total, parsed.trust.checkpoints)
+    async def check(self, sub: Submitted) -> Verdict:
+        """Replay the segments chosen now; the verdict, with evidence when it fails."""
+        steps, bound = await self._steps(sub)
+        result = sub.result
         if len(result.checkpoints) != len(steps):
             return Verdict(
                 False,
                 f"the result commits to {len(result.checkpoints)} checkpoints; this job's "
-                f"spec takes {len(steps)} (trust.checkpoints = {parsed.trust.checkpoints})",
+                f"spec takes {len(steps)}",
             )
-        streak = self.reputation.get(peer).streak
-        budget = parsed.trust.spot_check_budget
+        streak = self.reputation.get(sub.peer).streak
+        budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
         chosen = choose_segments(len(steps) - 1, budget, streak, secrets.SystemRandom())
-        cross = self._class_of(peer) != self.ctx.own_ad().determinism
+        cross = self._class_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
+        table = replay_table(steps, chosen, cps, cross)
         need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
         if cross:
             need |= {cps[i + 1] for i in chosen}
-        self._hold(need)
-        try:
-            await fetch_granted(
-                self.ctx, peer, grant, result.weights_grant, key, sorted(need), bound
-            )
-            replay = await self._replay(job, unit, spec, steps, chosen, cps, cross)
-        finally:
-            self._release(need)
+        replay = await self._replay(sub, table, need, bound)
         failure = compare_replay(replay, steps, chosen, cps, cross, result.weights_sha256)
         verdict = Verdict(
             failure is None,
             metrics=dict(replay.get("metrics", {})),
             segments=chosen,
             replayed_steps=int(replay.get("replayed_steps", 0)),
-            total_steps=total,
+            total_steps=steps[-1],
             strict=not cross,
         )
         if failure is not None:
             verdict.reason = failure.reason
-            verdict.evidence = seal(
-                Evidence(
-                    job.id,
-                    unit.unit_id,
-                    self.ctx.peer_id,
-                    peer,
-                    result_envelope,
-                    failure.index,
-                    failure.start,
-                    failure.end,
-                    failure.replayed,
-                    failure.reason,
-                    time.time(),
-                ),
-                self.ctx.identity.signing_key,
-            )
+            verdict.evidence = self.evidence(sub, failure)
         return verdict
+
+    async def replay_segment(self, sub: Submitted, index: int) -> Failure:
+        """Replay segment `index` (checkpoint `index` to `index + 1`) from `sub`'s
+        checkpoint; what the replay gave, as the failure it is for a chain that
+        claims otherwise."""
+        steps, bound = await self._steps(sub)
+        cps = sub.result.checkpoints
+        segment = {"start": steps[index], "end": steps[index + 1], "from": cps[index]}
+        replay = await self._replay(sub, {"segments": [segment]}, {cps[index]}, bound)
+        reason = (
+            f"steps {steps[index]}..{steps[index + 1]} replayed do not give "
+            f"checkpoint {index + 1} (the first a replica disagreed on)"
+        )
+        return Failure(index + 1, steps[index], steps[index + 1], replay["ends"][0], reason)
+
+    def evidence(self, sub: Submitted, failure: Failure) -> bytes:
+        evidence = Evidence(
+            sub.job.id,
+            sub.unit.unit_id,
+            self.ctx.peer_id,
+            sub.peer,
+            sub.envelope,
+            failure.index,
+            failure.start,
+            failure.end,
+            failure.replayed,
+            failure.reason,
+            time.time(),
+        )
+        return seal(evidence, self.ctx.identity.signing_key)
+
+    async def _steps(self, sub: Submitted) -> tuple[list[int], int]:
+        from training.checkpoints import checkpoint_steps
+        from training.spec import parse_spec
+
+        parsed = parse_spec(sub.spec)
+        job = sub.job
+        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
+        total, bound = await trio.to_thread.run_sync(_sizes, parsed, sub.spec, data)
+        return checkpoint_steps(total, parsed.trust.checkpoints), bound
+
+    async def _replay(
+        self, sub: Submitted, table: dict[str, Any], need: set[str], bound: int
+    ) -> dict[str, Any]:
+        """Fetch `need` from the worker and run the runner's replay task on `table`."""
+        ctx = self.ctx
+        self._hold(need)
+        try:
+            await fetch_granted(
+                ctx, sub.peer, sub.grant, sub.result.weights_grant, sub.key, sorted(need), bound
+            )
+            shas = {*sub.job.data_blobs, *need}
+            blobs = {s: str(ctx.blobs.path(s)) for s in shas if ctx.blobs.has(s)}
+            folder = ctx.unit_dir(sub.unit.unit_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            out = folder / "replayed-weights.safetensors"
+            request = self._runner_request(sub.spec, blobs, out)
+            request |= {"task": "replay", "replay": table}
+            return await ctx.train(request, sub.unit.unit_id, sub.job.max_hours, lambda e: None)
+        finally:
+            self._release(need)
 
     def _hold(self, shas: set[str]) -> None:
         for sha in shas:
@@ -175,31 +218,12 @@ class SpotChecks:
         entry = self.ctx.peers.get(peer)
         return entry.ad.determinism if entry is not None else ""
 
-    async def _replay(
-        self,
-        job: Job,
-        unit: Unit,
-        spec: dict[str, Any],
-        steps: list[int],
-        chosen: list[int],
-        cps: list[str],
-        cross: bool,
-    ) -> dict[str, Any]:
-        ctx = self.ctx
-        table = replay_table(steps, chosen, cps, cross)
-        blobs = {s: str(ctx.blobs.path(s)) for s in {*job.data_blobs, *cps} if ctx.blobs.has(s)}
-        folder = ctx.unit_dir(unit.unit_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        request = self._runner_request(spec, blobs, folder / "replayed-weights.safetensors")
-        request |= {"task": "replay", "replay": table}
-        return await ctx.train(request, unit.unit_id, job.max_hours, lambda event: None)
 
-
-def choose_segments(
-    segments: int, budget: float, streak: int, rng: random.Random
-) -> list[int]:
+def choose_segments(segments: int, budget: float, streak: int, rng: random.Random) -> list[int]:
     """Which of a unit's `segments` to replay: `budget` of them (at least one) for a
     peer on probation, fewer as its `streak` of valid results grows."""
+    if budget <= 0:
+        return []
     full = max(1, math.floor(budget * segments))
     return sorted(rng.sample(range(segments), min(segments, segments_to_check(full, streak))))
 
@@ -216,10 +240,6 @@ def replay_table(steps: list[int], chosen: list[int], cps: list[str], cross: boo
     if cross:
         table["init_claimed"] = cps[0]
     return table
-
-
-def _checkpoint_count(job: Job) -> int:
-    return int(job.spec.get("trust", {}).get("checkpoints", 100))
 
 
 def _sizes(parsed: Any, spec: dict[str, Any], data: Path | None) -> tuple[int, int]:

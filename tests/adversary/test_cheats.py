@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlite3
 import time
 import tomllib
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 
 import msgpack
@@ -26,17 +26,18 @@ from nacl.signing import SigningKey
 from rogue import RogueWorker, api, query, submit_and_accept, until
 
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port
+from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.net.host import MeshHost
 from node.work.blobs import BlobStore
 from node.work.transfer import serve_blobs_libp2p
 from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
 from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, TASK_PROTOCOL
-from protocol.work import WORK_LIMITS
+from protocol.work import WORK_LIMITS, ReceiptReply, WorkPackage
 from training.examples import digits_toml
 from training.execute import run_job
 from training.spec import parse_spec
+from training.weights import file_sha256
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +56,12 @@ def _ledger_rows(node: LocalNode, kind: str) -> list[tuple]:
         return db.execute(sql, (kind,)).fetchall()
 
 
-async def _cheat_once(owner: LocalNode, honest: LocalNode, name: str, root: Path) -> str:
-    """One cheat plays one job; returns the job id once everything about the catch
-    is asserted."""
-    rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root / name, durable=False))
-    rogue.determinism = owner.get("/api/v1/status")["capacity"]["determinism"]  # strict checks
+@asynccontextmanager
+async def _rogue(owner: LocalNode, root: Path) -> AsyncIterator[RogueWorker]:
+    """A rogue worker listed by `owner`, claiming the owner's determinism class (so
+    its results are checked bitwise); it accepts every offer while the block runs."""
+    rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root, durable=False))
+    rogue.determinism = owner.get("/api/v1/status")["capacity"]["determinism"]
     listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
     async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
         rogue.host = host
@@ -70,29 +72,53 @@ async def _cheat_once(owner: LocalNode, honest: LocalNode, name: str, root: Path
         await host.connect(owner.multiaddr)
         nursery.start_soon(rogue.publish_ads)
         await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the cheat")
+        yield rogue
+        nursery.cancel_scope.cancel()
 
+
+async def _claim(
+    rogue: RogueWorker, owner: LocalNode, package: WorkPackage, claim: Claim
+) -> ReceiptReply:
+    """Send the result `claim` makes, signed by the rogue; the owner's answer."""
+    weights = rogue.store.put_file(claim.weights)
+    checkpoints = [rogue.store.put_file(path) for path in claim.checkpoints]
+    size = claim.weights.stat().st_size
+    result = rogue.result(package, owner.peer_id, weights, size, checkpoints)
+    return await rogue.send_result(owner, seal(result, rogue.key))
+
+
+async def _cheat_once(owner: LocalNode, honest: LocalNode, name: str, root: Path) -> str:
+    """One cheat plays one job; returns the job id once everything about the catch
+    is asserted."""
+    async with _rogue(owner, root / name) as rogue:
         package = await submit_and_accept(owner, rogue, name, SPEC)
         spec = parse_spec(tomllib.loads(SPEC))
         claim = await trio.to_thread.run_sync(CHEATS[name], spec, root / name / "work")
-        weights = rogue.store.put_file(claim.weights)
-        checkpoints = [rogue.store.put_file(path) for path in claim.checkpoints]
-        result = rogue.result(
-            package, owner.peer_id, weights, claim.weights.stat().st_size, checkpoints
-        )
-        envelope = seal(result, rogue.key)
-        reply = await rogue.send_result(owner, envelope)
-        nursery.cancel_scope.cancel()
+        reply = await _claim(rogue, owner, package, claim)
+    await _assert_caught(owner, honest, rogue, package, reply, claim)
+    return package.job_id
 
+
+async def _assert_caught(
+    owner: LocalNode,
+    honest: LocalNode,
+    rogue: RogueWorker,
+    package: WorkPackage,
+    reply: ReceiptReply,
+    claim: Claim,
+) -> None:
     assert not reply.accepted and reply.receipt == b"", reply
     assert "spot check failed" in reply.reason, reply.reason
     job_id = package.job_id
-    assert query(owner, "select count(*) from receipts where job_id = ?", job_id) == [(0,)]
+    unit_id = package.unit_id
+    assert query(owner, "select count(*) from receipts where unit_id = ?", unit_id) == [(0,)]
     (entry,) = [r for r in _ledger_rows(owner, "invalidated") if r[1] == package.unit_id]
     assert entry[:4] == (job_id, package.unit_id, rogue.peer_id, 0.0)
     payload = msgpack.unpackb(entry[4])
     evidence = open_envelope(
         payload["evidence"], Evidence, expected_signer=owner.peer_id, limits=EVIDENCE_LIMITS
     ).message
+    weights = file_sha256(claim.weights)
     assert claimed_result(evidence).weights_sha256 == weights  # the cheat's own signed claim
     assert evidence.worker == rogue.peer_id
     sql = "select invalid, streak, excluded_until from reputation where peer = ?"
@@ -104,10 +130,8 @@ async def _cheat_once(owner: LocalNode, honest: LocalNode, name: str, root: Path
         "the honest node to hear the evidence on gossip",
     )
     job = await api(owner, f"/api/v1/jobs/{job_id}")
-    assert job["state"] != "completed" and rogue.peer_id in " ".join(
-        e["note"] for e in job["timeline"]
-    )
-    return job_id
+    assert job["weights_sha256"] != weights
+    assert rogue.peer_id in " ".join(e["note"] for e in job["timeline"])
 
 
 def test_cheats_are_caught_and_the_jobs_complete_with_honest_weights(
@@ -133,3 +157,73 @@ def test_cheats_are_caught_and_the_jobs_complete_with_honest_weights(
     assert work >= len(CHEATS)  # the honest worker's receipts, and only those
     credited = {row[2] for row in _ledger_rows(owner, "work_received")}
     assert credited == {honest.peer_id}
+
+
+def _replica_spec(name: str, trust: str) -> str:
+    extra = f"\n[trust]\nreplicas = 2\n{trust}"
+    return digits_toml(name, steps=200, hidden=(16,), lr=3e-3, gpu="none", extra=extra)
+
+
+async def _offered(rogues: list[RogueWorker], job_id: str) -> list[WorkPackage]:
+    with trio.fail_after(30):
+        while not all(job_id in r.packages for r in rogues):
+            await trio.sleep(0.05)
+    return [r.packages[job_id] for r in rogues]
+
+
+def test_replicas_colluding_with_one_fake_are_each_caught_and_a_liar_is_found_by_bisection(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """`trust.replicas = 2`. Two colluders return the same fake (their initial weights):
+    each is caught by its own spot check, agreement proves nothing. A lazy worker
+    paired with an honest one, with spot checks off: the chains part, the owner
+    replays the first segment they disagree on, and only the liar is caught."""
+    owner = localnet.add(["--not-accepting"])
+    honest = localnet.add_many(2, [])
+    localnet.wait_all_see_each_other(timeout=20)
+    colluded = _replica_spec("replicas", "")
+    bisected = _replica_spec("bisected", "spot_check_budget = 0\n")
+
+    async def play() -> tuple[str, str]:
+        async with _rogue(owner, tmp_path / "a") as a, _rogue(owner, tmp_path / "b") as b:
+            job = await trio.to_thread.run_sync(owner.submit_spec, colluded)
+            packages = await _offered([a, b], job)
+            spec = parse_spec(tomllib.loads(colluded))
+            fake = await trio.to_thread.run_sync(initial_weights, spec, tmp_path / "fake")
+            replies = {}
+            async with trio.open_nursery() as both:
+                for rogue, package in zip((a, b), packages, strict=True):
+
+                    async def send(rogue: RogueWorker = rogue, package: WorkPackage = package):
+                        replies[rogue.peer_id] = await _claim(rogue, owner, package, fake)
+
+                    both.start_soon(send)
+        for rogue, package in zip((a, b), packages, strict=True):
+            await _assert_caught(owner, honest[0], rogue, package, replies[rogue.peer_id], fake)
+
+        async with _rogue(owner, tmp_path / "c") as liar:
+            other = await trio.to_thread.run_sync(owner.submit_spec, bisected)
+            (package,) = await _offered([liar], other)
+            spec = parse_spec(tomllib.loads(bisected))
+            claim = await trio.to_thread.run_sync(lazy, spec, tmp_path / "lazy")
+            reply = await _claim(liar, owner, package, claim)
+        await _assert_caught(owner, honest[0], liar, package, reply, claim)
+        assert "replica disagreed" in reply.reason, reply.reason
+        return job, other
+
+    job_ids = trio.run(play)
+    for job_id, spec in zip(job_ids, (colluded, bisected), strict=True):
+        local = run_job(parse_spec(tomllib.loads(spec)), None, tmp_path / f"{job_id}.safetensors")
+        job = owner.wait_job_end(job_id, 120)
+        assert job["state"] == "completed", job["reason"]
+        assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
+    sql = "select job_id, worker from receipts where role = 'owner'"
+    pair = {n.peer_id for n in honest}
+    settled = wait_for(
+        lambda: (
+            (rows := query(owner, sql)) and {w for j, w in rows if j == job_ids[0]} == pair and rows
+        ),
+        10,
+        "both honest replicas' receipts",
+    )
+    assert len({w for j, w in settled if j == job_ids[1]}) == 1  # the honest half of the pair
