@@ -406,7 +406,7 @@ def _parse_trust(section: Section, mode: str) -> TrustSpec:
         spot_check_budget=section.number(
             "spot_check_budget", TrustSpec.spot_check_budget, lo=0, hi=1
         ),
-        replicas=section.integer("replicas", TrustSpec.replicas, lo=1, hi=3),
+        replicas=section.integer("replicas", TrustSpec.replicas, lo=1, hi=2),
     )
     section.finish()
     if trust.replicas > 1 and mode != "single":

@@ -41,7 +41,7 @@ from training.weights import file_sha256
 
 pytestmark = pytest.mark.slow
 
-SPEC = digits_toml("cheat-target", steps=200, hidden=(16,), lr=3e-3, gpu="none")
+SPEC = digits_toml("cheat-target", steps=100, hidden=(16,), lr=3e-3, gpu="none")
 CHEATS: dict[str, Callable[..., Claim]] = {
     "lazy (10% of the steps)": lazy,
     "initial weights": initial_weights,
@@ -161,7 +161,7 @@ def test_cheats_are_caught_and_the_jobs_complete_with_honest_weights(
 
 def _replica_spec(name: str, trust: str) -> str:
     extra = f"\n[trust]\nreplicas = 2\n{trust}"
-    return digits_toml(name, steps=200, hidden=(16,), lr=3e-3, gpu="none", extra=extra)
+    return digits_toml(name, steps=100, hidden=(16,), lr=3e-3, gpu="none", extra=extra)
 
 
 async def _offered(rogues: list[RogueWorker], job_id: str) -> list[WorkPackage]:
