@@ -135,6 +135,15 @@ def test_a_name_is_only_text() -> None:
             lambda r: r["data"].update(source="builtin:text:a.txt"),
             "char_transformer trains on text",
         ),
+        (lambda r: r.update(trust={"checkpoints": 1001}), "trust.checkpoints must be <= 1000"),
+        (lambda r: r.update(trust={"spot_check_budget": 2}), "trust.spot_check_budget must be"),
+        (lambda r: r.update(trust={"checkpoints": 0}), "set trust.checkpoints"),
+        (lambda r: r.update(trust={"replicas": 3}), "trust.replicas must be <= 2"),
+        (
+            lambda r: r.update(trust={"replicas": 2, "spot_check_budget": 0, "checkpoints": 0}),
+            "compared by their checkpoints",
+        ),
+        (lambda r: r.update(trust={"audit": True}), "trust.audit is not a known key"),
     ],
 )
 def test_errors_name_the_key_path(edit, expected: str) -> None:
@@ -252,6 +261,17 @@ def test_memory_over_the_limit_is_refused() -> None:
     ]
     with pytest.raises(SpecError, match=r"estimated [\d,.]+ GiB; the limit is 256 GiB"):
         validate_for_submit(parse_spec(layers_spec(layers)), None)
+
+
+def test_a_trust_table_at_its_defaults_is_left_out_of_the_plain_spec() -> None:
+    raw = example()
+    assert "trust" not in spec_to_plain(parse_spec(raw))  # older specs keep their bytes
+    raw["trust"] = {"checkpoints": 100, "spot_check_budget": 0.1, "replicas": 1}
+    assert "trust" not in spec_to_plain(parse_spec(raw))
+    raw["trust"] = {"replicas": 2, "spot_check_budget": 0}
+    plain = spec_to_plain(parse_spec(raw))
+    assert plain["trust"] == {"checkpoints": 100, "spot_check_budget": 0.0, "replicas": 2}
+    assert parse_spec(plain) == parse_spec(raw)
 
 
 def test_plain_round_trips_and_is_deterministic() -> None:
