@@ -1,13 +1,13 @@
 """A worker's result: verified, its weights fetched and checked, answered with a receipt.
 
 Checked before anything is accepted: the signature (the worker's own), that the unit
-is this worker's and live, the weights grant, and the weights themselves against the
-job's model plan (tensor names, shapes, dtypes and an exact size bound read from the
-safetensors header in the daemon; finite values checked in a subprocess, since the
-daemon parses no untrusted bulk data). The unit moves running -> verifying before the
-fetch, so a second result for it is refused at once and at most one receipt is ever
-issued. Credit comes from the spec, never from the worker; the worker's metrics are
-shown as its claim.
+is this worker's and live, the weights against the job's model plan
+(`node.work.result_files`), then a spot check by replay and, for a job with
+replicas, the partner's result (`node.work.spot_checks`, `node.work.replicas`). The
+unit moves running -> verifying before the fetch, so a second result for it is
+refused at once and at most one receipt is ever issued. Credit comes from the spec,
+never from the worker; the metrics shown are the owner's own evaluation of the
+weights when the result was spot-checked, else labelled as the worker's claim.
 """
 
 from __future__ import annotations
@@ -16,20 +16,16 @@ import logging
 import time
 from typing import Any
 
-import trio
-
 from node.work.context import WorkContext
-from node.work.grants import fetch_granted
 from node.work.jobs import Job, Unit
 from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.replicas import Replicas
-from node.work.round_store import RoundStore
+from node.work.result_files import fetch_and_check, weights_grant
 from node.work.spot_checks import TOLERANCE, SpotChecks, Submitted, Verdict
 from node.work.sweeps import SweepTrials
 from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
-from protocol.blobs import BlobGrant
 from protocol.receipts import (
     NO_WEIGHTS_SHA256,
     flops_to_credit,
@@ -37,17 +33,7 @@ from protocol.receipts import (
     open_cosigned,
     parse_cosigned,
 )
-from protocol.rounds import delta_limits
 from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
-from training.result_check import (
-    WeightsRejected,
-    check_delta_file,
-    check_weights_header,
-    check_weights_values,
-    expected_tensors,
-    float_numel,
-    max_weights_bytes,
-)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +95,8 @@ class Results:
         if verifying is None:
             return self._reply(False, "result rejected: a result for this unit is already here")
         try:
-            had_weights = await self._fetch_and_check(job, unit, peer, result)
+            spec = self._spec_of(job, unit)
+            had_weights = await fetch_and_check(self.ctx, job, unit, spec, peer, result)
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -123,6 +110,7 @@ class Results:
                 if not had_weights:  # weights that failed are not kept
                     self.ctx.blobs.remove(result.weights_sha256)
                 return await self._invalidate(job, unit, peer, verdict)
+            self._spot_checks.reputation.valid(peer, self._credit(job, unit))
         try:
             if unit.round >= 0:
                 return self._accept_share(job, unit, peer, result)
@@ -170,7 +158,7 @@ class Results:
         self.ctx.jobs.add_receipt(
             unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
         )
-        metrics, _ = self._metrics(job, unit, peer, result, verdict)
+        metrics, _ = self._metrics(result, verdict)
         self._sweeps.trial_done(job, unit, result.weights_sha256, metrics)
         return self._reply(True, "", half_signed)
 
@@ -226,7 +214,7 @@ class Results:
         """Issue the half-signed receipt, then complete the unit and the job; a job
         cancelled while the weights were checked stays cancelled and gives no receipt."""
         half_signed = self._half_signed(job, unit, peer, result)
-        metrics, status = self._metrics(job, unit, peer, result, verdict)
+        metrics, status = self._metrics(result, verdict)
         found = f"; {verdict.note}" if verdict is not None and verdict.note else ""
         completed = self._lifecycle.done(
             unit.unit_id,
@@ -258,12 +246,9 @@ class Results:
             and job.weights_sha256 == result.weights_sha256
         )
 
-    def _metrics(
-        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
-    ) -> tuple[dict[str, Any], str]:
+    def _metrics(self, result: Result, verdict: Verdict | None) -> tuple[dict[str, Any], str]:
         """The figures the job shows: evaluated here when the result was spot-checked
-        (the worker's own are kept as `claimed`), else the worker's claim. A passed
-        check also counts for the worker's reputation here."""
+        (the worker's own are kept as `claimed`), else the worker's claim."""
         counts = {
             "steps": result.steps,
             "samples": result.samples,
@@ -271,7 +256,6 @@ class Results:
         }
         if verdict is None:
             return {**dict(result.metrics), **counts}, "claimed"
-        self._spot_checks.reputation.valid(peer, self._credit(job, unit))
         checked = {
             "checked_segments": len(verdict.segments),
             "replayed_steps": verdict.replayed_steps,
@@ -287,11 +271,11 @@ class Results:
         """Replay a few segments of the result (`node.work.spot_checks`) and, for a job
         with replicas, compare it with its partner's (`node.work.replicas`). A check
         that cannot run (the worker serves no checkpoint) fails the result."""
-        spec = self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
+        spec = self._spec_of(job, unit)
         key = self.ctx.grant_keys.get((result.job_id, result.unit_id), b"")
         self.ctx.jobs.transition(job.id, (job.state,), f"spot-checking the result of {peer}")
         try:
-            grant = self._weights_grant(peer, result)
+            grant = weights_grant(self.ctx, peer, result)
             sub = Submitted(job, unit, spec, peer, result, envelope, grant, key)
             verdict = await self._spot_checks.check(sub)
         except Exception as exc:
@@ -366,63 +350,9 @@ class Results:
         except MeshminerError as exc:
             log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
-    async def _fetch_and_check(self, job: Job, unit: Unit, peer: str, result: Result) -> bool:
-        """Fetch the weights (an elastic share: its delta) under the worker's grant, at
-        most the plan's size, and check them; what fails is not kept. True when the
-        weights were stored here before."""
-        grant = self._weights_grant(peer, result)
-        key = self.ctx.grant_keys.get((result.job_id, result.unit_id))
-        if key is None:
-            raise ProtocolError("no key for this unit (it ended)")
-        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        spec = self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
-        expected = await trio.to_thread.run_sync(expected_tensors, spec, data)
-        numel = float_numel(expected)
-        bound = delta_limits(numel).max_bytes if unit.round >= 0 else max_weights_bytes(expected)
-        what = "delta" if unit.round >= 0 else "weights"
-        if result.weights_size > bound:
-            raise WeightsRejected(
-                f"{what} of {result.weights_size} bytes; this model's are at most {bound}"
-            )
-        had = self.ctx.blobs.has(result.weights_sha256)
-        await fetch_granted(
-            self.ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], bound
-        )
-        path = self.ctx.blobs.path(result.weights_sha256)
-        try:
-            if unit.round >= 0:
-                started = RoundStore(self.ctx.jobs.db).get(job.id, unit.round)
-                if started is None:
-                    raise WeightsRejected(f"round {unit.round} of this job is unknown here")
-                await check_delta_file(
-                    path,
-                    numel,
-                    job.id,
-                    unit.round,
-                    started.weights_sha256,
-                    str(job.spec["elastic"]["compression"]),
-                )
-            else:
-                check_weights_header(path, expected)
-                await check_weights_values(path)
-        except Exception:
-            if not had:  # what was just fetched for this result is not kept
-                self.ctx.blobs.remove(result.weights_sha256)
-            raise
-        return had
-
-    def _weights_grant(self, peer: str, result: Result) -> BlobGrant:
-        """The worker's grant for its weights and checkpoints, as the result names them."""
-        grant = open_envelope(
-            result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
-        ).message
-        if (
-            grant.grantee != self.ctx.peer_id
-            or grant.blobs != [result.weights_sha256, *result.checkpoints]
-            or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
-        ):
-            raise ProtocolError("the weights grant does not match the result")
-        return grant
+    def _spec_of(self, job: Job, unit: Unit) -> dict[str, Any]:
+        """The plain spec `unit` trained: a sweep trial's own, else the job's."""
+        return self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
 
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
         return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +17,14 @@ from nacl.signing import SigningKey
 
 from node.client import request_json
 from node.identity import Identity
-from node.localnet import LocalNode
+from node.localnet import LocalNode, free_port
 from node.net.host import MeshHost
 from node.work.blobs import BlobStore
+from node.work.transfer import serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
-from protocol.names import CAPACITY_TOPIC, RESULT_PROTOCOL
+from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, RESULT_PROTOCOL, TASK_PROTOCOL
 from protocol.work import WORK_LIMITS, OfferReply, ReceiptReply, Result, WorkOffer, WorkPackage
 from training.examples import digits_toml
 
@@ -184,3 +186,42 @@ async def submit_and_accept(
         f"the owner to record that {name} was accepted",
     )
     return package
+
+
+def receipt_rows(node: LocalNode, job_id: str) -> list[tuple]:
+    return query(node, "select unit_id, role from receipts where job_id = ?", job_id)
+
+
+def receipt_count(node: LocalNode) -> int:
+    return query(node, "select count(*) from receipts")[0][0]
+
+
+def stored_blobs(node: LocalNode) -> set[str]:
+    """Every file under the node's blob store, temporary ones included (names only)."""
+    root = node.data_dir / "blobs"
+    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+async def assert_alive(node: LocalNode) -> dict[str, Any]:
+    assert node.proc is not None and node.proc.poll() is None, f"{node.name} died"
+    status = await api(node, "/api/v1/status")
+    assert status["peer_id"] == node.peer_id
+    return status
+
+
+@asynccontextmanager
+async def running(rogue: RogueWorker, owner: LocalNode) -> AsyncIterator[MeshHost]:
+    """The rogue's libp2p host, serving ads, offers and blobs, connected to `owner`
+    and listed by it; it publishes its ad while the block runs."""
+    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
+        rogue.host = host
+        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
+        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
+        serve_blobs_libp2p(host, rogue.store, rogue.job_key)
+        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
+        await host.connect(owner.multiaddr)
+        nursery.start_soon(rogue.publish_ads)
+        await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+        yield host
+        nursery.cancel_scope.cancel()

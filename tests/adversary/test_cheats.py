@@ -23,17 +23,14 @@ import pytest
 import trio
 from cheats import Claim, initial_weights, lazy, other_seed
 from nacl.signing import SigningKey
-from rogue import RogueWorker, api, query, submit_and_accept, until
+from rogue import RogueWorker, api, query, running, submit_and_accept, until
 
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
-from node.net.host import MeshHost
+from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
-from node.work.transfer import serve_blobs_libp2p
 from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
-from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, TASK_PROTOCOL
-from protocol.work import WORK_LIMITS, ReceiptReply, WorkPackage
+from protocol.work import ReceiptReply, WorkPackage
 from training.examples import digits_toml
 from training.execute import run_job
 from training.spec import parse_spec
@@ -62,18 +59,8 @@ async def _rogue(owner: LocalNode, root: Path) -> AsyncIterator[RogueWorker]:
     its results are checked bitwise); it accepts every offer while the block runs."""
     rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root, durable=False))
     rogue.determinism = owner.get("/api/v1/status")["capacity"]["determinism"]
-    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
-    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
-        rogue.host = host
-        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
-        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
-        serve_blobs_libp2p(host, rogue.store, rogue.job_key)
-        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
-        await host.connect(owner.multiaddr)
-        nursery.start_soon(rogue.publish_ads)
-        await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the cheat")
+    async with running(rogue, owner):
         yield rogue
-        nursery.cancel_scope.cancel()
 
 
 async def _claim(

@@ -15,18 +15,14 @@ import pytest
 import torch
 import trio
 from nacl.signing import SigningKey
-from test_work_attacks import RogueWorker, _assert_alive, _receipt_rows, _until
+from rogue import RogueWorker, assert_alive, receipt_rows, running, until
 
 from node.client import request_json
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
-from node.net.host import MeshHost
+from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
-from node.work.transfer import serve_blobs_libp2p
 from protocol import seal
-from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, TASK_PROTOCOL
 from protocol.rounds import RoundDelta, encode_round_delta
-from protocol.work import WORK_LIMITS
 from training.examples import elastic_toml
 from training.ops import encode_delta
 from training.result_check import expected_tensors, float_numel
@@ -64,16 +60,14 @@ async def _attack(owner: LocalNode, root: Path) -> dict[str, str]:
     async with trio.open_nursery() as nursery:
         hosts = []
         for rogue in rogues:
-            listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
-            host = await nursery.start(_run_host, rogue, listen, owner)
-            hosts.append(host)
-        await _until(
+            hosts.append(await nursery.start(_run_host, rogue, owner))
+        await until(
             lambda: {r.peer_id for r in rogues} <= owner.peer_ids(), 20, "the owner to list all"
         )
         job = await trio.to_thread.run_sync(
             lambda: request_json(owner.api, "POST", "/api/v1/jobs", {"spec": SPEC})
         )
-        await _until(
+        await until(
             lambda: all(job["id"] in r.packages for r in rogues), 30, "every rogue to get a share"
         )
         cases = ["wrong size", "nan", "another round", "honest"]
@@ -89,22 +83,15 @@ async def _attack(owner: LocalNode, root: Path) -> dict[str, str]:
             observed[case] = reply.reason
             assert reply.accepted == (case == "honest"), (case, reply.reason)
         nursery.cancel_scope.cancel()
-    await _assert_alive(owner)
+    await assert_alive(owner)
     observed["rogues"] = ",".join(r.peer_id for r in rogues)
     return observed
 
 
 async def _run_host(
-    rogue: RogueWorker, listen: str, owner: LocalNode, task_status=trio.TASK_STATUS_IGNORED
+    rogue: RogueWorker, owner: LocalNode, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
-    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
-        rogue.host = host
-        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
-        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
-        serve_blobs_libp2p(host, rogue.store, rogue.job_key)
-        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
-        await host.connect(owner.multiaddr)
-        nursery.start_soon(rogue.publish_ads)
+    async with running(rogue, owner) as host:
         task_status.started(host)
         await trio.sleep_forever()
 
@@ -130,7 +117,7 @@ def test_bad_deltas_never_touch_the_global_weights(localnet: LocalNetwork, tmp_p
     assert rounds[0]["state"] == "closed" and rounds[0]["workers"] == [rogues[3]], rounds
     assert done["state"] == "completed" and done["weights_sha256"] != rounds[0]["weights_sha256"]
     honest_units = {unit for unit, worker in _units(owner, job["id"]) if worker == rogues[3]}
-    receipts = {row[0] for row in _receipt_rows(owner, job["id"])}
+    receipts = {row[0] for row in receipt_rows(owner, job["id"])}
     assert len(receipts) == 1 and receipts <= honest_units  # (it was offered a free slot again)
     assert set(done["excluded"]) >= set(rogues[:3])
 

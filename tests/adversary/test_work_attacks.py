@@ -31,7 +31,18 @@ import pytest
 import trio
 from nacl.public import Box
 from nacl.signing import SigningKey
-from rogue import RogueWorker, api, query, submit_and_accept, unchecked_digits_toml, until
+from rogue import (
+    RogueWorker,
+    api,
+    assert_alive,
+    receipt_count,
+    receipt_rows,
+    running,
+    stored_blobs,
+    submit_and_accept,
+    unchecked_digits_toml,
+    until,
+)
 from safetensors.numpy import save as save_safetensors
 
 from node.client import request_json
@@ -39,7 +50,6 @@ from node.identity import Identity
 from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import HostError, MeshHost
 from node.work.blobs import BlobStore
-from node.work.transfer import serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import MAX_BLOB_BYTES, BlobGrant
 from protocol.crypto import new_job_key, seal_to
@@ -88,27 +98,6 @@ def _forged(message: Any, claimed: SigningKey, actual: SigningKey) -> bytes:
             "s": sig,
         }
     )
-
-
-def _receipt_rows(node: LocalNode, job_id: str) -> list[tuple]:
-    return query(node, "select unit_id, role from receipts where job_id = ?", job_id)
-
-
-def _receipt_count(node: LocalNode) -> int:
-    return query(node, "select count(*) from receipts")[0][0]
-
-
-def _stored_blobs(node: LocalNode) -> set[str]:
-    """Every file under the node's blob store, temporary ones included (names only)."""
-    root = node.data_dir / "blobs"
-    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
-
-
-async def _assert_alive(node: LocalNode) -> dict[str, Any]:
-    assert node.proc is not None and node.proc.poll() is None, f"{node.name} died"
-    status = await api(node, "/api/v1/status")
-    assert status["peer_id"] == node.peer_id
-    return status
 
 
 # -- worker side: a rogue owner's offers ---------------------------------------------------
@@ -250,11 +239,11 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
             observed[name] = reason
             assert not accepted, f"{name}: the worker accepted"
             assert expected in reason, f"{name}: {reason!r}"
-            status = await _assert_alive(worker)
+            status = await assert_alive(worker)
             assert status["load"] == 0, f"{name}: the worker took the unit"
             assert _units(worker) == [], f"{name}: a unit ran"
-            assert _stored_blobs(worker) == set(), f"{name}: a blob was stored"
-            assert _receipt_count(worker) == 0, f"{name}: a receipt was stored"
+            assert stored_blobs(worker) == set(), f"{name}: a blob was stored"
+            assert receipt_count(worker) == 0, f"{name}: a receipt was stored"
         # nothing beside the worker's data dir was created or changed
         assert _tree(worker.data_dir.parent) - outside <= _tree(worker.data_dir)
 
@@ -323,9 +312,9 @@ async def _rejected(
     assert expected in reply.reason, reply.reason
     job = await api(owner, f"/api/v1/jobs/{job_id}")
     assert job["state"] != "completed" and job["weights_sha256"] == "", job
-    assert _receipt_rows(owner, job_id) == []
-    assert _stored_blobs(owner) == set(), "a rejected blob was kept"
-    await _assert_alive(owner)
+    assert receipt_rows(owner, job_id) == []
+    assert stored_blobs(owner) == set(), "a rejected blob was kept"
+    await assert_alive(owner)
     return reply.reason
 
 
@@ -337,16 +326,7 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
     rogue = RogueWorker(Identity(SigningKey.generate()), BlobStore(root, durable=False))
     other = SigningKey.generate()
     observed = {}
-    listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
-    async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
-        rogue.host = host
-        host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
-        host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
-        serve_blobs_libp2p(host, rogue.store, rogue.job_key)
-        await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
-        await host.connect(owner.multiaddr)
-        nursery.start_soon(rogue.publish_ads)
-        await until(lambda: rogue.peer_id in owner.peer_ids(), 15, "the owner to list the rogue")
+    async with running(rogue, owner), trio.open_nursery() as nursery:
         good, good_size = rogue.serve(_weights(1))
 
         # 9 (set up first, so its lease runs out while the others play): never a heartbeat
@@ -464,7 +444,7 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
             both.start_soon(send)
         assert sorted(r.accepted for r in replies) == [False, True], replies
         observed["15 two results at once"] = next(r.reason for r in replies if not r.accepted)
-        assert _receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
+        assert receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
 
         # control: the same good weights in a genuine result are accepted with a receipt
         # (so the refusals above were about what was broken)
@@ -474,12 +454,12 @@ async def _rogue_worker(owner: LocalNode, root: Path) -> dict[str, str]:
         assert reply.accepted, reply.reason
         job = await api(owner, f"/api/v1/jobs/{package.job_id}")
         assert job["state"] == "completed" and job["weights_sha256"] == good
-        assert _receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
-        assert _stored_blobs(owner) == {good}
+        assert receipt_rows(owner, package.job_id) == [(package.unit_id, "owner")]
+        assert stored_blobs(owner) == {good}
 
         # the forged results never touched their job: its unit ran on until its lease ended
         job = await api(owner, f"/api/v1/jobs/{forged_job.job_id}")
-        assert job["state"] != "completed" and _receipt_rows(owner, forged_job.job_id) == []
+        assert job["state"] != "completed" and receipt_rows(owner, forged_job.job_id) == []
         nursery.cancel_scope.cancel()
     return observed
 
