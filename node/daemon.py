@@ -134,6 +134,10 @@ class Node:
     def peers(self) -> list[dict[str, Any]]:
         return [entry.to_json() for entry in self.peer_table.entries()]
 
+    def reputation(self) -> list[dict[str, Any]]:
+        """What this node has seen of each peer's results (`node.work.reputation`)."""
+        return self.work.owner.reputation.all() if self.work is not None else []
+
     def metrics(self) -> bytes:
         self.node_metrics.uptime.set(time.time() - self.started)
         self.node_metrics.connections.set(len(self.host.connected_peers()))

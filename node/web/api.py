@@ -33,6 +33,7 @@ class NodeState(Protocol):
 
     def status(self) -> dict[str, Any]: ...
     def peers(self) -> list[dict[str, Any]]: ...
+    def reputation(self) -> list[dict[str, Any]]: ...
     def metrics(self) -> bytes: ...
     async def refresh_capacity(self) -> dict[str, Any]: ...
     def set_policy(self, changes: dict[str, Any]) -> dict[str, Any]: ...
@@ -164,6 +165,9 @@ def make_app(
     async def peers(request: web.Request) -> web.Response:
         return web.json_response(await bridge.call(node.peers))
 
+    async def reputation(request: web.Request) -> web.Response:
+        return web.json_response(await bridge.call(node.reputation))
+
     async def metrics(request: web.Request) -> web.Response:
         body = await bridge.call(node.metrics)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
@@ -201,6 +205,7 @@ def make_app(
     app = web.Application(middlewares=[_errors, guard.middleware], client_max_size=1 << 20)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/peers", peers)
+    app.router.add_get("/api/v1/reputation", reputation)
     app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
     app.router.add_put("/api/v1/policy", set_policy)
     app.router.add_get("/metrics", metrics)

@@ -108,9 +108,9 @@ async def _assert_caught(
     weights = file_sha256(claim.weights)
     assert claimed_result(evidence).weights_sha256 == weights  # the cheat's own signed claim
     assert evidence.worker == rogue.peer_id
-    sql = "select invalid, streak, excluded_until from reputation where peer = ?"
-    (rep,) = query(owner, sql, rogue.peer_id)
-    assert rep[0] == 1 and rep[1] == 0 and rep[2] > time.time() + 3600, rep
+    (rep,) = [r for r in await api(owner, "/api/v1/reputation") if r["peer"] == rogue.peer_id]
+    assert rep["invalid"] == 1 and rep["streak"] == 0 and not rep["trusted"], rep
+    assert rep["excluded_until"] > time.time() + 3600 and rep["last_reason"], rep
     await until(
         lambda: query(honest, "select reports from reputation where peer = ?", rogue.peer_id),
         20,
