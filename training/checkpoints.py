@@ -32,14 +32,18 @@ CHECKPOINT_FORMAT = "meshminer.checkpoint/1"
 _MODEL, _OPTIM, _RNG = "model.", "optim.", "rng."
 
 
-def checkpoint_steps(total_steps: int, segments: int) -> list[int]:
+def checkpoint_steps(total_steps: int, segments: int, validate_every: int = 0) -> list[int]:
     """The steps a checkpoint is taken at: 0, k, 2k, ... and the last step, where
-    k = ceil(total / segments): at most `segments` segments, all of k steps but the
-    last."""
+    k = ceil(total / segments), and every step a validation is reported at
+    (`optim.validate_every`), so a reported value can be checked on a state the
+    replay confirmed."""
     if segments <= 0 or total_steps <= 0:
         return []
     every = max(1, math.ceil(total_steps / segments))
-    return [*range(0, total_steps, every), total_steps]
+    steps = {*range(0, total_steps, every), total_steps}
+    if validate_every > 0:
+        steps |= set(range(validate_every, total_steps, validate_every))
+    return sorted(steps)
 
 
 def checkpoint_file(step: int) -> str:

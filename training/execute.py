@@ -175,7 +175,10 @@ def _checkpointer(
 ) -> Callable[[int, torch.optim.Optimizer], None]:
     from training.checkpoints import checkpoint_file, checkpoint_steps, save_checkpoint
 
-    wanted = set(checkpoint_steps(run.summary.total_steps, run.spec.trust.checkpoints))
+    spec = run.spec
+    wanted = set(
+        checkpoint_steps(run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every)
+    )
     folder.mkdir(exist_ok=True)
 
     def on_step(step: int, optimizer: torch.optim.Optimizer) -> None:

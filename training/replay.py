@@ -5,15 +5,17 @@ The request's `replay` table:
     {"init": bool,                          build the state before step 1 and hash it
      "init_claimed": sha256 (optional),      the worker's checkpoint 0, to measure against
      "segments": [{"start": int, "end": int, "from": sha256,
-                   "claimed": sha256 (optional)}, ...],
+                   "claimed": sha256 (optional), "evaluate": bool (optional)}, ...],
      "final": sha256 (optional)}            the worker's last checkpoint
 
 For each segment the state in blob `from` (the worker's checkpoint at `start`) is
 trained on to `end` and hashed as a checkpoint; with `claimed` (the worker's
 checkpoint at `end`, for a check across determinism classes) the relative distance
-to it is measured too. `final` is unpacked into a weights file exactly as the
-worker's runner writes one, and evaluated on the validation split: its sha256 must
-be the result's, and its metrics are the ones the owner shows as verified.
+to it is measured too; with `evaluate`, the replayed state's validation metrics (a
+sweep trial's report at that step is checked against them). `final` is unpacked into
+a weights file exactly as the worker's runner writes one, and evaluated on the
+validation split: its sha256 must be the result's, and its metrics are the ones the
+owner shows as verified.
 The comparisons themselves are the owner's (`node.work.spot_checks`): a runner only
 computes.
 """
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from training.checkpoints import (
     advance,
     initial_state,
@@ -33,7 +37,7 @@ from training.checkpoints import (
 )
 from training.elastic_task import BlobFile
 from training.errors import SpecError
-from training.execute import deterministic, emit_started, prepare
+from training.execute import Prepared, deterministic, emit_started, prepare
 from training.fields import Section
 from training.loop import Emit, evaluate
 from training.optim import make_loss
@@ -61,7 +65,7 @@ def run_replay(
     run = prepare(spec, data_file, device)
     emit_started(run, emit)
     total = run.summary.total_steps
-    result: dict[str, Any] = {"ends": [], "distances": [], "replayed_steps": 0}
+    result: dict[str, Any] = {"ends": [], "distances": [], "evaluations": [], "replayed_steps": 0}
     scratch = out.parent / "replayed.safetensors"
     with deterministic(spec.seed):
         if init:
@@ -72,7 +76,7 @@ def run_replay(
             if init_claimed:
                 theirs = load_checkpoint(run, blob_file(init_claimed))
                 result["init_distance"] = relative_distance(state, theirs)
-        for start, end, source, claimed in segments:
+        for start, end, source, claimed, wanted in segments:
             if not 0 <= start < end <= total:
                 raise SpecError(f"request.replay: segment {start}..{end} is not within 0..{total}")
             state = load_checkpoint(run, blob_file(source))
@@ -85,26 +89,27 @@ def run_replay(
             if claimed:
                 theirs = load_checkpoint(run, blob_file(claimed))
                 result["distances"].append(relative_distance(state, theirs))
+            result["evaluations"].append(_evaluate(run, state.model) if wanted else {})
             result["replayed_steps"] += end - start
             emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})
         if final:
             state = load_checkpoint(run, blob_file(final))
             result["weights_sha256"] = write_weights(out, state.model.state_dict(), run.metadata)
-            if run.data.val is not None:
-                loss_fn = make_loss(run.summary.loss, run.data.info.task)
-                result["metrics"] = evaluate(
-                    state.model,
-                    run.data.val,
-                    loss_fn,
-                    run.summary.batch_size,
-                    run.device,
-                    run.data.info.task,
-                )
+            result["metrics"] = _evaluate(run, state.model)
     scratch.unlink(missing_ok=True)
     result["wall_time_s"] = time.monotonic() - began
     result["device"] = device
     emit({"event": "result", **result})
     return result
+
+
+def _evaluate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:
+    """The validation metrics of `model`, as the training loop reports them."""
+    if run.data.val is None:
+        return {}
+    loss_fn = make_loss(run.summary.loss, run.data.info.task)
+    task = run.data.info.task
+    return evaluate(model, run.data.val, loss_fn, run.summary.batch_size, run.device, task)
 
 
 def _list(raw: Any) -> list:
@@ -113,11 +118,12 @@ def _list(raw: Any) -> list:
     return raw
 
 
-def _segment(raw: Any, index: int) -> tuple[int, int, str, str]:
+def _segment(raw: Any, index: int) -> tuple[int, int, str, str, bool]:
     item = Section(raw, f"request.replay.segments[{index}]")
     start = item.integer("start", lo=0, hi=2**40)
     end = item.integer("end", lo=1, hi=2**40)
     source = item.string("from", max_len=64)
     claimed = item.string("claimed", "", max_len=64)
+    wanted = item.boolean("evaluate", False)
     item.finish()
-    return start, end, source, claimed
+    return start, end, source, claimed, wanted

@@ -276,7 +276,10 @@ class Results:
         self.ctx.jobs.transition(job.id, (job.state,), f"spot-checking the result of {peer}")
         try:
             grant = weights_grant(self.ctx, peer, result)
-            sub = Submitted(job, unit, spec, peer, result, envelope, grant, key)
+            reports, metric = (
+                self._sweeps.reports_of(job, unit.trial) if unit.trial >= 0 else ({}, "")
+            )
+            sub = Submitted(job, unit, spec, peer, result, envelope, grant, key, reports, metric)
             verdict = await self._spot_checks.check(sub)
         except Exception as exc:
             log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
@@ -288,7 +291,7 @@ class Results:
                 settled.reason,
                 settled.evidence,
             )
-            verdict.note = settled.note
+            verdict.note, verdict.caught = settled.note, not settled.ok
         return verdict
 
     async def _invalidate(self, job: Job, unit: Unit, peer: str, verdict: Verdict) -> bytes:
@@ -296,6 +299,8 @@ class Results:
         the unit offered to someone else."""
         reason = f"{peer} failed a spot check: {verdict.reason}"
         log.warning("unit %s: %s", unit.unit_id, reason)
+        if verdict.caught:
+            self._spot_checks.reputation.caught(peer, verdict.reason)
         if verdict.evidence:
             try:
                 self.ctx.ledger.append_invalidated(
@@ -303,9 +308,8 @@ class Results:
                 )
             except MeshminerError as exc:
                 log.warning("invalidation of unit %s not recorded: %s", unit.unit_id, exc)
-            self._spot_checks.reputation.caught(peer, verdict.reason)
             await self.ctx.publish_evidence(verdict.evidence)
-        else:
+        else:  # a check that could not run, or a false report (signed only in heartbeats)
             self._record_rejection(job.id, unit.unit_id, peer, reason)
         self._lifecycle.lost(unit.unit_id, reason)
         return self._reply(False, f"spot check failed: {verdict.reason}")

@@ -59,6 +59,7 @@ class Verdict:
     total_steps: int = 0
     strict: bool = True  # bitwise (one determinism class), else within TOLERANCE
     note: str = ""  # what a replica comparison found
+    caught: bool = False  # a check failed (not: a check could not run)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Submitted:
     envelope: bytes  # the worker's signed result, for evidence
     grant: BlobGrant
     key: bytes
+    reports: dict[int, float] = field(default_factory=dict)  # a trial's: step -> value
+    metric: str = ""  # what `reports` hold (a sweep's metric)
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,22 @@ class SpotChecks:
             )
         streak = self.reputation.get(sub.peer).streak
         budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
-        chosen = choose_segments(len(steps) - 1, budget, streak, secrets.SystemRandom())
+        rng = secrets.SystemRandom()
+        chosen = choose_segments(len(steps) - 1, budget, streak, rng)
+        reported = _reported_segments(sub, steps, chosen, rng)
+        chosen = sorted({*chosen, *reported})
         cross = self._class_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
         table = replay_table(steps, chosen, cps, cross)
+        for segment, i in zip(table["segments"], chosen, strict=True):
+            segment["evaluate"] = i in reported
         need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
         if cross:
             need |= {cps[i + 1] for i in chosen}
         replay = await self._replay(sub, table, need, bound)
         failure = compare_replay(replay, steps, chosen, cps, cross, result.weights_sha256)
+        if failure is None:
+            failure = _compare_reports(sub, replay, steps, chosen, cross)
         verdict = Verdict(
             failure is None,
             metrics=dict(replay.get("metrics", {})),
@@ -133,8 +143,9 @@ class SpotChecks:
             strict=not cross,
         )
         if failure is not None:
-            verdict.reason = failure.reason
-            verdict.evidence = self.evidence(sub, failure)
+            verdict.reason, verdict.caught = failure.reason, True
+            if failure.replayed != _claimed(result, failure.index):  # else: a false report
+                verdict.evidence = self.evidence(sub, failure)
         return verdict
 
     async def replay_segment(self, sub: Submitted, index: int) -> Failure:
@@ -175,7 +186,8 @@ class SpotChecks:
         job = sub.job
         data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
         total, bound = await trio.to_thread.run_sync(_sizes, parsed, sub.spec, data)
-        return checkpoint_steps(total, parsed.trust.checkpoints), bound
+        steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
+        return steps, bound
 
     async def _replay(
         self, sub: Submitted, table: dict[str, Any], need: set[str], bound: int
@@ -217,6 +229,47 @@ class SpotChecks:
     def _class_of(self, peer: str) -> str:
         entry = self.ctx.peers.get(peer)
         return entry.ad.determinism if entry is not None else ""
+
+
+def _claimed(result: Result, index: int) -> str:
+    return result.weights_sha256 if index < 0 else result.checkpoints[index]
+
+
+def _reported_segments(
+    sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random
+) -> set[int]:
+    """The segments whose end a trial reported a validation value at, among those
+    chosen, plus one more drawn among all of them: the reports checked by replay."""
+    if sub.metric not in ("val_loss", "val_accuracy"):
+        return set()  # a batch loss (train_loss) is not re-evaluated
+    ending = {steps[i + 1]: i for i in range(len(steps) - 1)}
+    reported = [ending[s] for s in sub.reports if s in ending]
+    if not reported:
+        return set()
+    return {i for i in chosen if i in reported} | {rng.choice(reported)}
+
+
+def _compare_reports(
+    sub: Submitted, replay: dict[str, Any], steps: list[int], chosen: list[int], cross: bool
+) -> Failure | None:
+    """A reported value against the replayed state's evaluation at that step: equal
+    within a class, within `TOLERANCE` (relative) across classes."""
+    for j, i in enumerate(chosen):
+        found = replay["evaluations"][j].get(sub.metric)
+        claimed = sub.reports.get(steps[i + 1])
+        if found is None or claimed is None:
+            continue
+        off = abs(found - claimed) / max(abs(found), 1e-12)
+        if (off > TOLERANCE) if cross else (found != claimed):
+            return Failure(
+                i + 1,
+                steps[i],
+                steps[i + 1],
+                replay["ends"][j],
+                f"the trial reported {sub.metric} {claimed:.6g} at step {steps[i + 1]}; "
+                f"the replayed state gives {found:.6g}",
+            )
+    return None
 
 
 def choose_segments(segments: int, budget: float, streak: int, rng: random.Random) -> list[int]:

@@ -88,6 +88,12 @@ class SweepTrials:
             raise KeyError(f"job {job.id} has no trial {number}")
         return spec_to_plain(trial_spec(job.spec, trial.params, sweep_of(job).report_every))
 
+    def reports_of(self, job: Job, number: int) -> tuple[dict[int, float], str]:
+        """What trial `number` reported to the study (step -> value), and which metric."""
+        trial = self.store.get(job.id, number)
+        reports = {int(step): float(value) for step, value in trial.reports} if trial else {}
+        return reports, sweep_of(job).metric
+
     # -- the job -----------------------------------------------------------------------
 
     async def drive(self, job_id: str) -> None:

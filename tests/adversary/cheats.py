@@ -36,7 +36,7 @@ def train_claiming(spec: JobSpec, folder: Path, trains: Callable[[int], bool]) -
     write the checkpoints an honest worker would claim for all of them."""
     run = prepare(spec, None, "cpu")
     total = run.summary.total_steps
-    wanted = set(checkpoint_steps(total, spec.trust.checkpoints))
+    wanted = set(checkpoint_steps(total, spec.trust.checkpoints, spec.optim.validate_every))
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     trained = 0

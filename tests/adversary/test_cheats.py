@@ -21,7 +21,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
-from cheats import Claim, initial_weights, lazy, other_seed
+from cheats import Claim, honest, initial_weights, lazy, other_seed
 from nacl.signing import SigningKey
 from rogue import RogueWorker, api, query, running, submit_and_accept, until
 
@@ -30,8 +30,9 @@ from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
 from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
-from protocol.work import ReceiptReply, WorkPackage
-from training.examples import digits_toml
+from protocol.names import PROGRESS_PROTOCOL
+from protocol.work import Progress, ReceiptReply, WorkPackage, decode_ack
+from training.examples import digits_toml, sweep_toml
 from training.execute import run_job
 from training.spec import parse_spec
 from training.weights import file_sha256
@@ -214,3 +215,52 @@ def test_replicas_colluding_with_one_fake_are_each_caught_and_a_liar_is_found_by
         "both honest replicas' receipts",
     )
     assert len({w for j, w in settled if j == job_ids[1]}) == 1  # the honest half of the pair
+
+
+def test_a_trial_that_reports_false_validation_values_is_caught(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """A sweep trial's worker trains honestly but reports a better `val_loss` at its
+    first report than the state it committed to gives: the owner evaluates the state
+    at a reported step (always at least one), and refuses the result."""
+    owner = localnet.add(["--not-accepting"])
+    sweep = sweep_toml("reports", trials=1, parallel=1, steps=60, report_every=20)
+
+    async def play() -> tuple[RogueWorker, WorkPackage, ReceiptReply, Claim]:
+        async with _rogue(owner, tmp_path / "r") as rogue:
+            job = await trio.to_thread.run_sync(owner.submit_spec, sweep)
+            (package,) = await _offered([rogue], job)
+            spec = parse_spec(msgpack.unpackb(package.spec))
+            claim = await trio.to_thread.run_sync(honest, spec, tmp_path / "trial")
+            assert rogue.host is not None
+            beat = Progress(
+                job,
+                package.unit_id,
+                "training",
+                20,
+                60,
+                0.5,
+                100.0,
+                1280,
+                time.time(),
+                val_loss=0.001,
+                val_step=20,
+            )
+            raw = await rogue.host.request(
+                owner.peer_id, PROGRESS_PROTOCOL, seal(beat, rogue.key), 4096
+            )
+            assert decode_ack(raw)[0]
+            await until(
+                lambda: owner.get(f"/api/v1/jobs/{job}")["trials"][0]["reports"], 10, "the report"
+            )
+            reply = await _claim(rogue, owner, package, claim)
+        return rogue, package, reply, claim
+
+    rogue, package, reply, claim = trio.run(play)
+    assert not reply.accepted and "reported val_loss 0.001 at step 20" in reply.reason, reply
+    (rep,) = [r for r in owner.get("/api/v1/reputation") if r["peer"] == rogue.peer_id]
+    assert rep["invalid"] == 1 and rep["excluded_until"] > time.time() + 3600, rep
+    unit_id = package.unit_id
+    assert query(owner, "select count(*) from receipts where unit_id = ?", unit_id) == [(0,)]
+    rejected = [r for r in _ledger_rows(owner, "rejected") if r[1] == unit_id]
+    assert rejected and rejected[0][2] == rogue.peer_id  # no evidence: the report was a heartbeat
