@@ -1,7 +1,8 @@
 """Spot checks: how fast a worker that skips steps is caught, at what cost, and
 whether an honest one is ever flagged.
 
-    .venv/bin/python -m benchmarks.trust [--units 100] [--steps 200]
+    .venv/bin/python -m benchmarks.trust [--parts detect robust] [--units 100]
+                                         [--steps 200]
 
 The unit is the digits MLP ([16] hidden) for `--steps` steps with the default trust
 settings (100 checkpoints, a budget of 10% of the segments). A cheating worker skips
@@ -22,6 +23,13 @@ compared by `compare_replay`. Reported per case:
 Honest units are checked the same way for the false positive rate. Goal: f = 0.1
 caught within 5 units with probability >= 99% however the steps are placed, at
 <= 10% verification overhead, with zero false positives.
+
+**robust**: an elastic job (the digits MLP, 4 workers, 10 rounds of 20 inner steps)
+trained through `training.elastic`'s own inner rounds and outer step, with every
+worker honest and with worker 0 sending -10x its delta every round (gradient
+ascent), each with `elastic.delta_clip` at its default (2) and off (0): the final
+validation loss. What clipping costs when all are honest, and what it saves when
+one is not.
 """
 
 from __future__ import annotations
@@ -32,14 +40,20 @@ import sys
 import tempfile
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.harness import Result
+from benchmarks.harness import Result, run_parts
 from node.work.spot_checks import choose_segments, compare_replay, replay_table
+from protocol.rounds import encode_round_delta
+from protocol.tensors import decode_tensor
 from training.checkpoints import checkpoint_steps
-from training.examples import digits_toml
+from training.elastic import SIMULATED_JOB_ID, init_weights, inner_round, outer_step
+from training.examples import digits_toml, elastic_toml
+from training.execute import prepare
+from training.ops import dequantize_blockwise, encode_delta, from_wire
 from training.runner import run_request
-from training.spec import parse_spec, spec_to_plain
+from training.spec import JobSpec, parse_spec, spec_to_plain
 from training.weights import file_sha256
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "adversary"))
@@ -84,18 +98,13 @@ def units_before_caught(caught: list[bool]) -> float:
     return sum(runs) / len(runs) if runs else float("inf")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    toml = digits_toml("trust", steps=args.steps, hidden=(16,), lr=3e-3, gpu="none")
+def detection(units: int, steps: int, seed: int) -> Result:
+    toml = digits_toml("trust", steps=steps, hidden=(16,), lr=3e-3, gpu="none")
     spec = parse_spec(tomllib.loads(toml))
     plain = spec_to_plain(spec)
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     result = Result(
-        "trust",
+        "trust: detection",
         [
             "worker",
             "units",
@@ -118,7 +127,7 @@ def main() -> None:
         ]
         for name, fraction, together in cases:
             caught, times, replayed = [], [], 0
-            for unit in range(args.units):
+            for unit in range(units):
                 folder = root / f"{name}-{unit}"
                 claim = (
                     reference
@@ -126,25 +135,100 @@ def main() -> None:
                     else skipping(spec, folder, fraction, together, rng)
                 )
                 folder.mkdir(exist_ok=True)
-                passed, elapsed, steps = check(plain, claim, rng, folder)
+                passed, elapsed, replayed_steps = check(plain, claim, rng, folder)
                 caught.append(not passed)
                 times.append(elapsed)
-                replayed += steps
+                replayed += replayed_steps
             p = sum(caught) / len(caught)
             result.add(
                 name,
-                args.units,
+                units,
                 p,
                 1 - (1 - p) ** 5,
                 units_before_caught(caught),
-                replayed / (args.units * args.steps),
+                replayed / (units * steps),
                 sum(times) / len(times) / train_s,
             )
             result.meta[name] = {"caught": caught, "replay_s": times}
             print(f"{name}: caught {sum(caught)}/{len(caught)}", flush=True)
-        result.meta |= {"train_s": train_s, "steps": args.steps, "units": args.units}
-    result.show()
-    print(f"saved {result.save()}")
+        result.meta |= {"train_s": train_s, "steps": steps, "units": units}
+    return result
+
+
+def elastic_loss(spec: JobSpec, ascent: float) -> float:
+    """The final validation loss of `spec` trained round by round in this process,
+    worker 0's delta multiplied by `ascent` (1: honest)."""
+    elastic = spec.elastic
+    assert elastic is not None
+    run = prepare(spec, None, "cpu")
+    metrics: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="meshminer-robust-") as tmp:
+        folder = Path(tmp)
+        weights, momentum = folder / "global-0.safetensors", None
+        init_weights(run, weights)
+        for r in range(elastic.rounds):
+            deltas = []
+            for slot in range(elastic.workers):
+                state = folder / f"inner-{slot}.safetensors"
+                kept = folder / f"inner-{slot}-next.safetensors"
+                outcome = inner_round(
+                    run,
+                    job_id=SIMULATED_JOB_ID,
+                    weights=weights,
+                    round_=r,
+                    slot=slot,
+                    state_in=state if state.exists() else None,
+                    state_out=kept,
+                    emit=lambda event: None,
+                )
+                kept.replace(state)
+                delta = outcome.delta
+                if slot == 0 and ascent != 1:
+                    values = dequantize_blockwise(from_wire(decode_tensor(delta.tensor)))
+                    delta = replace(delta, tensor=encode_delta(values * ascent))
+                path = folder / f"delta-{r}-{slot}.bin"
+                path.write_bytes(encode_round_delta(delta))
+                deltas.append(path)
+            new_weights, new_momentum = folder / f"global-{r + 1}", folder / f"momentum-{r + 1}"
+            metrics = outer_step(
+                run,
+                job_id=SIMULATED_JOB_ID,
+                round_=r,
+                weights=weights,
+                momentum=momentum,
+                deltas=deltas,
+                out=new_weights,
+                momentum_out=new_momentum,
+            )
+            weights, momentum = new_weights, new_momentum
+    return metrics["val_loss"]
+
+
+def robustness() -> Result:
+    result = Result("trust: robust aggregation", ["workers", "delta_clip", "final val_loss"])
+    for clip in (2.0, 0.0):
+        extra = f"delta_clip = {clip}"
+        toml = elastic_toml("robust", workers=4, inner_steps=20, rounds=10, extra=extra)
+        spec = parse_spec(tomllib.loads(toml))
+        for name, ascent in (("all honest", 1.0), ("worker 0 sends -10x", -10.0)):
+            loss = elastic_loss(spec, ascent)
+            result.add(name, clip, loss)
+            print(f"{name}, delta_clip {clip:g}: val_loss {loss:.4f}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["detect", "robust"])
+    parser.add_argument("--units", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    runs = {
+        "detect": lambda: detection(args.units, args.steps, args.seed),
+        "robust": robustness,
+    }
+    run_parts("trust", args.parts, runs)
 
 
 if __name__ == "__main__":

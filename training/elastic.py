@@ -39,7 +39,13 @@ from training.errors import TrainingError
 from training.execute import Prepared, deterministic, emit_started, prepare
 from training.loop import Emit, evaluate, train
 from training.models import build_model
-from training.ops import DEFAULT_BLOCK_SIZE, encode_delta, from_wire, outer_nesterov_step_
+from training.ops import (
+    DEFAULT_BLOCK_SIZE,
+    dequantize_blockwise,
+    encode_delta,
+    from_wire,
+    outer_nesterov_step_,
+)
 from training.optim import make_loss, make_optimizer
 from training.spec import ElasticSpec, JobSpec
 from training.weights import file_sha256, write_weights
@@ -234,15 +240,21 @@ def outer_step(
         for path in deltas
     ]
     if elastic.compression == "int8":
+        quantized = [from_wire(d.values()) for d in decoded]
+        norms = [float(dequantize_blockwise(q).norm()) for q in quantized]
+        for q, factor in zip(quantized, clip_factors(norms, elastic.delta_clip), strict=True):
+            if factor < 1.0:
+                q.scales.mul_(factor)
         outer_nesterov_step_(
-            params,
-            buffer,
-            [from_wire(d.values()) for d in decoded],
-            lr=elastic.outer_lr,
-            momentum=elastic.outer_momentum,
+            params, buffer, quantized, lr=elastic.outer_lr, momentum=elastic.outer_momentum
         )
     else:  # the same arithmetic as the int8 op's reference, on float32 deltas
-        grad = torch.stack([torch.from_numpy(d.values().copy()) for d in decoded]).sum(dim=0)
+        values = [torch.from_numpy(d.values().copy()) for d in decoded]
+        norms = [float(v.norm()) for v in values]
+        for v, factor in zip(values, clip_factors(norms, elastic.delta_clip), strict=True):
+            if factor < 1.0:
+                v.mul_(factor)
+        grad = torch.stack(values).sum(dim=0)
         grad /= len(decoded)
         buffer.mul_(elastic.outer_momentum).add_(grad)
         params.add_(grad.add(buffer, alpha=elastic.outer_momentum), alpha=-elastic.outer_lr)
@@ -257,6 +269,20 @@ def outer_step(
     return evaluate(
         model, run.data.val, loss_fn, run.summary.batch_size, run.device, run.data.info.task
     )
+
+
+def clip_factors(norms: list[float], clip: float) -> list[float]:
+    """What each delta of a round is scaled by so that none is longer than `clip` x
+    the round's median norm (the lower median: with two deltas, the shorter one).
+
+    A bad delta (a cheat's, or a diverged worker's) then moves the global weights
+    at most as far as `clip` honest ones would, until the worker is caught; honest
+    deltas of one round have norms within a few percent of each other, so they are
+    left exactly as they are (factor 1: the same bits as no clipping)."""
+    if clip <= 0 or len(norms) < 2:
+        return [1.0] * len(norms)
+    bound = clip * sorted(norms)[(len(norms) - 1) // 2]
+    return [bound / n if n > bound else 1.0 for n in norms]
 
 
 def simulate(

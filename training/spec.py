@@ -128,6 +128,7 @@ class ElasticSpec:
     outer_momentum: float = 0.9  # Nesterov
     compression: str = "int8"  # the deltas on the wire: blockwise int8, or float32
     round_timeout_s: float = 0.0  # 0: adaptive (see node/work/rounds.py)
+    delta_clip: float = 2.0  # a delta's norm is capped at this x the round's median (0: off)
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,7 @@ def _parse_elastic(section: Section) -> ElasticSpec:
         outer_momentum=section.number("outer_momentum", 0.9, lo=0, hi=1, hi_open=True),
         compression=section.string("compression", "int8", choices=COMPRESSIONS),
         round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
+        delta_clip=section.number("delta_clip", ElasticSpec.delta_clip, lo=0, hi=1e6),
     )
     section.finish()
     if elastic.min_workers > elastic.workers:
