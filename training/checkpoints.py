@@ -17,18 +17,35 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from training.budget import SpecSummary
+from training.data import Dataset
 from training.errors import TrainingError
-from training.execute import Prepared
 from training.loop import batches, train_step
 from training.models import build_model
 from training.optim import lr_factor, make_loss, make_optimizer, make_schedule
+from training.plan import ModelPlan
+from training.spec import JobSpec
 from training.weights import weights_bytes
 
 CHECKPOINT_FORMAT = "meshminer.checkpoint/1"
+
+
+class Prepared(Protocol):
+    """What a checkpoint needs of a prepared run (`training.execute.Prepared`, which
+    imports this module: hence the protocol, not the class)."""
+
+    spec: JobSpec
+    plan: ModelPlan
+    summary: SpecSummary
+    data: Dataset
+    device: torch.device
+
+
 _MODEL, _OPTIM, _RNG = "model.", "optim.", "rng."
 
 
