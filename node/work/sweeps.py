@@ -278,7 +278,13 @@ class SweepTrials:
             state="completed",
             weights_sha256=best.weights_sha256,
             metrics={**best.metrics, "best_trial": best.number, "best_value": best.value},
-            metrics_status="claimed",
+            metrics_status=(
+                "verified"  # spot-checked: the owner evaluated the trial's weights
+                if "check" in best.metrics
+                else "local"
+                if best.worker == self.ctx.peer_id
+                else "claimed"
+            ),
             reason="",
         )
 
