@@ -319,6 +319,8 @@ def _claim(job: dict[str, Any]) -> str:
     """A remote worker's metrics are its word until verified."""
     if job.get("metrics") and job.get("metrics_status") == "claimed":
         return f" (claimed by {short(job['worker'])}, not verified)"
+    if job.get("metrics") and job.get("metrics_status") == "verified":
+        return " (verified by a spot check)"
     return ""
 
 

@@ -248,7 +248,7 @@ class Results:
 
     def _metrics(self, result: Result, verdict: Verdict | None) -> tuple[dict[str, Any], str]:
         """The figures the job shows: evaluated here when the result was spot-checked
-        (the worker's own are kept as `claimed`), else the worker's claim."""
+        (the worker's own are kept as `claimed_<name>`), else the worker's claim."""
         counts = {
             "steps": result.steps,
             "samples": result.samples,
@@ -261,7 +261,7 @@ class Results:
             "replayed_steps": verdict.replayed_steps,
             "check": "bitwise" if verdict.strict else f"tolerance {TOLERANCE:g}",
         }
-        claimed = {"claimed": dict(result.metrics)}
+        claimed = {f"claimed_{k}": v for k, v in result.metrics.items()}  # the worker's word
         shown = {**dict(result.metrics), **verdict.metrics, **counts, **checked, **claimed}
         return shown, "verified"
 
