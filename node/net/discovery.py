@@ -37,6 +37,7 @@ async def _keep_bootstrap(host: MeshHost, addr: str) -> None:
             delay = BACKOFF_START_S
             await trio.sleep(SCAN_INTERVAL_S)
             continue
+        host.allow_redial(peer_id)  # our backoff paces the dials, not libp2p's 60 s cache
         try:
             await host.connect(addr)
             log.info("connected to bootstrap peer %s", addr)
@@ -58,6 +59,7 @@ async def _fill_from_peerstore(host: MeshHost, target_peers: int) -> None:
                 break
             if peer_id in connected or retry_at.get(peer_id, (0.0, 0.0))[0] > now:
                 continue
+            host.allow_redial(peer_id)
             try:
                 await host.connect_known(peer_id)
                 connected.add(peer_id)
