@@ -112,7 +112,7 @@ def test_vanished_worker_unit_is_reoffered(localnet: LocalNetwork, tmp_path: Pat
         "the unit to be re-offered",
     )
     print(f"re-offered {time.monotonic() - killed:.1f} s after SIGKILL")
-    assert any("vanished" in e["note"] for e in job["timeline"])
+    assert any("vanished" in e["note"] for e in job["timeline"]), job["timeline"]
     job = wait_for(
         lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
         240,

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,15 +68,14 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 15.0
 
 
-def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[Any]) -> list[str]:
+def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[str]) -> None:
     """Move the runner's checkpoint files into the blob store, where the blob server
-    serves them under the owner's grant; their sha256 in step order."""
+    serves them under the owner's grant; they must hash as the runner reported."""
     files = sorted((folder / "checkpoints").glob("checkpoint-*.safetensors"))
-    if len(files) != len(reported):
-        raise RuntimeError(f"the runner wrote {len(files)} checkpoints, reported {len(reported)}")
     shas = [ctx.blobs.put_file(path) for path in files]
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    return shas
+    if shas != reported:
+        raise RuntimeError(f"the runner's {len(files)} checkpoints are not those it reported")
 
 
 def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
@@ -143,6 +143,9 @@ class WorkerRole:
         self._validate_spec = validate_spec  # raises ValueError with the field path
         self._nursery = nursery
         self.units: dict[str, RunningUnit] = {}  # by unit id
+        # checkpoints in the blob store, by the units holding them: units of one spec
+        # share states, so a file goes when the last unit holding it is settled
+        self._evidence = Counter[str]()
 
     @property
     def current(self) -> RunningUnit | None:
@@ -303,9 +306,11 @@ class WorkerRole:
     def _drop_evidence(self, unit: RunningUnit) -> None:
         """The unit is settled (the owner answered, or gave up): its checkpoints go,
         except those another unit here still holds (equal initial states)."""
-        held = {sha for other in self.units.values() for sha in other.evidence}
-        for sha in set(unit.evidence) - held:
-            self.ctx.blobs.remove(sha)
+        for sha in unit.evidence:
+            self._evidence[sha] -= 1
+            if self._evidence[sha] <= 0:
+                del self._evidence[sha]
+                self.ctx.blobs.remove(sha)
         unit.evidence = []
 
     async def _outcome(self, unit: RunningUnit) -> Result:
@@ -368,10 +373,10 @@ class WorkerRole:
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
-        checkpoints = await trio.to_thread.run_sync(
-            keep_checkpoints, ctx, out.parent, result.get("checkpoints", [])
-        )
-        unit.evidence = checkpoints
+        checkpoints = [str(sha) for sha in result.get("checkpoints", [])]
+        unit.evidence = checkpoints  # held before they are stored: see _drop_evidence
+        self._evidence.update(checkpoints)
+        await trio.to_thread.run_sync(keep_checkpoints, ctx, out.parent, checkpoints)
         largest = max([size, *(ctx.blobs.size(c) for c in set(checkpoints))])
         grant = issue_grant(
             ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha, *checkpoints], largest, 24 * 3600
