@@ -20,8 +20,8 @@ UNITS = 50
 
 def test_fifty_honest_units_pass_their_spot_checks(localnet: LocalNetwork, tmp_path: Path):
     owner = localnet.add(["--not-accepting"])
-    same = localnet.add(["--max-units", "2"])
-    other = localnet.add(["--max-units", "2"], env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
+    same = localnet.add(["--max-units", "3"])
+    other = localnet.add(["--max-units", "3"], env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
     localnet.wait_all_see_each_other(timeout=20)
     classes = {
         n.peer_id: n.get("/api/v1/status")["capacity"]["determinism"] for n in localnet.nodes
