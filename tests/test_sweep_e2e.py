@@ -149,7 +149,7 @@ def test_a_killed_worker_and_an_owner_restart_lose_no_trial(localnet: LocalNetwo
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = sweep_toml("churn", trials=6, parallel=2, steps=1500)
+    spec = sweep_toml("churn", trials=6, parallel=2, steps=800)
     job_id = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
 
     def trials() -> list[dict]:
