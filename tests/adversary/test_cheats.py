@@ -85,13 +85,17 @@ async def _cheat(owner: LocalNode, honest: LocalNode, root: Path) -> list[str]:
         jobs = [await trio.to_thread.run_sync(owner.submit_spec, SPEC) for _ in CHEATS]
         packages = [(await _offered([rogue], job))[0] for job in jobs]
 
-        async def play(name: str, package: WorkPackage) -> None:
-            claim = await trio.to_thread.run_sync(CHEATS[name], spec, root / name)
+        # one after another: training seeds and flags torch's process-wide state
+        claims = await trio.to_thread.run_sync(
+            lambda: [cheat(spec, root / name) for name, cheat in CHEATS.items()]
+        )
+
+        async def play(package: WorkPackage, claim: Claim) -> None:
             caught.append((package, await _claim(rogue, owner, package, claim), claim))
 
         async with trio.open_nursery() as nursery:
-            for name, package in zip(CHEATS, packages, strict=True):
-                nursery.start_soon(play, name, package)
+            for package, claim in zip(packages, claims, strict=True):
+                nursery.start_soon(play, package, claim)
     for package, reply, claim in caught:
         await _assert_caught(owner, honest, rogue, package, reply, claim)
     return jobs
