@@ -90,6 +90,7 @@ def _runner(
     task: str,
     blobs: dict,
     kept: Path | None = None,
+    checkpoints: bool = False,
     **elastic: object,
 ) -> dict:
     """One runner request in its own folder; `kept` is the inner state a worker kept,
@@ -106,6 +107,8 @@ def _runner(
         "device": "cpu",
         "task": task,
     }
+    if checkpoints:
+        request["checkpoints"] = True
     if elastic:
         request["elastic"] = {
             k: str(folder / v) if k in ("state_out", "momentum_out") else v
@@ -166,6 +169,76 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
         blobs[momentum] = outer["folder"] / "momentum.safetensors"
         assert "val_loss" in outer["metrics"]
     assert file_sha256(weights) == expected
+
+
+def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object) -> dict:
+    return _runner(
+        tmp_path,
+        spec,
+        name,
+        "elastic_inner",
+        blobs,
+        job_id="ab" * 8,
+        state_out="state.safetensors",
+        **kwargs,
+    )
+
+
+def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
+    tmp_path: Path,
+) -> None:
+    """A share's checkpoints (its H steps, from the global weights and the inner state
+    the worker kept) replay to the worker's chain, and its last one rebuilds the delta."""
+    spec = spec_to_plain(parse_spec(_spec(inner_steps=12) | {"trust": {"checkpoints": 4}}))
+    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    weights = init["folder"] / "out.bin"
+    sha = file_sha256(weights)
+    blobs = {sha: weights}
+    first = _share(tmp_path, spec, "r0", blobs, round=0, slot=1, weights=sha, checkpoints=True)
+    kept = first["folder"] / "state.safetensors"
+    plain = _share(tmp_path, spec, "r1", blobs, round=1, slot=1, weights=sha, kept=kept)
+    share = _share(
+        tmp_path, spec, "r1c", blobs, round=1, slot=1, weights=sha, kept=kept, checkpoints=True
+    )
+    assert share["weights_sha256"] == plain["weights_sha256"]  # evidence changes nothing
+    cps = share["checkpoints"]
+    assert len(cps) == 5 and "checkpoints" not in plain
+    for path in (share["folder"] / "checkpoints").iterdir():
+        blobs[file_sha256(path)] = path
+    steps = [0, 3, 6, 9, 12]
+
+    def replay(name: str, slot: int) -> dict:
+        table = {
+            "init": True,
+            "init_claimed": cps[0],
+            "segments": [
+                {"start": steps[i], "end": steps[i + 1], "from": cps[i]} for i in range(4)
+            ],
+            "final": cps[-1],
+            "share": {"job_id": "ab" * 8, "round": 1, "slot": slot, "weights": sha},
+        }
+        return _replay_share(tmp_path / name, spec, blobs, table)
+
+    honest = replay("check", 1)
+    assert honest["init_sha256"] == cps[0]
+    assert honest["ends"] == cps[1:]
+    assert honest["weights_sha256"] == share["weights_sha256"]
+    other = replay("other-slot", 0)  # another slot's seed: another start, other batches
+    assert other["init_sha256"] != cps[0]
+    assert all(a != b for a, b in zip(other["ends"], cps[1:], strict=True))
+
+
+def _replay_share(folder: Path, spec: dict, blobs: dict, table: dict) -> dict:
+    folder.mkdir()
+    request = {
+        "spec": spec,
+        "blobs": {sha: str(path) for sha, path in blobs.items()},
+        "out": str(folder / "out.bin"),
+        "device": "cpu",
+        "task": "replay",
+        "replay": table,
+    }
+    return run_request(request, lambda event: None)
 
 
 def _delta(**changes: object) -> RoundDelta:

@@ -9,6 +9,8 @@ state file holds everything the next steps depend on (weights, optimizer state, 
 RNG) and `training.weights` writes equal tensors as equal bytes. What is *not* in
 the file is rebuilt from the spec: the order of batches (a seeded permutation per
 epoch, skipped forward to the step) and the learning rate (the schedule at the step).
+An elastic round's share is a chain of its own (`Course`): H steps, batches of its
+data slot's seed, and a schedule over those H steps.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ class Prepared(Protocol):
 
 
 _MODEL, _OPTIM, _RNG = "model.", "optim.", "rng."
+
+
+@dataclass(frozen=True)
+class Course:
+    """What a chain of checkpoints trains through: its steps, and the seed of its
+    batches. A single run's is the spec's (`course_of`); an elastic share's is the
+    round's H inner steps on its data slot (`training.elastic.share_course`)."""
+
+    total_steps: int
+    batch_seed: int
+
+
+def course_of(run: Prepared) -> Course:
+    return Course(run.summary.total_steps, run.spec.seed)
 
 
 def checkpoint_steps(total_steps: int, segments: int, validate_every: int = 0) -> list[int]:
@@ -108,17 +124,18 @@ def save_checkpoint(
     return hashlib.sha256(data).hexdigest()
 
 
-def initial_state(run: Prepared) -> TrainState:
+def initial_state(run: Prepared, course: Course | None = None) -> TrainState:
     """The state before step 1, as a fresh run of the spec builds it (call inside
     `training.execute.deterministic(spec.seed)`)."""
+    course = course or course_of(run)
     model = build_model(run.plan).to(run.device)
     optimizer = make_optimizer(run.spec.optim, model.parameters())
-    schedule = make_schedule(run.spec.optim, optimizer, run.summary.total_steps)
+    schedule = make_schedule(run.spec.optim, optimizer, course.total_steps)
     model.train()
     return TrainState(model, optimizer, schedule, 0)
 
 
-def load_checkpoint(run: Prepared, path: Path) -> TrainState:
+def load_checkpoint(run: Prepared, path: Path, course: Course | None = None) -> TrainState:
     """The state a checkpoint file holds, ready to `advance`. Raises `TrainingError`
     when the file does not fit the spec's model."""
     from safetensors import SafetensorError
@@ -133,7 +150,8 @@ def load_checkpoint(run: Prepared, path: Path) -> TrainState:
     if metadata.get("format") != CHECKPOINT_FORMAT or not metadata.get("step", "").isdigit():
         raise TrainingError(f"checkpoint {path.name} is not a {CHECKPOINT_FORMAT} file")
     step = int(metadata["step"])
-    state = initial_state(run)
+    course = course or course_of(run)
+    state = initial_state(run, course)
     weights = {k[len(_MODEL) :]: v for k, v in tensors.items() if k.startswith(_MODEL)}
     try:
         state.model.load_state_dict(weights, strict=True)
@@ -149,15 +167,14 @@ def load_checkpoint(run: Prepared, path: Path) -> TrainState:
             torch.cuda.set_rng_state(tensors[_RNG + "cuda"], run.device)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise TrainingError(f"checkpoint {path.name} does not fit this job's model: {exc}") from exc
-    _move_schedule(state, run, step)
+    _move_schedule(state, run, step, course.total_steps)
     return state
 
 
-def _move_schedule(state: TrainState, run: Prepared, step: int) -> None:
+def _move_schedule(state: TrainState, run: Prepared, step: int, total: int) -> None:
     """Put the learning-rate schedule where it stands after `step` steps, computed
     as `LambdaLR` computes it (the same floats)."""
     schedule = state.schedule
-    total = run.summary.total_steps
     schedule.last_epoch = step
     for group, base in zip(state.optimizer.param_groups, schedule.base_lrs, strict=True):
         group["lr"] = base * lr_factor(run.spec.optim, step, total)
@@ -165,13 +182,14 @@ def _move_schedule(state: TrainState, run: Prepared, step: int) -> None:
     state.step = step
 
 
-def advance(run: Prepared, state: TrainState, to_step: int) -> None:
+def advance(run: Prepared, state: TrainState, to_step: int, course: Course | None = None) -> None:
     """Train `state` on from its step to `to_step`, as the training loop did."""
-    if not state.step <= to_step <= run.summary.total_steps:
+    course = course or course_of(run)
+    if not state.step <= to_step <= course.total_steps:
         raise TrainingError(f"cannot advance from step {state.step} to {to_step}")
     spec = run.spec
     loss_fn = make_loss(run.summary.loss, run.data.info.task)
-    index_batches = batches(len(run.data.train), run.summary.batch_size, spec.seed)
+    index_batches = batches(len(run.data.train), run.summary.batch_size, course.batch_seed)
     for _ in range(state.step):  # the batches before this step: permutations only
         next(index_batches)
     state.model.train()

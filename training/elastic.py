@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,9 @@ import torch
 from safetensors.torch import load_file
 
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from training.checkpoints import Course, checkpoint_steps
 from training.errors import TrainingError
-from training.execute import Prepared, deterministic, emit_started, prepare
+from training.execute import Prepared, checkpointer, deterministic, emit_started, prepare
 from training.loop import Emit, evaluate, train
 from training.models import build_model
 from training.ops import (
@@ -58,6 +59,16 @@ def slot_seed(seed: int, slot: int, round_: int) -> int:
     """The seed of slot `slot`'s batches (and dropout) in round `round_`: 63 bits."""
     digest = hashlib.sha256(f"meshminer.elastic/1:{seed}:{slot}:{round_}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def share_course(run: Prepared, slot: int, round_: int) -> Course:
+    """What one share trains through: H inner steps on the slot's batches (the
+    chain its checkpoints commit to, `training.checkpoints`)."""
+    return Course(elastic_of(run.spec).inner_steps, slot_seed(run.spec.seed, slot, round_))
+
+
+def share_checkpoint_steps(run: Prepared) -> list[int]:
+    return checkpoint_steps(elastic_of(run.spec).inner_steps, run.spec.trust.checkpoints)
 
 
 def elastic_of(spec: JobSpec) -> ElasticSpec:
@@ -136,6 +147,7 @@ class InnerOutcome:
     steps: int
     samples: int
     train_seconds: float  # in the inner steps alone (no start-up, no file work)
+    checkpoints: list[str] = field(default_factory=list)  # their sha256, in step order
 
 
 def inner_round(
@@ -148,21 +160,27 @@ def inner_round(
     state_in: Path | None,
     state_out: Path,
     emit: Emit,
+    checkpoint_dir: Path | None = None,
 ) -> InnerOutcome:
     """Train one share of a round from `weights`; the inner optimizer state goes from
-    `state_in` (None: a worker new to this job starts fresh) to `state_out`."""
-    spec, elastic = run.spec, elastic_of(run.spec)
+    `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
+    `checkpoint_dir`, the training state is written there at `share_checkpoint_steps`
+    and `InnerOutcome.checkpoints` lists the files' sha256."""
+    spec = run.spec
     model = _load_model(run, weights)
-    names = float_names(model.state_dict())
-    start = flatten(model.state_dict(), names).clone()
-    seed = slot_seed(spec.seed, slot, round_)
-    with deterministic(seed):
+    course = share_course(run, slot, round_)
+    checkpoints: list[str] = []
+    with deterministic(course.batch_seed):
         optimizer = make_optimizer(spec.optim, model.parameters())
         if state_in is not None:
             try:
                 _load_optimizer(optimizer, load_file(str(state_in), device=str(run.device)))
             except Exception as exc:  # our own file; a mismatch means start fresh, loudly
                 raise TrainingError(f"the kept inner optimizer state does not fit: {exc}") from None
+        on_step = None
+        if checkpoint_dir is not None:
+            steps = share_checkpoint_steps(run)
+            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints)
         began = time.monotonic()
         outcome = train(
             model,
@@ -170,23 +188,54 @@ def inner_round(
             spec,
             loss_name=run.summary.loss,
             batch=run.summary.batch_size,
-            total_steps=elastic.inner_steps,
+            total_steps=course.total_steps,
             device=run.device,
             emit=emit,
             optimizer=optimizer,
-            batch_seed=seed,
+            batch_seed=course.batch_seed,
             validate=False,
+            on_step=on_step,
         )
         train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
-    delta = (start - flatten(model.state_dict(), names)).cpu()
+    message = round_delta(
+        run, job_id=job_id, round_=round_, slot=slot, weights=weights, trained=model.state_dict()
+    )
+    return InnerOutcome(
+        message,
+        outcome.metrics["train_loss"],
+        outcome.steps,
+        outcome.samples,
+        train_seconds,
+        checkpoints,
+    )
+
+
+def round_delta(
+    run: Prepared,
+    *,
+    job_id: str,
+    round_: int,
+    slot: int,
+    weights: Path,
+    trained: Mapping[str, torch.Tensor],
+) -> RoundDelta:
+    """The share's message: the global `weights` minus the `trained` state, as one
+    flat vector, compressed as the job says. A worker builds it after its H steps,
+    and the owner's replay rebuilds it from the worker's last checkpoint, bit for bit
+    (float32 subtraction rounds the same on every device)."""
+    elastic = elastic_of(run.spec)
+    start = load_file(str(weights), device="cpu")
+    names = float_names(start)
+    after = {name: trained[name].detach().cpu() for name in names}
+    delta = flatten(start, names) - flatten(after, names)
     if elastic.compression == "int8":
         tensor = encode_delta(delta, DEFAULT_BLOCK_SIZE)
     else:
         if not torch.isfinite(delta).all():
             raise TrainingError("the round's delta holds NaN or Inf; lower optim.lr")
         tensor = delta.numpy().astype("<f4").tobytes()
-    message = RoundDelta(
+    return RoundDelta(
         job_id=job_id,
         round=round_,
         slot=slot,
@@ -194,10 +243,7 @@ def inner_round(
         numel=delta.numel(),
         compression=elastic.compression,
         tensor=tensor,
-        steps=outcome.steps,
-    )
-    return InnerOutcome(
-        message, outcome.metrics["train_loss"], outcome.steps, outcome.samples, train_seconds
+        steps=elastic.inner_steps,
     )
 
 

@@ -34,9 +34,11 @@ def run_elastic_task(
     blob_file: BlobFile,
     device: str,
     emit: Emit,
+    checkpoints: bool = False,
 ) -> dict[str, Any]:
     """Run `task` ("elastic_init", "elastic_inner" or "elastic_outer"); emits and
-    returns its `result`."""
+    returns its `result`. With `checkpoints`, a share keeps its evidence (the
+    training state at every checkpoint step, `training.checkpoints`)."""
     began = time.monotonic()
     if task == "elastic_init":
         section.finish()
@@ -50,7 +52,10 @@ def run_elastic_task(
         round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
         weights = blob_file(section.string("weights", max_len=64))
         if task == "elastic_inner":
-            result = _inner(section, spec, data_file, out, device, emit, job_id, round_, weights)
+            folder = out.parent / "checkpoints" if checkpoints else None
+            result = _inner(
+                section, spec, data_file, out, device, emit, job_id, round_, weights, folder
+            )
         else:
             result = _outer(
                 section, spec, data_file, out, blob_file, device, job_id, round_, weights
@@ -71,6 +76,7 @@ def _inner(
     job_id: str,
     round_: int,
     weights: Path,
+    checkpoint_dir: Path | None,
 ) -> dict[str, Any]:
     slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
     state_in = _beside(out, section.string("state_in", None, max_len=4096), "state_in")
@@ -88,14 +94,18 @@ def _inner(
         state_in=state_in if state_in is not None and state_in.is_file() else None,
         state_out=state_out,
         emit=emit,
+        checkpoint_dir=checkpoint_dir,
     )
     write_atomic(out, encode_round_delta(outcome.delta))
-    return {
+    result = {
         "steps": outcome.steps,
         "samples": outcome.samples,
         "metrics": {"train_loss": outcome.train_loss, "train_seconds": outcome.train_seconds},
         "weights_sha256": file_sha256(out),
     }
+    if checkpoint_dir is not None:
+        result["checkpoints"] = outcome.checkpoints
+    return result
 
 
 def _outer(

@@ -143,7 +143,12 @@ def run_job(
         emit_started(run, emit, notes)
         on_step = None
         if checkpoint_dir is not None:
-            on_step = _checkpointer(run, model, checkpoint_dir, checkpoints)
+            from training.checkpoints import checkpoint_steps
+
+            steps = checkpoint_steps(
+                run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
+            )
+            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints)
         outcome = train(
             model,
             run.data,
@@ -170,15 +175,14 @@ def run_job(
     return result
 
 
-def _checkpointer(
-    run: Prepared, model: torch.nn.Module, folder: Path, shas: list[str]
+def checkpointer(
+    run: Prepared, model: torch.nn.Module, folder: Path, steps: list[int], shas: list[str]
 ) -> Callable[[int, torch.optim.Optimizer], None]:
-    from training.checkpoints import checkpoint_file, checkpoint_steps, save_checkpoint
+    """The training loop's `on_step` that writes the training state at `steps` into
+    `folder` and appends each file's sha256 to `shas`."""
+    from training.checkpoints import checkpoint_file, save_checkpoint
 
-    spec = run.spec
-    wanted = set(
-        checkpoint_steps(run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every)
-    )
+    wanted = set(steps)
     folder.mkdir(exist_ok=True)
 
     def on_step(step: int, optimizer: torch.optim.Optimizer) -> None:

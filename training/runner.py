@@ -11,14 +11,14 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
                    "parent_pid": int},           (optional; see training.isolation)
      "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer",
-     "checkpoints": bool,                        (train: keep the evidence; default false)
+     "checkpoints": bool,                        (train, elastic_inner: keep the evidence)
      "replay": {...},                            (the replay task's segments)
      "elastic": {...}}                           (the elastic tasks' files; see below)
 
-`train` (the default) trains a whole job; with `checkpoints`, it writes the training
-state every k steps into `out`'s folder and lists their sha256 in its result
-(`training.checkpoints`). `replay` is the owner's spot check of such a result
-(`training.replay`). The elastic tasks are the steps of
+`train` (the default) trains a whole job; with `checkpoints`, it (and `elastic_inner`,
+for a round's share) writes the training state every k steps into `out`'s folder and
+lists their sha256 in its result (`training.checkpoints`). `replay` is the owner's spot
+check of such a result, of either kind (`training.replay`). The elastic tasks are the steps of
 `training.elastic`: `elastic_init` writes round 0's global weights to `out`;
 `elastic_inner` trains one share ({"job_id", "round", "slot", "weights": sha256,
 "state_in": path (optional), "state_out": path}) and writes its `RoundDelta` to `out`;
@@ -124,10 +124,12 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         )
     validate_for_submit(spec, data_file)  # before torch is imported
 
-    if (task in ("train", "replay")) != (spec.mode != "elastic"):
+    if task != "replay" and (task == "train") != (spec.mode != "elastic"):
         raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
     if task in ("train", "replay") and section.has("elastic"):
         raise RequestError("request.elastic is only for the elastic tasks")
+    if checkpoints and task not in ("train", "elastic_inner"):
+        raise RequestError("request.checkpoints is only for the train and elastic_inner tasks")
     if task != "replay" and section.has("replay"):
         raise RequestError("request.replay is only for the replay task")
 
@@ -155,7 +157,15 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     from training.elastic_task import run_elastic_task
 
     return run_elastic_task(
-        task, elastic, spec, data_file, out, lambda sha: _blob_file(blobs, sha), target.type, emit
+        task,
+        elastic,
+        spec,
+        data_file,
+        out,
+        lambda sha: _blob_file(blobs, sha),
+        target.type,
+        emit,
+        checkpoints,
     )
 
 
