@@ -21,8 +21,8 @@ module docstrings (`training.examples.char_lm_elastic_toml`).
   final validation loss of each and their ratio.
 - **util**: real nodes on loopback, one worker per core: each worker's time in inner
   steps (`train_seconds` in its co-signed receipts) over the job's wall time from
-  round 0's opening to the last round's close, at H = 50 and H = 200. Goal: >= 0.8
-  at H = 200.
+  round 0's opening to the last round's close, at H = 50 and H = 200, with every
+  share spot-checked (the default) and with spot checks off. Goal: >= 0.8 at H = 200.
 
 Prints tables and writes benchmarks/results/elastic.json.
 """
@@ -185,19 +185,29 @@ def _train_seconds(node: LocalNode, job_id: str) -> float:
     return total
 
 
+UNCHECKED = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
+
+
 def utilisation(root: Path, workers: int, rounds: int, inners: list[int], width: int) -> Result:
+    """Each H twice: with the default spot checks of every share, and with none."""
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
-    result = Result("elastic: worker utilisation", ["H", "round s", "utilisation per worker"])
+    result = Result(
+        "elastic: worker utilisation", ["H", "spot checks", "round s", "utilisation per worker"]
+    )
     for inner in inners:
-        with _network(root / f"h{inner}", workers) as net:
-            spec = _spec(corpus, workers, rounds, inner, workers, width)
-            job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
-            assert job["state"] == "completed", job["reason"]
-            wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
-            shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
-        result.add(inner, wall / rounds, ", ".join(f"{s:.2f}" for s in shares))
-        result.meta[f"h{inner}"] = {"wall_s": wall, "utilisation": shares}
+        for checked in (True, False):
+            name = f"h{inner}-{'checked' if checked else 'unchecked'}"
+            with _network(root / name, workers) as net:
+                spec = _spec(corpus, workers, rounds, inner, workers, width)
+                spec += "" if checked else UNCHECKED
+                job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
+                assert job["state"] == "completed", job["reason"]
+                wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
+                shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
+            checks = "default" if checked else "off"
+            result.add(inner, checks, wall / rounds, ", ".join(f"{s:.2f}" for s in shares))
+            result.meta[name] = {"wall_s": wall, "utilisation": shares}
     return result
 
 

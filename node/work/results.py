@@ -104,7 +104,7 @@ class Results:
             self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
             return self._reply(False, f"weights rejected: {exc}")
         verdict = None
-        if self._spot_checks.wanted(job, unit):
+        if self._spot_checks.wanted(job):
             verdict = await self._spot_check(job, unit, peer, result, data)
             if not verdict.ok:
                 if not had_weights:  # weights that failed are not kept

@@ -14,6 +14,11 @@ its own sandboxed runner (`training.replay`). Checked, every time:
 
 The number of segments is the job's `trust.spot_check_budget` of them for a peer on
 probation, fewer for a trusted one (`node.work.reputation`).
+
+An elastic round's share is checked the same way, before its delta joins the round:
+its chain is the round's H inner steps; checkpoint 0 must be the round's global
+weights with the slot's seeded RNG, and the last checkpoint must rebuild the delta
+the worker sent (`training.replay`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 #: across determinism classes: the largest relative L2 distance of any weight tensor
 #: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
 TOLERANCE = 1e-3
+START = "the unit's start (the spec's initial state; a share's: the round's weights)"
 RunnerRequest = Callable[[dict[str, Any], dict[str, str], Path], dict[str, Any]]
 
 
@@ -99,12 +105,11 @@ class SpotChecks:
         self._holders: Counter[str] = Counter()
         self._fetched: set[str] = set()
 
-    def wanted(self, job: Job, unit: Unit) -> bool:
-        """Whether units of this kind carry checkpoints to check (elastic shares do
-        not yet: docs/threat-model.md says what guards a round)."""
+    def wanted(self, job: Job) -> bool:
+        """Whether the job's units carry checkpoints, and are checked."""
         trust = job.spec.get("trust", {})
         checked = trust.get("spot_check_budget", 0.1) > 0 or trust.get("replicas", 1) > 1
-        return unit.round < 0 and trust.get("checkpoints", 100) > 0 and checked
+        return trust.get("checkpoints", 100) > 0 and checked
 
     async def check(self, sub: Submitted) -> Verdict:
         """Replay the segments chosen now; the verdict, with evidence when it fails."""
@@ -130,7 +135,13 @@ class SpotChecks:
         need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
         if cross:
             need |= {cps[i + 1] for i in chosen}
-        replay = await self._replay(sub, table, need, bound)
+        owned: set[str] = set()
+        if sub.unit.round >= 0:  # checkpoint 0 is rebuilt from the round's weights
+            table["init_claimed"] = cps[0]
+            table["share"] = self._share(sub)
+            need.add(cps[0])
+            owned.add(table["share"]["weights"])
+        replay = await self._replay(sub, table, need, bound, owned)
         failure = compare_replay(replay, steps, chosen, cps, cross, result.weights_sha256)
         if failure is None:
             failure = _compare_reports(sub, replay, steps, chosen, cross)
@@ -179,6 +190,8 @@ class SpotChecks:
         return seal(evidence, self.ctx.identity.signing_key)
 
     async def _steps(self, sub: Submitted) -> tuple[list[int], int]:
+        """The steps of the unit's checkpoints (a share's: its H inner steps), and the
+        most bytes one of its checkpoints may have."""
         from training.checkpoints import checkpoint_steps
         from training.spec import parse_spec
 
@@ -186,20 +199,42 @@ class SpotChecks:
         job = sub.job
         data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
         total, bound = await trio.to_thread.run_sync(_sizes, parsed, sub.spec, data)
+        if sub.unit.round >= 0 and parsed.elastic is not None:
+            return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
         steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
         return steps, bound
 
+    def _share(self, sub: Submitted) -> dict[str, Any]:
+        """The replay's `share` table: which round and slot, from which weights."""
+        from node.work.round_store import RoundStore
+
+        started = RoundStore(self.ctx.jobs.db).get(sub.job.id, sub.unit.round)
+        if started is None:
+            raise RuntimeError(f"round {sub.unit.round} of this job is unknown here")
+        return {
+            "job_id": sub.job.id,
+            "round": sub.unit.round,
+            "slot": sub.unit.slot,
+            "weights": started.weights_sha256,
+        }
+
     async def _replay(
-        self, sub: Submitted, table: dict[str, Any], need: set[str], bound: int
+        self,
+        sub: Submitted,
+        table: dict[str, Any],
+        need: set[str],
+        bound: int,
+        owned: Iterable[str] = (),
     ) -> dict[str, Any]:
-        """Fetch `need` from the worker and run the runner's replay task on `table`."""
+        """Fetch `need` from the worker and run the runner's replay task on `table`
+        (with `owned`: blobs of this node's own it also reads)."""
         ctx = self.ctx
         self._hold(need)
         try:
             await fetch_granted(
                 ctx, sub.peer, sub.grant, sub.result.weights_grant, sub.key, sorted(need), bound
             )
-            shas = {*sub.job.data_blobs, *need}
+            shas = {*sub.job.data_blobs, *need, *owned}
             blobs = {s: str(ctx.blobs.path(s)) for s in shas if ctx.blobs.has(s)}
             folder = ctx.unit_dir(sub.unit.unit_id)
             folder.mkdir(parents=True, exist_ok=True)
@@ -317,11 +352,15 @@ def compare_replay(
     if cross:
         if replay.get("init_distance", math.inf) > TOLERANCE:
             off = f"{replay.get('init_distance', math.inf):.3g}"
-            why = f"checkpoint 0 is {off} off the spec's initial state"
+            why = f"checkpoint 0 is {off} off {START}"
             return Failure(0, 0, 0, replay["init_sha256"], why)
     elif replay.get("init_sha256") != cps[0]:
         return Failure(
-            0, 0, 0, replay["init_sha256"], "checkpoint 0 is not the spec's initial state"
+            0,
+            0,
+            0,
+            replay["init_sha256"],
+            f"checkpoint 0 is not {START}",
         )
     for j, i in enumerate(chosen):
         ok = replay["distances"][j] <= TOLERANCE if cross else replay["ends"][j] == cps[i + 1]
@@ -340,6 +379,6 @@ def compare_replay(
             steps[-1],
             steps[-1],
             replay.get("weights_sha256", "0" * 64),
-            "the returned weights are not those of the last checkpoint",
+            "what it returned (weights, or a round's delta) is not built from its last checkpoint",
         )
     return None

@@ -357,8 +357,7 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
             request = share_request(request, pkg.job_id, share, kept, out)
-        else:  # the evidence the owner's spot check replays (training.checkpoints)
-            request["checkpoints"] = True
+        request["checkpoints"] = True  # the evidence a spot check replays (training.checkpoints)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):

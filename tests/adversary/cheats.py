@@ -12,14 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
+from protocol.rounds import encode_round_delta
 from training.checkpoints import (
+    Course,
+    TrainState,
     advance,
     checkpoint_file,
     checkpoint_steps,
+    course_of,
     initial_state,
     save_checkpoint,
 )
-from training.execute import deterministic, prepare
+from training.elastic import round_delta, share_checkpoint_steps, share_course
+from training.execute import Prepared, deterministic, prepare
 from training.spec import JobSpec
 from training.weights import write_weights
 
@@ -35,25 +43,67 @@ def train_claiming(spec: JobSpec, folder: Path, trains: Callable[[int], bool]) -
     """Run `spec`'s steps, training only step s where `trains(s)` (1-based), and
     write the checkpoints an honest worker would claim for all of them."""
     run = prepare(spec, None, "cpu")
-    total = run.summary.total_steps
-    wanted = set(checkpoint_steps(total, spec.trust.checkpoints, spec.optim.validate_every))
-    folder.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
-    trained = 0
+    course = course_of(run)
+    wanted = checkpoint_steps(course.total_steps, spec.trust.checkpoints, spec.optim.validate_every)
     with deterministic(spec.seed):
         state = initial_state(run)
-        for step in range(total + 1):
-            if step and trains(step):
-                state.step = step - 1  # the batch and schedule of this step
-                advance(run, state, step)
-                trained += 1
-            if step in wanted:
-                path = folder / checkpoint_file(step)
-                save_checkpoint(path, state.model, state.optimizer, step, run.device)
-                files.append(path)
+        files, trained = _chain(run, state, course, wanted, folder, trains)
         weights = folder / "weights.safetensors"
         write_weights(weights, state.model.state_dict(), run.metadata)
     return Claim(weights, files, trained)
+
+
+def _chain(
+    run: Prepared,
+    state: TrainState,
+    course: Course,
+    wanted: list[int],
+    folder: Path,
+    trains: Callable[[int], bool],
+) -> tuple[list[Path], int]:
+    """Take `state` through `course`, training only where `trains(step)`, and write a
+    checkpoint at each of the `wanted` steps; the files and the steps trained."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    trained = 0
+    for step in range(course.total_steps + 1):
+        if step and trains(step):
+            state.step = step - 1  # the batch and schedule of this step
+            advance(run, state, step, course)
+            trained += 1
+        if step in wanted:
+            path = folder / checkpoint_file(step)
+            save_checkpoint(path, state.model, state.optimizer, step, run.device)
+            files.append(path)
+    return files, trained
+
+
+def lazy_share(
+    spec: JobSpec, folder: Path, job_id: str, round_: int, slot: int, weights: Path
+) -> Claim:
+    """One share of an elastic round from the round's global `weights` (a worker new
+    to the job: a fresh inner optimizer), training 10% of its H steps and claiming
+    all; its `weights` is the `RoundDelta` file it sends."""
+    run = prepare(spec, None, "cpu")
+    course = share_course(run, slot, round_)
+    with deterministic(spec.seed):
+        state = initial_state(run, course)
+        state.model.load_state_dict(load_file(str(weights)))
+        torch.manual_seed(course.batch_seed)  # as the share's runner seeds its steps
+        files, trained = _chain(
+            run, state, course, share_checkpoint_steps(run), folder, lambda s: s % 10 == 0
+        )
+    delta = round_delta(
+        run,
+        job_id=job_id,
+        round_=round_,
+        slot=slot,
+        weights=weights,
+        trained=state.model.state_dict(),
+    )
+    out = folder / "delta.bin"
+    out.write_bytes(encode_round_delta(delta))
+    return Claim(out, files, trained)
 
 
 def honest(spec: JobSpec, folder: Path) -> Claim:

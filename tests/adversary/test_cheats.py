@@ -21,7 +21,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
-from cheats import Claim, honest, initial_weights, lazy, other_seed
+from cheats import Claim, honest, initial_weights, lazy, lazy_share, other_seed
 from nacl.signing import SigningKey
 from rogue import RogueWorker, api, query, running, until
 
@@ -32,8 +32,10 @@ from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
 from protocol.names import PROGRESS_PROTOCOL
 from protocol.work import Progress, ReceiptReply, WorkPackage, decode_ack
-from training.examples import digits_toml, sweep_toml
-from training.execute import run_job
+from training.elastic import init_weights
+from training.examples import digits_toml, elastic_toml, sweep_toml
+from training.execute import prepare, run_job
+from training.local import train_local
 from training.spec import parse_spec
 from training.weights import file_sha256
 
@@ -275,3 +277,46 @@ def test_a_trial_that_reports_false_validation_values_is_caught(
     assert query(owner, "select count(*) from receipts where unit_id = ?", unit_id) == [(0,)]
     rejected = [r for r in _ledger_rows(owner, "rejected") if r[1] == unit_id]
     assert rejected and rejected[0][2] == rogue.peer_id  # no evidence: the report was a heartbeat
+
+
+def test_a_lazy_share_of_an_elastic_round_is_caught_and_the_round_ends_honest(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """A round's share is checked like a unit before its delta joins the round: a
+    worker that trains 10% of its H steps is caught (its chain does not replay), and
+    its slot is trained again by an honest node; the job's weights are bitwise
+    `train-local`'s."""
+    owner = localnet.add(["--not-accepting"])
+    honest = localnet.add([])
+    localnet.wait_all_see_each_other(timeout=20)
+    elastic = elastic_toml("lazy-share", workers=2, min_workers=2, inner_steps=30, rounds=1)
+    spec = parse_spec(tomllib.loads(elastic))
+
+    async def play() -> tuple[str, RogueWorker, WorkPackage, ReceiptReply, Claim]:
+        async with _rogue(owner, tmp_path / "r") as rogue:
+            job = await trio.to_thread.run_sync(owner.submit_spec, elastic)
+            (package,) = await _offered([rogue], job)
+            share = package.round_share
+            assert share is not None
+            start = tmp_path / "global-0.safetensors"  # round 0's weights come from the seed
+            built = await trio.to_thread.run_sync(
+                lambda: init_weights(prepare(spec, None, "cpu"), start)
+            )
+            assert built == share.weights_sha256
+            claim = await trio.to_thread.run_sync(
+                lambda: lazy_share(spec, tmp_path / "lazy", job, 0, share.slot, start)
+            )
+            reply = await _claim(rogue, owner, package, claim)
+        await _assert_caught(owner, honest, rogue, package, reply, claim)
+        return job, rogue, package, reply, claim
+
+    job_id, rogue, package, reply, claim = trio.run(play)
+    assert "do not give checkpoint" in reply.reason, reply.reason
+    local = train_local(spec, tmp_path / "local.safetensors")
+    job = owner.wait_job_end(job_id, 180)
+    assert job["state"] == "completed", job["reason"]
+    assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
+    (closed,) = job["rounds"]
+    assert closed["workers"] == [honest.peer_id, honest.peer_id], closed
+    credited = {row[2] for row in _ledger_rows(owner, "work_received")}
+    assert credited == {honest.peer_id}

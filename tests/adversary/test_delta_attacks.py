@@ -30,7 +30,12 @@ from training.spec import parse_spec, spec_to_plain
 
 pytestmark = pytest.mark.slow
 
-SPEC = elastic_toml("rogue-deltas", workers=4, min_workers=1, inner_steps=10, rounds=1)
+# the deltas here are synthetic (no training behind them): these tests are about what
+# the owner refuses before any replay, so spot checks are off
+UNCHECKED = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
+SPEC = elastic_toml(
+    "rogue-deltas", workers=4, min_workers=1, inner_steps=10, rounds=1, extra=UNCHECKED
+)
 
 
 def _good(job_id: str, base: str, numel: int, slot: int) -> RoundDelta:
