@@ -38,6 +38,8 @@ from libp2p.utils.address_validation import expand_wildcard_address
 
 from node.identity import Identity
 from node.net.inbound import InboundLimiter
+from node.net.reachability import ReachabilityProbe
+from node.net.relay import Relay, RelayOptions, is_circuit
 from protocol import TooLarge
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,13 @@ class MeshHost:
     """A running libp2p host with GossipSub. Use `async with MeshHost.start(...)`."""
 
     def __init__(
-        self, identity: Identity, listen: str, gossip_rate_limit: float, mdns: bool
+        self,
+        identity: Identity,
+        listen: str,
+        gossip_rate_limit: float,
+        mdns: bool,
+        relay: RelayOptions,
+        reachability: str,
     ) -> None:
         self.identity = identity
         self._inbound = InboundLimiter()
@@ -110,19 +118,30 @@ class MeshHost:
         self._host.get_network().register_notifee(_ConnectionWatcher(self._events_send))
         self.peer_id = identity.peer_id
         self._subscriptions: dict[str, object] = {}
+        self.relay = Relay(self._host, relay)
+        self.reachability = ReachabilityProbe(self._host, reachability)
+        self._circuits: dict[str, list[str]] = {}  # peer -> circuit addresses it advertised
 
     @classmethod
     @asynccontextmanager
     async def start(
-        cls, identity: Identity, listen: str, *, gossip_rate_limit: float = 20.0, mdns: bool = False
+        cls,
+        identity: Identity,
+        listen: str,
+        *,
+        gossip_rate_limit: float = 20.0,
+        mdns: bool = False,
+        relay: RelayOptions | None = None,
+        reachability: str = "auto",
     ) -> AsyncIterator[MeshHost]:
         _refuse_port_in_use(listen)
-        mesh = cls(identity, listen, gossip_rate_limit, mdns)
+        mesh = cls(identity, listen, gossip_rate_limit, mdns, relay or RelayOptions(), reachability)
         try:
             async with (
                 mesh._host.run(listen_addrs=[mesh._listen]),
                 background_trio_service(mesh._pubsub),
                 background_trio_service(mesh._gossipsub),
+                mesh.relay.running(),
             ):
                 await mesh._pubsub.wait_until_ready()
                 yield mesh
@@ -149,7 +168,7 @@ class MeshHost:
                 if "/p2p/" not in text:
                     text = f"{text}/p2p/{self.peer_id}"
                 out.append(text)
-        return out
+        return out + list(self.relay.reservations.values())
 
     def connected_peers(self) -> set[str]:
         return {p.to_base58() for p in self._host.get_connected_peers()}
@@ -164,9 +183,15 @@ class MeshHost:
         return out
 
     def remember(self, peer_id: str, addrs: list[str]) -> None:
-        """Put a peer's addresses in the peerstore so it can be dialled later."""
+        """Put a peer's addresses in the peerstore so it can be dialled later (its
+        circuit addresses beside it: the peerstore's dialler cannot use them)."""
+        circuits = [a for a in addrs if is_circuit(a) and a.endswith(f"/p2p/{peer_id}")]
+        if circuits:
+            self._circuits[peer_id] = circuits
         maddrs = []
         for text in addrs:
+            if is_circuit(text):
+                continue
             try:
                 maddr = multiaddr.Multiaddr(text.split("/p2p/")[0])
             except Exception:
@@ -183,13 +208,24 @@ class MeshHost:
             raise HostError(
                 f"{addr!r} is not a dialable multiaddr ending in /p2p/<peer id>"
             ) from exc
-        await self._dial(info, addr)
+        if is_circuit(addr):
+            await self._dial_circuits(info.peer_id.to_base58(), [addr], addr)
+        else:
+            await self._dial(info, addr)
         return info.peer_id.to_base58()
 
     async def connect_known(self, peer_id: str) -> None:
-        """Dial a peer whose addresses are in the peerstore."""
+        """Dial a peer whose addresses are in the peerstore, else through a relay."""
         pid = ID.from_base58(peer_id)
-        await self._dial(PeerInfo(pid, self._host.get_peerstore().addrs(pid)), peer_id)
+        addrs = self._direct_addrs(peer_id)
+        try:
+            if not addrs:
+                raise HostError(f"no direct address of {peer_id} is known")
+            await self._dial(PeerInfo(pid, addrs), peer_id)
+        except HostError:
+            if not self._circuits.get(peer_id):
+                raise
+            await self._dial_circuits(peer_id, self._circuits[peer_id], peer_id)
 
     async def _dial(self, info: PeerInfo, label: str) -> None:
         try:
@@ -197,6 +233,27 @@ class MeshHost:
                 await self._host.connect(info)
         except Exception as exc:
             raise HostError(f"could not connect to {label}: {type(exc).__name__}: {exc}") from exc
+
+    async def _dial_circuits(self, peer_id: str, circuits: list[str], label: str) -> None:
+        errors = []
+        for circuit in circuits:
+            try:
+                await self.relay.dial(circuit)
+                return
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        raise HostError(f"could not connect to {label} through a relay: {'; '.join(errors)}")
+
+    async def reach(self, peer_id: str) -> None:
+        """Be connected to `peer_id`: directly if we can, else through a relay it
+        advertised. Raises `HostError`."""
+        if peer_id in self.connected_peers():
+            return
+        await self.connect_known(peer_id)
+
+    def path_to(self, peer_id: str) -> str:
+        """ "direct", "relayed" or "none": how we are connected to `peer_id` now."""
+        return self.relay.path(peer_id)
 
     # -- gossip ----------------------------------------------------------------------
 
@@ -244,6 +301,7 @@ class MeshHost:
         """Open a stream, send one request, read one bounded response."""
         try:
             with trio.fail_after(timeout):
+                await self._reach_by_relay(peer_id)
                 stream = await self._host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
                 try:
                     await write_frame(stream, data)
@@ -256,6 +314,19 @@ class MeshHost:
             raise HostError(
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
+
+    async def _reach_by_relay(self, peer_id: str) -> None:
+        """Before a stream to a peer we are not connected to and know only circuit
+        addresses of: dial it through a relay (libp2p's own dial cannot)."""
+        known = self._circuits.get(peer_id)
+        if known and peer_id not in self.connected_peers() and not self._direct_addrs(peer_id):
+            await self._dial_circuits(peer_id, known, peer_id)
+
+    def _direct_addrs(self, peer_id: str) -> list[multiaddr.Multiaddr]:
+        try:
+            return list(self._host.get_peerstore().addrs(ID.from_base58(peer_id)))
+        except Exception:  # the peerstore raises for a peer it has no entry for
+            return []
 
     @property
     def listen_ip(self) -> str:
@@ -323,6 +394,7 @@ class MeshHost:
             raise HostError(f"{peer_id[:80]!r} is not a peer id") from exc
         try:
             with trio.fail_after(timeout):
+                await self._reach_by_relay(peer_id)
                 return await self._host.new_stream(pid, [TProtocol(protocol)])
         except Exception as exc:
             raise HostError(

@@ -1,0 +1,67 @@
+"""Fixes for py-libp2p 0.8.1 bugs that NAT traversal runs into (docs/nat.md).
+
+Applied once, before any host exists (`apply`). Each says what is broken, where, and
+what we do instead; remove one when the library's release fixes it.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Any
+
+import multiaddr
+import trio
+
+_APPLIED = False
+DIAL_BACK_TIMEOUT_S = 5.0
+
+
+def apply() -> None:
+    global _APPLIED
+    if _APPLIED:
+        return
+    _wake_readers_of_reset_yamux_streams()
+    _autonat_dials_back_on_a_new_connection()
+    _APPLIED = True
+
+
+def _wake_readers_of_reset_yamux_streams() -> None:
+    """`Yamux._finalize_stream_locked` (yamux.py:974) drops a reset stream's event
+    without setting it, so a task blocked in `read()` on it sleeps forever. A relay
+    that ends a circuit at its byte or time limit resets both legs while one of its
+    tasks reads: that task hangs and the circuit's slot is never given back, so after
+    `max_circuit_conns` such ends the peer cannot be reached through that relay."""
+    from libp2p.stream_muxer.yamux.yamux import Yamux
+
+    original = Yamux._finalize_stream_locked
+
+    def finalize(self: Any, stream: Any, *, fully_closed: bool) -> None:
+        event = self.stream_events.get(stream.stream_id)
+        original(self, stream, fully_closed=fully_closed)
+        if event is not None and stream.stream_id not in self.stream_events:
+            event.set()
+
+    Yamux._finalize_stream_locked = finalize  # type: ignore[method-assign]
+
+
+def _autonat_dials_back_on_a_new_connection() -> None:
+    """AutoNAT's dial-back (autonat.py:396) calls `host.connect`, which returns the
+    connection the asking peer already has open to us: every address passes, and a
+    node behind a NAT is told it is public. Dial the address on a fresh connection,
+    and close it again."""
+    from libp2p.host.autonat.autonat import AutoNATService
+
+    async def try_dial(self: Any, peer_id: Any, addrs: list[bytes]) -> bytes | None:
+        network = self.host.get_network()
+        for raw in addrs:
+            try:
+                with trio.fail_after(DIAL_BACK_TIMEOUT_S):
+                    conn = await network.dial_addr(multiaddr.Multiaddr(raw), peer_id)
+            except Exception:
+                continue
+            with suppress(Exception):
+                await conn.close()
+            return bytes(raw)
+        return None
+
+    AutoNATService._try_dial = try_dial  # type: ignore[method-assign]

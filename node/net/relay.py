@@ -1,0 +1,136 @@
+"""Reaching peers behind NATs: circuit relay v2 and hole punching (DCUtR) on our host.
+
+py-libp2p 0.8.1 ships the protocols but not the wiring (docs/nat.md has what was
+measured): `host.connect` refuses `/p2p-circuit` addresses, so circuits are dialled
+through the relay transport here; reservations are made explicitly (the library's
+auto-reserve looks at peers only every 5 minutes) and made again when the relay
+connection drops; and DCUtR gets a 3 s dial timeout (its 10 s default goes on a
+futile dial of the peer's private LAN address before every hole punch).
+
+Every node answers circuits (the STOP side); a node serves as a relay (HOP) when its
+settings say so, within `RelayOptions` limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.tools.anyio_service import background_trio_service
+
+from node.net import libp2p_fixes
+
+log = logging.getLogger(__name__)
+
+CIRCUIT = "/p2p-circuit"
+RESERVATION_TTL_S = 600  # a relay forgets a reservation not refreshed this long
+DIAL_TIMEOUT_S = 10.0
+HOLE_PUNCH_DIAL_TIMEOUT_S = 3
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """What this node does for others as a relay (`serve`), and within which limits."""
+
+    serve: bool = False
+    max_reservations: int = 64  # peers that may hold a slot here at once
+    max_circuits: int = 8  # circuits to one peer at once
+    circuit_bytes: int = 1 << 30  # per circuit, both ways (never 0: the library reads 0 as none)
+    circuit_s: int = 3600  # per circuit
+
+
+def is_circuit(addr: str) -> bool:
+    return CIRCUIT in addr
+
+
+class Relay:
+    """The relay and hole-punching protocols of one host, and our reservations."""
+
+    def __init__(self, host: IHost, options: RelayOptions) -> None:
+        libp2p_fixes.apply()
+        self._host = host
+        self.options = options
+        limits = RelayLimits(
+            duration=options.circuit_s,
+            data=max(1, options.circuit_bytes),
+            max_circuit_conns=options.max_circuits,
+            max_reservations=options.max_reservations,
+            reservation_ttl=RESERVATION_TTL_S,
+        )
+        self._protocol = CircuitV2Protocol(host, limits=limits, allow_hop=options.serve)
+        # STOP only: with CLIENT, every dial through a relay would also reserve a slot there
+        self._transport = CircuitV2Transport(
+            host, self._protocol, RelayConfig(roles=RelayRole.STOP)
+        )
+        self._dcutr = DCUtRProtocol(host, dial_timeout=HOLE_PUNCH_DIAL_TIMEOUT_S)
+        self._nursery: trio.Nursery | None = None
+        self.reservations: dict[str, str] = {}  # relay peer id -> our circuit address there
+        logging.getLogger("libp2p.relay").setLevel(logging.CRITICAL)  # an ERROR per RESERVE
+
+    @asynccontextmanager
+    async def running(self) -> Any:
+        async with (
+            background_trio_service(self._protocol),
+            background_trio_service(self._dcutr),
+            trio.open_nursery() as nursery,
+        ):
+            await self._protocol.event_started.wait()
+            self._nursery = nursery  # the reservations' refreshers run here
+            try:
+                yield self
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def forget_reservation_of(self, peer_id: str) -> None:
+        """A peer that left gives its slot back now, not when its reservation expires."""
+        with suppress(Exception):
+            self._protocol.resource_manager._reservations.pop(ID.from_base58(peer_id), None)
+
+    async def reserve(self, relay_addr: str) -> str:
+        """Hold a slot on the relay at `relay_addr` (connected already); returns our
+        circuit address there. Raises `RuntimeError` when the relay refuses."""
+        assert self._nursery is not None, "reserve inside running()"
+        relay_id = relay_addr.rsplit("/p2p/", 1)[-1]
+        pid = ID.from_base58(relay_id)
+        with trio.fail_after(DIAL_TIMEOUT_S):
+            stream = await self._host.new_stream(pid, [HOP_PROTOCOL])
+            try:
+                ok = await self._transport.reserve(stream, pid, self._nursery)
+            finally:
+                with suppress(Exception):
+                    await stream.close()
+        if not ok:
+            raise RuntimeError(f"relay {relay_id} refused a reservation")
+        circuit = f"{relay_addr}{CIRCUIT}/p2p/{self._host.get_id()}"
+        self.reservations[relay_id] = circuit
+        return circuit
+
+    async def dial(self, circuit: str) -> None:
+        """Connect to a peer through the relay its circuit address names."""
+        with trio.fail_after(DIAL_TIMEOUT_S):
+            await self._transport.dial(multiaddr.Multiaddr(circuit))
+
+    def path(self, peer_id: str) -> str:
+        """How we are connected to `peer_id` now: "direct", "relayed" or "none"."""
+        conns = self._host.get_network().connections.get(ID.from_base58(peer_id)) or []
+        if not isinstance(conns, list):
+            conns = [conns]
+        if not conns:
+            return "none"
+        for conn in conns:
+            with suppress(Exception):
+                if not any(is_circuit(str(a)) for a in conn.get_transport_addresses()):
+                    return "direct"
+        return "relayed"
