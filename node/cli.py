@@ -49,6 +49,14 @@ def node_run(
     mdns: Annotated[
         bool | None, typer.Option("--mdns/--no-mdns", help="LAN discovery [default on]")
     ] = None,
+    reachability: Annotated[
+        str | None,
+        typer.Option(help="auto|public|private: behind a NAT, hold relay slots [default auto]"),
+    ] = None,
+    relay: Annotated[
+        bool | None,
+        typer.Option("--relay/--no-relay", help="relay for NATed peers when public [default on]"),
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error")] = None,
     publish_interval: Annotated[
         float | None, typer.Option(help="seconds between capacity ad refreshes [default 30]")
@@ -120,6 +128,8 @@ def node_run(
         "http": http,
         "bootstrap": bootstrap or None,
         "mdns": mdns,
+        "reachability": reachability,
+        "relay": relay,
         "log_level": log_level,
         "publish_interval_s": publish_interval,
         "peer_ttl_s": peer_ttl,

@@ -44,6 +44,27 @@ class Settings:
         metadata=_meta("multiaddrs (ending in /p2p/<peer id>) to connect to at start"),
     )
     mdns: bool = field(default=True, metadata=_meta("discover peers on the LAN with mDNS"))
+    reachability: str = field(
+        default="auto",
+        metadata=_meta(
+            "auto (peers dial us back to find out) | public | private (behind a NAT: "
+            "hold slots on relays)"
+        ),
+    )
+    relay: bool = field(
+        default=True,
+        metadata=_meta("relay circuits for peers behind NATs while this node is public"),
+    )
+    relay_max_reservations: int = field(
+        default=64, metadata=_meta("peers that may hold a relay slot here at once")
+    )
+    relay_circuit_mb: int = field(
+        default=64,
+        metadata=_meta("most MiB one relayed connection may carry (bulk data goes direct)"),
+    )
+    relay_circuit_s: int = field(
+        default=3600, metadata=_meta("longest a relayed connection may last, in seconds")
+    )
     log_level: str = field(default="info", metadata=_meta("debug | info | warning | error"))
     publish_interval_s: float = field(
         default=30.0,
@@ -121,6 +142,16 @@ class Settings:
         _check_range("peer_ttl_s", self.peer_ttl_s >= 0, "must be >= 0")
         _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
+        _check_range(
+            "reachability",
+            self.reachability in ("auto", "public", "private"),
+            "must be one of auto, public, private",
+        )
+        _check_range(
+            "relay_max_reservations", 1 <= self.relay_max_reservations <= 4096, "must be 1..4096"
+        )
+        _check_range("relay_circuit_mb", 1 <= self.relay_circuit_mb <= 2**20, "must be 1..1048576")
+        _check_range("relay_circuit_s", 1 <= self.relay_circuit_s <= 86400, "must be 1..86400")
         _check_range("lease_s", 3 <= self.lease_s <= 3600, "must be 3..3600")
         _check_range("max_units", 1 <= self.max_units <= 64, "must be 1..64")
         _check_range("unit_disk_quota_mb", self.unit_disk_quota_mb >= 1, "must be >= 1")

@@ -30,8 +30,10 @@ from node.net.discovery import keep_connected
 from node.net.evidence_gossip import EvidenceGossip
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
+from node.net.nat import keep_reachable
 from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
+from node.net.relay import RelayOptions
 from node.store import lock_data_dir, next_counter, open_node_db
 from node.web.api import WriteGuard, make_app
 from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_peers
@@ -108,6 +110,8 @@ class Node:
             timestamp=time.time(),
             version=__version__,
             determinism=self.capacity.determinism,
+            reachability=self.host.reachability.now.state,
+            relay=self.host.relay.options.serve and self.host.reachability.now.state == "public",
         )
 
     def signed_ad(self) -> bytes:
@@ -129,6 +133,20 @@ class Node:
             "uptime_s": round(time.time() - self.started, 3),
             "sandbox": self.sandbox,
             "version": __version__,
+            "reachability": self.reachability(),
+        }
+
+    def reachability(self) -> dict[str, Any]:
+        """Whether peers can dial us, how that was learned, and our relay slots."""
+        now = self.host.reachability.now
+        relay = self.host.relay
+        return {
+            "state": now.state,
+            "how": now.how,
+            "checked_at": now.checked_at,
+            "answers": now.answers,
+            "relayed_through": sorted(relay.reservations),
+            "relaying": relay.options.serve and now.state == "public",
         }
 
     def peers(self) -> list[dict[str, Any]]:
@@ -249,8 +267,19 @@ async def _serve(
     metrics = NodeMetrics()
     peers = PeerTable(db, settings.ttl_s)
     http_host, _, http_port = settings.http.rpartition(":")
+    relay = RelayOptions(
+        serve=settings.relay and settings.reachability != "private",
+        max_reservations=settings.relay_max_reservations,
+        circuit_bytes=settings.relay_circuit_mb << 20,
+        circuit_s=settings.relay_circuit_s,
+    )
     async with MeshHost.start(
-        identity, settings.listen, gossip_rate_limit=settings.gossip_rate_limit, mdns=settings.mdns
+        identity,
+        settings.listen,
+        gossip_rate_limit=settings.gossip_rate_limit,
+        mdns=settings.mdns,
+        relay=relay,
+        reachability=settings.reachability,
     ) as host:
         node = Node(settings, identity, data_dir, capacity, host, peers, db, metrics)
         node.sandbox = await probe_isolation()
@@ -318,6 +347,9 @@ async def _serve(
                 nursery.start_soon(work.run)
                 nursery.start_soon(watch_peers, peers, events)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
+                nursery.start_soon(
+                    keep_reachable, host, settings.bootstrap, peers.relays, node.gossip.changed
+                )
                 log.info(
                     "node %s up: libp2p %s, API http://%s",
                     identity.peer_id,

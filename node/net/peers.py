@@ -135,3 +135,13 @@ class PeerTable:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def relays(self) -> list[str]:
+        """Direct addresses of peers whose ads offer relaying (public ones)."""
+        return [
+            addr
+            for entry in self.entries()
+            if entry.ad.relay and entry.ad.reachability == "public"
+            for addr in entry.ad.addrs[:1]
+            if "/p2p-circuit" not in addr
+        ]
