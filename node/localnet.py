@@ -63,6 +63,8 @@ class LocalNode:
     args: list[str]
     http_host: str = "127.0.0.1"  # what the API binds to; clients always use loopback
     env: dict[str, str] = field(default_factory=dict)  # over this process's environment
+    listen_ip: str = "127.0.0.1"  # libp2p's
+    netns: str = ""  # a network namespace to run in (`ip netns exec`), for NAT tests
     proc: subprocess.Popen | None = None
     peer_id: str = ""
     log_path: Path = field(init=False)
@@ -72,11 +74,12 @@ class LocalNode:
 
     @property
     def api(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        host = "127.0.0.1" if self.http_host in ("127.0.0.1", "0.0.0.0") else self.http_host
+        return f"http://{host}:{self.http_port}"
 
     @property
     def multiaddr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.p2p_port}/p2p/{self.peer_id}"
+        return f"/ip4/{self.listen_ip}/tcp/{self.p2p_port}/p2p/{self.peer_id}"
 
     @property
     def token(self) -> str | None:
@@ -115,6 +118,7 @@ class LocalNode:
         if "capacity" in _measured and not cache.exists():
             cache.write_bytes(_measured["capacity"])
         cmd = [
+            *(["ip", "netns", "exec", self.netns] if self.netns else []),
             sys.executable,
             "-m",
             "node",
@@ -123,7 +127,7 @@ class LocalNode:
             "--data-dir",
             str(self.data_dir),
             "--listen",
-            f"/ip4/127.0.0.1/tcp/{self.p2p_port}",
+            f"/ip4/{self.listen_ip}/tcp/{self.p2p_port}",
             "--http",
             f"{self.http_host}:{self.http_port}",
             "--no-mdns",

@@ -1,0 +1,155 @@
+"""A small internet in Linux network namespaces: a public host and homes behind NATs.
+
+    pub 10.0.0.1 ----+
+                     |  wan bridge (10.0.0.0/24, in namespace "wan")
+    rA  10.0.0.2 ----+---- rB 10.0.0.3
+     | masquerade            | masquerade
+    A 192.168.1.2          B 192.168.2.2
+
+Each router masquerades its home behind its WAN address and drops what nobody inside
+asked for (conntrack), as a home router does; Linux masquerade keeps source ports,
+which is what lets hole punching work. Each node namespace also has a management
+link to the test (172.31.<n>.2, the test's side .1) that carries only the HTTP API:
+nothing routes between management links and the lab.
+
+Needs root, `ip` and `nft`. `Lab.up()` raises `LabUnavailable` (with the reason)
+where they are missing; everything is removed on `down()`, also after a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+WAN = "10.0.0"
+
+
+class LabUnavailable(Exception):
+    """Network namespaces cannot be built here (not root, or a tool is missing)."""
+
+
+@dataclass
+class Lab:
+    prefix: str = field(default_factory=lambda: f"mm{os.getpid() % 100000}-")
+    made: list[str] = field(default_factory=list)  # namespaces, in order made
+    links: list[str] = field(default_factory=list)  # root-side management veths
+    homes: dict[str, str] = field(default_factory=dict)  # home name -> its node's IP
+    mgmt: dict[str, str] = field(default_factory=dict)  # namespace -> its management IP
+
+    def ns(self, name: str) -> str:
+        return self.prefix + name
+
+    def up(self, homes: tuple[str, ...] = ("a", "b")) -> Lab:
+        missing = [t for t in ("ip", "nft") if shutil.which(t) is None]
+        if os.geteuid() != 0 or missing:
+            why = "not root" if os.geteuid() != 0 else f"missing {', '.join(missing)}"
+            raise LabUnavailable(f"network namespaces need root, ip and nft ({why})")
+        try:
+            self._build(homes)
+        except Exception:
+            self.down()
+            raise
+        return self
+
+    def _build(self, homes: tuple[str, ...]) -> None:
+        for name in ("wan", "pub"):
+            self._add_ns(name)
+        self._run("wan", "ip link add br0 type bridge")
+        self._run("wan", "ip link set br0 up")
+        self._wan_port("pub", 1)
+        self._manage("pub", 1)
+        for i, home in enumerate(homes):
+            router, inside = f"r{home}", home
+            self._add_ns(router)
+            self._add_ns(inside)
+            self._wan_port(router, 2 + i)
+            lan = f"192.168.{i + 1}"
+            self._veth(router, "lan0", f"{lan}.1/24", inside, "eth0", f"{lan}.2/24")
+            self._run(inside, f"ip route add default via {lan}.1")
+            self._run(router, "sysctl -q -w net.ipv4.ip_forward=1")
+            self._masquerade(router)
+            self._manage(inside, 2 + i)
+            self.homes[home] = f"{lan}.2"
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _add_ns(self, name: str) -> None:
+        _sh(f"ip netns add {self.ns(name)}")
+        self.made.append(self.ns(name))
+        self._run(name, "ip link set lo up")
+
+    def _veth(self, a: str, a_dev: str, a_ip: str, b: str, b_dev: str, b_ip: str) -> None:
+        _sh(f"ip link add {a_dev}-{self.prefix}x type veth peer name {b_dev}-{self.prefix}y")
+        _sh(f"ip link set {a_dev}-{self.prefix}x netns {self.ns(a)}")
+        _sh(f"ip link set {b_dev}-{self.prefix}y netns {self.ns(b)}")
+        for ns, tmp, dev, ip in ((a, "x", a_dev, a_ip), (b, "y", b_dev, b_ip)):
+            self._run(ns, f"ip link set {dev}-{self.prefix}{tmp} name {dev}")
+            if ip:
+                self._run(ns, f"ip addr add {ip} dev {dev}")
+            self._run(ns, f"ip link set {dev} up")
+
+    def _wan_port(self, name: str, host: int) -> None:
+        port = f"p{host}"
+        self._veth(name, "wan0", f"{WAN}.{host}/24", "wan", port, "")
+        self._run("wan", f"ip link set {port} master br0")
+
+    def _masquerade(self, router: str) -> None:
+        rules = """
+table ip nat {
+  chain post { type nat hook postrouting priority 100; oifname "wan0" masquerade; }
+}
+table ip filter {
+  chain homefw {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname "lan0" accept
+  }
+}
+"""
+        subprocess.run(
+            ["ip", "netns", "exec", self.ns(router), "nft", "-f", "-"],
+            input=rules.encode(),
+            check=True,
+            capture_output=True,
+        )
+
+    def _manage(self, name: str, n: int) -> None:
+        """A link from the test to `name`'s namespace, for its HTTP API only."""
+        outside, inside = f"mm{n}-{os.getpid() % 10000}", "mgmt0"
+        _sh(f"ip link add {outside} type veth peer name {inside}-{self.prefix}y")
+        self.links.append(outside)
+        _sh(f"ip link set {inside}-{self.prefix}y netns {self.ns(name)}")
+        self._run(name, f"ip link set {inside}-{self.prefix}y name {inside}")
+        _sh(f"ip addr add 172.31.{n}.1/30 dev {outside}")
+        _sh(f"ip link set {outside} up")
+        self._run(name, f"ip addr add 172.31.{n}.2/30 dev {inside}")
+        self._run(name, f"ip link set {inside} up")
+        self.mgmt[self.ns(name)] = f"172.31.{n}.2"
+
+    def _run(self, name: str, command: str) -> None:
+        _sh(f"ip netns exec {self.ns(name)} {command}")
+
+    def exec(self, name: str, command: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns(name), *command], capture_output=True, text=True
+        )
+
+    def down(self) -> None:
+        for link in self.links:
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.made.clear()
+        self.links.clear()
+
+
+def _sh(command: str) -> None:
+    done = subprocess.run(command.split(), capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{command}: {done.stderr.strip()}")
