@@ -150,7 +150,11 @@ class Node:
         }
 
     def peers(self) -> list[dict[str, Any]]:
-        return [entry.to_json() for entry in self.peer_table.entries()]
+        """The peer table, each with how we are connected to it now (`path`)."""
+        return [
+            {**entry.to_json(), "path": self.host.path_to(entry.ad.peer_id)}
+            for entry in self.peer_table.entries()
+        ]
 
     def reputation(self) -> list[dict[str, Any]]:
         """What this node has seen of each peer's results (`node.work.reputation`)."""

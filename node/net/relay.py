@@ -77,7 +77,6 @@ class Relay:
         self._dcutr = DCUtRProtocol(host, dial_timeout=HOLE_PUNCH_DIAL_TIMEOUT_S)
         self._nursery: trio.Nursery | None = None
         self.reservations: dict[str, str] = {}  # relay peer id -> our circuit address there
-        logging.getLogger("libp2p.relay").setLevel(logging.CRITICAL)  # an ERROR per RESERVE
 
     @asynccontextmanager
     async def running(self) -> Any:

@@ -111,6 +111,12 @@ class WorkContext:
             raise ValueError(f"not a unit id: {unit_id[:80]!r}")
         return self.data_dir / "units" / unit_id
 
+    def path_to(self, peer_id: str) -> str:
+        """How this node reaches `peer_id` now, for the job's timeline."""
+        return {"direct": "direct connection", "relayed": "through a relay"}.get(
+            self.host.path_to(peer_id), "not connected"
+        )
+
     def peer_ip(self, peer_id: str) -> str | None:
         """An IPv4 address the peer advertises, for the direct blob channel."""
         entry = self.peers.get(peer_id)

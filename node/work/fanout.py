@@ -78,7 +78,7 @@ class Fanout:
             self.backoff.succeeded(job.id, unit.worker)
             current = ctx.jobs.unit(unit.unit_id)
             if current is not None and current.state == "offered":
-                self._lifecycle.start(current, note)
+                self._lifecycle.start(current, f"{note} ({ctx.path_to(unit.worker)})")
         elif reply.transient:
             if ctx.jobs.forget_unit(unit.unit_id):
                 ctx.forget_unit_key(job.id, unit.unit_id)

@@ -155,7 +155,7 @@ class Placement:
             log.info("job %s: unit %s accepted by %s", job.id, unit.unit_id, peer)
             current = ctx.jobs.unit(unit.unit_id)
             if current is not None and current.state == "offered":
-                self._lifecycle.start(current, f"accepted by {peer}")
+                self._lifecycle.start(current, f"accepted by {peer} ({ctx.path_to(peer)})")
             return True  # (or its result already arrived and was handled)
         log.info("job %s: %s declined: %s", job.id, peer, reply.reason)
         if reply.transient:

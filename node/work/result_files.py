@@ -10,6 +10,7 @@ delta is checked as a `RoundDelta` of its round instead. What fails is not kept.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -33,12 +34,22 @@ from training.result_check import (
 )
 
 
+@dataclass(frozen=True)
+class Fetched:
+    had: bool  # the weights were stored here before
+    path: str  # how they came ("" when they did not need to)
+
+    @property
+    def via(self) -> str:
+        """For the timeline: " (<path>)", or nothing when it came the usual way."""
+        return f" ({self.path})" if self.path and self.path != "direct channel" else ""
+
+
 async def fetch_and_check(
     ctx: WorkContext, job: Job, unit: Unit, spec: dict[str, Any], peer: str, result: Result
-) -> bool:
+) -> Fetched:
     """Fetch the weights (an elastic share: its delta) under the worker's grant, at
-    most the plan's size, and check them; what fails is not kept. True when the
-    weights were stored here before."""
+    most the plan's size, and check them; what fails is not kept."""
     grant = weights_grant(ctx, peer, result)
     key = ctx.grant_keys.get((result.job_id, result.unit_id))
     if key is None:
@@ -53,7 +64,9 @@ async def fetch_and_check(
             f"{what} of {result.weights_size} bytes; this model's are at most {bound}"
         )
     had = ctx.blobs.has(result.weights_sha256)
-    await fetch_granted(ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], bound)
+    paths = await fetch_granted(
+        ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], bound
+    )
     path = ctx.blobs.path(result.weights_sha256)
     try:
         if unit.round >= 0:
@@ -75,7 +88,7 @@ async def fetch_and_check(
         if not had:  # what was just fetched for this result is not kept
             ctx.blobs.remove(result.weights_sha256)
         raise
-    return had
+    return Fetched(had, paths.get(result.weights_sha256, ""))
 
 
 def weights_grant(ctx: WorkContext, peer: str, result: Result) -> BlobGrant:

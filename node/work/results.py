@@ -96,7 +96,7 @@ class Results:
             return self._reply(False, "result rejected: a result for this unit is already here")
         try:
             spec = self._spec_of(job, unit)
-            had_weights = await fetch_and_check(self.ctx, job, unit, spec, peer, result)
+            fetched = await fetch_and_check(self.ctx, job, unit, spec, peer, result)
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -107,16 +107,16 @@ class Results:
         if self._spot_checks.wanted(job):
             verdict = await self._spot_check(job, unit, peer, result, data)
             if not verdict.ok:
-                if not had_weights:  # weights that failed are not kept
+                if not fetched.had:  # weights that failed are not kept
                     self.ctx.blobs.remove(result.weights_sha256)
                 return await self._invalidate(job, unit, peer, verdict)
             self._spot_checks.reputation.valid(peer, self._credit(job, unit))
         try:
             if unit.round >= 0:
-                return self._accept_share(job, unit, peer, result)
+                return self._accept_share(job, unit, peer, result, fetched.via)
             if unit.trial >= 0:
-                return self._accept_trial(job, unit, peer, result, verdict)
-            return self._accept(job, unit, peer, result, verdict)
+                return self._accept_trial(job, unit, peer, result, verdict, fetched.via)
+            return self._accept(job, unit, peer, result, verdict, fetched.via)
         except Exception as exc:  # a bug here loses this unit, never the node
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
@@ -126,7 +126,7 @@ class Results:
         unit = self.ctx.jobs.unit(unit_id)
         return unit is not None and why == round_closed_reason(unit.round)
 
-    def _accept_share(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
+    def _accept_share(self, job: Job, unit: Unit, peer: str, result: Result, via: str) -> bytes:
         """An elastic round's delta, checked: the half-signed receipt for its H inner
         steps; the round applies the delta when it closes."""
         half_signed = self._half_signed(job, unit, peer, result)
@@ -134,7 +134,7 @@ class Results:
             unit.unit_id,
             result.weights_sha256,
             self.ctx.blobs.size(result.weights_sha256),  # as fetched, not as claimed
-            f"round {unit.round}: delta from {peer} checked; receipt issued",
+            f"round {unit.round}: delta from {peer}{via} checked; receipt issued",
         ):
             return self._reply(False, "result rejected: the round closed while it was checked")
         self.ctx.jobs.add_receipt(
@@ -143,7 +143,7 @@ class Results:
         return self._reply(True, "", half_signed)
 
     def _accept_trial(
-        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
+        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None, via: str
     ) -> bytes:
         """A sweep trial's weights, checked: the receipt for its run, and the trial
         complete with the metric the worker reported."""
@@ -152,7 +152,7 @@ class Results:
             unit.unit_id,
             result.weights_sha256,
             self.ctx.blobs.size(result.weights_sha256),
-            f"trial {unit.trial}: weights from {peer} checked; receipt issued",
+            f"trial {unit.trial}: weights from {peer}{via} checked; receipt issued",
         ):
             return self._reply(False, "result rejected: the sweep ended while it was checked")
         self.ctx.jobs.add_receipt(
@@ -209,7 +209,7 @@ class Results:
         return credit_of(job)
 
     def _accept(
-        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None
+        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None, via: str
     ) -> bytes:
         """Issue the half-signed receipt, then complete the unit and the job; a job
         cancelled while the weights were checked stays cancelled and gives no receipt."""
@@ -222,7 +222,7 @@ class Results:
             result.weights_sha256,
             {**metrics, "device": result.device},
             status,
-            f"result from {peer} checked{found}; receipt issued",
+            f"result from {peer}{via} checked{found}; receipt issued",
         )
         if completed is None and not self._replica_of_completed(job.id, unit, result):
             return self._reply(False, "result rejected: the job ended while it was checked")

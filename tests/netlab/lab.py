@@ -7,8 +7,11 @@
     A 192.168.1.2          B 192.168.2.2
 
 Each router masquerades its home behind its WAN address and drops what nobody inside
-asked for (conntrack), as a home router does; Linux masquerade keeps source ports,
-which is what lets hole punching work. Each node namespace also has a management
+asked for (conntrack), silently, as a home router does. A "cone" router keeps source ports
+(Linux masquerade's default), which is what lets hole punching work; a "symmetric"
+one picks a random port for every connection (`fully-random`), so the port a peer
+sees is never the one the next connection gets: hole punching fails, and only a
+relay reaches that home. Each node namespace also has a management
 link to the test (172.31.<n>.2, the test's side .1) that carries only the HTTP API:
 nothing routes between management links and the lab.
 
@@ -41,7 +44,10 @@ class Lab:
     def ns(self, name: str) -> str:
         return self.prefix + name
 
-    def up(self, homes: tuple[str, ...] = ("a", "b")) -> Lab:
+    def up(self, homes: dict[str, str] | None = None) -> Lab:
+        """Build the lab; `homes` maps each home's name to its NAT, "cone" or
+        "symmetric" (default: homes a and b, both cone)."""
+        homes = homes or {"a": "cone", "b": "cone"}
         missing = [t for t in ("ip", "nft") if shutil.which(t) is None]
         if os.geteuid() != 0 or missing:
             why = "not root" if os.geteuid() != 0 else f"missing {', '.join(missing)}"
@@ -53,14 +59,14 @@ class Lab:
             raise
         return self
 
-    def _build(self, homes: tuple[str, ...]) -> None:
+    def _build(self, homes: dict[str, str]) -> None:
         for name in ("wan", "pub"):
             self._add_ns(name)
         self._run("wan", "ip link add br0 type bridge")
         self._run("wan", "ip link set br0 up")
         self._wan_port("pub", 1)
         self._manage("pub", 1)
-        for i, home in enumerate(homes):
+        for i, (home, nat) in enumerate(homes.items()):
             router, inside = f"r{home}", home
             self._add_ns(router)
             self._add_ns(inside)
@@ -69,7 +75,7 @@ class Lab:
             self._veth(router, "lan0", f"{lan}.1/24", inside, "eth0", f"{lan}.2/24")
             self._run(inside, f"ip route add default via {lan}.1")
             self._run(router, "sysctl -q -w net.ipv4.ip_forward=1")
-            self._masquerade(router)
+            self._masquerade(router, "fully-random" if nat == "symmetric" else "")
             self._manage(inside, 2 + i)
             self.homes[home] = f"{lan}.2"
 
@@ -95,19 +101,27 @@ class Lab:
         self._veth(name, "wan0", f"{WAN}.{host}/24", "wan", port, "")
         self._run("wan", f"ip link set {port} master br0")
 
-    def _masquerade(self, router: str) -> None:
-        rules = """
-table ip nat {
-  chain post { type nat hook postrouting priority 100; oifname "wan0" masquerade; }
-}
-table ip filter {
-  chain homefw {
-    type filter hook forward priority 0; policy drop;
-    ct state established,related accept
-    iifname "lan0" accept
-  }
-}
-"""
+    def _masquerade(self, router: str, flags: str) -> None:
+        nat = f'oifname "wan0" masquerade {flags}'.strip()
+        rules = (
+            "table ip nat {\n"
+            f"  chain post {{ type nat hook postrouting priority 100; {nat}; }}\n"
+            "}\n"
+            "table ip filter {\n"
+            "  chain homefw {\n"
+            "    type filter hook forward priority 0; policy drop;\n"
+            "    ct state established,related accept\n"
+            '    iifname "lan0" accept\n'
+            "  }\n"
+            # a home router answers nothing from outside: a SYN that no mapping
+            # expects is dropped, not refused (a refusal would end a hole punch)
+            "  chain homein {\n"
+            "    type filter hook input priority 0; policy drop;\n"
+            "    ct state established,related accept\n"
+            '    iifname "lan0" accept\n'
+            "  }\n"
+            "}\n"
+        )
         subprocess.run(
             ["ip", "netns", "exec", self.ns(router), "nft", "-f", "-"],
             input=rules.encode(),

@@ -12,8 +12,8 @@ import pytest
 from lab import Lab, LabUnavailable
 
 from node.localnet import LocalNode, free_port, wait_for
-from training.examples import digits_toml
-from training.execute import run_job
+from training.examples import elastic_toml
+from training.local import train_local
 from training.spec import parse_spec
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ FAST = ["--publish-interval", "1", "--peer-ttl", "5", "--no-mdns"]
 @pytest.fixture
 def lab() -> Iterator[Lab]:
     try:
-        built = Lab().up()
+        built = Lab().up({"a": "cone", "b": "symmetric", "c": "cone"})
     except LabUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true, but the NAT lab cannot run: {exc}")
@@ -54,22 +54,33 @@ def _reachability(node: LocalNode) -> dict:
     return node.get("/api/v1/status")["reachability"]
 
 
-def test_an_owner_and_a_worker_behind_nats_train_a_job_through_a_relay(
+def _path(owner: LocalNode, peer: str) -> str:
+    entry = next((p for p in owner.get("/api/v1/peers") if p["peer_id"] == peer), None)
+    return entry["path"] if entry else "unknown"
+
+
+def test_nated_workers_train_through_a_relay_and_hole_punched_connections(
     lab: Lab, tmp_path: Path
 ) -> None:
+    """The owner in home A; worker B behind a symmetric NAT (no hole punching: only the
+    relay reaches it), worker C behind a cone NAT (hole punching works). An elastic
+    job of two shares: both are reached, B through the relay and C over the
+    hole-punched direct connection, each transfer's path in the job's timeline; the
+    weights are bitwise `train-local`'s."""
     relay = _node(lab, "pub", tmp_path, "10.0.0.1", ["--not-accepting"])
     nodes = [relay]
     try:
         relay.start()
         join = ["--bootstrap", relay.multiaddr]
         owner = _node(lab, "a", tmp_path, lab.homes["a"], [*join, "--not-accepting"])
-        worker = _node(lab, "b", tmp_path, lab.homes["b"], join)
-        nodes += [owner, worker]
-        for node in (owner, worker):
+        symmetric = _node(lab, "b", tmp_path, lab.homes["b"], join)
+        cone = _node(lab, "c", tmp_path, lab.homes["c"], join)
+        nodes += [owner, symmetric, cone]
+        for node in nodes[1:]:
             node.launch()
-        for node in (owner, worker):
+        for node in nodes[1:]:
             node.wait_ready(90)
-        for node in (owner, worker):
+        for node in nodes[1:]:
             found = wait_for(
                 lambda n=node: (r := _reachability(n))["relayed_through"] and r,
                 60,
@@ -77,18 +88,30 @@ def test_an_owner_and_a_worker_behind_nats_train_a_job_through_a_relay(
             )
             assert found["state"] == "private", found
             assert found["relayed_through"] == [relay.peer_id], found
-        assert wait_for(lambda: _reachability(relay)["state"] == "public", 30, "the relay")
-        wait_for(lambda: worker.peer_id in owner.peer_ids(), 30, "the owner to list the worker")
-        ad = next(p for p in owner.get("/api/v1/peers") if p["peer_id"] == worker.peer_id)
-        assert any("/p2p-circuit/" in a for a in ad["addrs"]), ad
+        public = _reachability(relay)
+        assert public["state"] == "public" and public["relaying"], public
+        for worker in (symmetric, cone):
+            wait_for(
+                lambda w=worker: w.peer_id in owner.peer_ids(),
+                30,
+                f"the owner to list {worker.name}",
+            )
+            ad = next(p for p in owner.get("/api/v1/peers") if p["peer_id"] == worker.peer_id)
+            assert any("/p2p-circuit/" in a for a in ad["addrs"]), ad
+        # the owner dials both (through the relay); C's connection is hole-punched
+        wait_for(lambda: _path(owner, cone.peer_id) == "direct", 45, "a hole-punched path to C")
 
-        spec = digits_toml("behind-nats", steps=60, hidden=(16,), lr=3e-3, gpu="none")
+        spec = elastic_toml("behind-nats", workers=2, min_workers=2, inner_steps=30, rounds=1)
         job_id = owner.submit_spec(spec)
         job = owner.wait_job_end(job_id, 240)
         assert job["state"] == "completed", job["reason"]
-        assert job["worker"] == worker.peer_id
-        local = run_job(parse_spec(tomllib.loads(spec)), None, tmp_path / "local.safetensors")
+        local = train_local(parse_spec(tomllib.loads(spec)), tmp_path / "local.safetensors")
         assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
+        notes = [e["note"] for e in job["timeline"]]
+        for worker, path in ((symmetric, "through a relay"), (cone, "direct connection")):
+            delta = [n for n in notes if f"delta from {worker.peer_id}" in n]
+            assert delta and f"({path})" in delta[0], (worker.name, notes)
+        assert _path(owner, symmetric.peer_id) == "relayed"  # no hole through a symmetric NAT
     except BaseException:
         for node in nodes:
             print(f"--- {node.name} ({node.peer_id}) ---\n{node.log_tail(60)}")
