@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 SCAN_INTERVAL_S = 2.0
+MAX_DIALS = 4  # discovered peers dialled at once
 
 
 async def keep_connected(host: MeshHost, bootstrap: list[str], target_peers: int) -> None:
@@ -49,25 +50,35 @@ async def _keep_bootstrap(host: MeshHost, addr: str) -> None:
 
 
 async def _fill_from_peerstore(host: MeshHost, target_peers: int) -> None:
+    """Dial peers the peerstore knows, several at once: a dial to a peer behind a NAT
+    waits out its private address before going through a relay."""
     retry_at: dict[str, tuple[float, float]] = {}  # peer -> (next try, backoff)
-    while True:
-        await trio.sleep(SCAN_INTERVAL_S)
-        connected = host.connected_peers()
-        now = time.monotonic()
-        for peer_id in host.known_dialable_peers():
-            if len(connected) >= target_peers:
-                break
-            if peer_id in connected or retry_at.get(peer_id, (0.0, 0.0))[0] > now:
-                continue
-            host.allow_redial(peer_id)
-            try:
-                await host.connect_known(peer_id)
-                connected.add(peer_id)
-                retry_at.pop(peer_id, None)
-                log.debug("connected to discovered peer %s", peer_id)
-            except HostError as exc:
-                backoff = min(
-                    retry_at.get(peer_id, (0.0, BACKOFF_START_S / 2))[1] * 2, BACKOFF_MAX_S
-                )
-                retry_at[peer_id] = (now + backoff, backoff)
-                log.debug("dial %s failed: %s", peer_id, exc)
+    dialling: set[str] = set()
+
+    async def dial(peer_id: str) -> None:
+        host.allow_redial(peer_id)
+        try:
+            await host.connect_known(peer_id)
+            retry_at.pop(peer_id, None)
+            log.debug("connected to discovered peer %s", peer_id)
+        except HostError as exc:
+            backoff = min(retry_at.get(peer_id, (0.0, BACKOFF_START_S / 2))[1] * 2, BACKOFF_MAX_S)
+            retry_at[peer_id] = (time.monotonic() + backoff, backoff)
+            log.debug("dial %s failed: %s", peer_id, exc)
+        finally:
+            dialling.discard(peer_id)
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            await trio.sleep(SCAN_INTERVAL_S)
+            connected = host.connected_peers()
+            now = time.monotonic()
+            for peer_id in host.known_dialable_peers():
+                if len(connected) + len(dialling) >= target_peers or len(dialling) >= MAX_DIALS:
+                    break
+                if peer_id in connected or peer_id in dialling:
+                    continue
+                if retry_at.get(peer_id, (0.0, 0.0))[0] > now:
+                    continue
+                dialling.add(peer_id)
+                nursery.start_soon(dial, peer_id)

@@ -218,18 +218,21 @@ class MeshHost:
         """Dial a peer whose addresses are in the peerstore, else through a relay."""
         pid = ID.from_base58(peer_id)
         addrs = self._direct_addrs(peer_id)
+        circuits = self._circuits.get(peer_id)
         try:
             if not addrs:
                 raise HostError(f"no direct address of {peer_id} is known")
-            await self._dial(PeerInfo(pid, addrs), peer_id)
+            # a peer with circuit addresses is behind a NAT: its own addresses are
+            # likely private ones, so the relay is not kept waiting long
+            await self._dial(PeerInfo(pid, addrs), peer_id, 3.0 if circuits else 5.0)
         except HostError:
-            if not self._circuits.get(peer_id):
+            if not circuits:
                 raise
-            await self._dial_circuits(peer_id, self._circuits[peer_id], peer_id)
+            await self._dial_circuits(peer_id, circuits, peer_id)
 
-    async def _dial(self, info: PeerInfo, label: str) -> None:
+    async def _dial(self, info: PeerInfo, label: str, timeout: float = 10.0) -> None:
         try:
-            with trio.fail_after(10):
+            with trio.fail_after(timeout):
                 await self._host.connect(info)
         except Exception as exc:
             raise HostError(f"could not connect to {label}: {type(exc).__name__}: {exc}") from exc

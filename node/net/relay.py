@@ -4,8 +4,10 @@ py-libp2p 0.8.1 ships the protocols but not the wiring (docs/nat.md has what was
 measured): `host.connect` refuses `/p2p-circuit` addresses, so circuits are dialled
 through the relay transport here; reservations are made explicitly (the library's
 auto-reserve looks at peers only every 5 minutes) and made again when the relay
-connection drops; and DCUtR gets a 3 s dial timeout (its 10 s default goes on a
-futile dial of the peer's private LAN address before every hole punch).
+connection drops; DCUtR gets a 3 s dial timeout (its 10 s default goes on a
+futile dial of the peer's private LAN address before every hole punch), and a hole
+punch starts with every relayed dial (the library's own loop punches one peer at a
+time).
 
 Every node answers circuits (the STOP side); a node serves as a relay (HOP) when its
 settings say so, within `RelayOptions` limits.
@@ -117,15 +119,43 @@ class Relay:
         return circuit
 
     async def dial(self, circuit: str) -> None:
-        """Connect to a peer through the relay its circuit address names."""
+        """Connect to a peer through the relay its circuit address names, and start
+        a hole punch to it at once."""
         with trio.fail_after(DIAL_TIMEOUT_S):
-            await self._transport.dial(multiaddr.Multiaddr(circuit))
+            conn = await self._transport.dial(multiaddr.Multiaddr(circuit))
+        if self._nursery is not None:
+            self._nursery.start_soon(self._punch, conn.muxed_conn.peer_id)
+
+    async def _punch(self, peer: ID) -> None:
+        """The library drives hole punches itself, but one peer at a time: behind a
+        peer whose NAT defeats them (three rounds of 5 s, three times) the others
+        wait a minute. Ours run side by side, one per relayed dial."""
+        with suppress(Exception):
+            await self._dcutr.initiate_hole_punch(peer)
+
+    def punching(self, peer_id: str) -> bool:
+        """A hole punch with `peer_id` is under way (either side began it)."""
+        with suppress(Exception):
+            return ID.from_base58(peer_id) in self._dcutr._in_progress
+        return False
+
+    def remote_ips(self, peer_id: str) -> set[str]:
+        """The IPs our direct connections to `peer_id` reach it at."""
+        ips = set()
+        for conn in self._connections(peer_id):
+            with suppress(Exception):
+                for addr in conn.get_transport_addresses():
+                    if not is_circuit(str(addr)):
+                        ips.add(addr.value_for_protocol("ip4"))
+        return ips
+
+    def _connections(self, peer_id: str) -> list[Any]:
+        conns = self._host.get_network().connections.get(ID.from_base58(peer_id)) or []
+        return conns if isinstance(conns, list) else [conns]
 
     def path(self, peer_id: str) -> str:
         """How we are connected to `peer_id` now: "direct", "relayed" or "none"."""
-        conns = self._host.get_network().connections.get(ID.from_base58(peer_id)) or []
-        if not isinstance(conns, list):
-            conns = [conns]
+        conns = self._connections(peer_id)
         if not conns:
             return "none"
         for conn in conns:

@@ -135,7 +135,7 @@ async def _fetch_one(
         f"within {deadline_s:.0f} s (minimum rate {MIN_RATE >> 10} KiB/s)"
     )
     request = make_request(ctx.identity, grant_env, sha)
-    ip = ctx.peer_ip(peer_id)
+    ip = _data_channel_ip(ctx, peer_id)
     started = trio.current_time()
     if grant.data_port and ip:
         try:
@@ -156,12 +156,23 @@ async def _fetch_one(
     return path
 
 
+def _data_channel_ip(ctx: WorkContext, peer_id: str) -> str | None:
+    """The peer's advertised IP, if the data channel can reach it there: not when
+    we reach the peer only through a relay, or at another IP (its NAT's): the data
+    channel's port is not the one a hole punch opened."""
+    ip = ctx.peer_ip(peer_id)
+    path = ctx.host.path_to(peer_id)
+    if path == "relayed" or (path == "direct" and ip not in ctx.host.relay.remote_ips(peer_id)):
+        return None
+    return ip
+
+
 async def _off_relay(ctx: WorkContext, peer_id: str, sha: str, max_bytes: int) -> None:
-    """Give hole punching its time before bulk bytes go to a peer reached through a
-    relay; refuse a blob too large for a relay's circuit."""
+    """Give a hole punch under way its time before bulk bytes go to a peer reached
+    through a relay; refuse a blob too large for a relay's circuit."""
     await ctx.host.reach(peer_id)
     with trio.move_on_after(HOLE_PUNCH_WAIT_S):
-        while ctx.host.path_to(peer_id) == "relayed":
+        while ctx.host.path_to(peer_id) == "relayed" and ctx.host.relay.punching(peer_id):
             await trio.sleep(0.2)
     if ctx.host.path_to(peer_id) == "relayed" and max_bytes > RELAY_MAX_BYTES:
         raise TransferError(
