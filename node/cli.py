@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from node import __version__, cli_jobs, cli_ledger
+from node import __version__, cli_doctor, cli_jobs, cli_ledger
 from node.cli_common import ApiOption, DataDirOption, console, err, fail, get, short
 
 app = typer.Typer(
@@ -211,6 +211,7 @@ def peers(api: ApiOption = None) -> None:
 
 cli_jobs.register(app, node_app)
 cli_ledger.register(app)
+cli_doctor.register(app)
 
 
 @app.command()

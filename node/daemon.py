@@ -134,6 +134,11 @@ class Node:
             "sandbox": self.sandbox,
             "version": __version__,
             "reachability": self.reachability(),
+            "ports": {
+                "listen": self.settings.listen,
+                "http": self.settings.http,
+                "data": self.work.ctx.data_port if self.work is not None else 0,
+            },
         }
 
     def reachability(self) -> dict[str, Any]:
@@ -147,6 +152,7 @@ class Node:
             "answers": now.answers,
             "relayed_through": sorted(relay.reservations),
             "relaying": relay.options.serve and now.state == "public",
+            "observed_addrs": self.host.observed_addrs(),
         }
 
     def peers(self) -> list[dict[str, Any]]:

@@ -170,6 +170,15 @@ class MeshHost:
                 out.append(text)
         return out + list(self.relay.reservations.values())
 
+    def observed_addrs(self) -> list[str]:
+        """The addresses peers see us at (identify), without our peer id."""
+        manager = getattr(self._host, "_observed_addr_manager", None)
+        if manager is None:
+            return []
+        with suppress(Exception):
+            return sorted({str(a) for a in manager.addrs(min_observers=1)})
+        return []
+
     def connected_peers(self) -> set[str]:
         return {p.to_base58() for p in self._host.get_connected_peers()}
 

@@ -51,6 +51,8 @@ class PeerEntry:
             "version": ad.version,
             "seq": ad.seq,
             "ad_timestamp": ad.timestamp,
+            "reachability": ad.reachability,
+            "relay": ad.relay,
             "last_seen": self.last_seen,
             "stale": self.stale,
         }

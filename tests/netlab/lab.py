@@ -145,9 +145,16 @@ class Lab:
     def _run(self, name: str, command: str) -> None:
         _sh(f"ip netns exec {self.ns(name)} {command}")
 
-    def exec(self, name: str, command: list[str]) -> subprocess.CompletedProcess:
+    def exec(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        """Run `command` inside namespace `name` (with `env` over this environment)."""
         return subprocess.run(
-            ["ip", "netns", "exec", self.ns(name), *command], capture_output=True, text=True
+            ["ip", "netns", "exec", self.ns(name), *command],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=120,
         )
 
     def down(self) -> None:

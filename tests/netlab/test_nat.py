@@ -3,7 +3,9 @@ home A and a worker in home B. Needs root; skips without it, except under CI=tru
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +56,14 @@ def _reachability(node: LocalNode) -> dict:
     return node.get("/api/v1/status")["reachability"]
 
 
+def _doctor(lab: Lab, node: LocalNode) -> dict:
+    """`meshminer doctor --json` run inside the node's namespace."""
+    command = [sys.executable, "-m", "node", "doctor", "--json", "--api", node.api]
+    done = lab.exec(node.name, [*command, "--data-dir", str(node.data_dir)],
+                    {"MESHMINER_TOKEN": node.token or ""})  # fmt: skip
+    return {f["name"]: f for f in json.loads(done.stdout)["findings"]}
+
+
 def _path(owner: LocalNode, peer: str) -> str:
     entry = next((p for p in owner.get("/api/v1/peers") if p["peer_id"] == peer), None)
     return entry["path"] if entry else "unknown"
@@ -90,6 +100,9 @@ def test_nated_workers_train_through_a_relay_and_hole_punched_connections(
             assert found["relayed_through"] == [relay.peer_id], found
         public = _reachability(relay)
         assert public["state"] == "public" and public["relaying"], public
+        found = {n.name: _doctor(lab, n)["reachability"] for n in (relay, symmetric)}
+        assert found["pub"]["state"] == "ok" and found["pub"]["detail"].startswith("public")
+        assert "behind a NAT" in found["b"]["detail"] and "1 relay" in found["b"]["detail"]
         for worker in (symmetric, cone):
             wait_for(
                 lambda w=worker: w.peer_id in owner.peer_ids(),
