@@ -77,6 +77,13 @@ class FakeNode:
             "connections": len(self.peer_rows),
             "uptime_s": 12.5,
             "version": "0.1.0",
+            "reachability": {
+                "state": "private",
+                "how": "2 of 2 peers could not dial us back",
+                "relayed_through": ["12D3KooWRelayRelayRelay"],
+                "relaying": False,
+                "observed_addrs": ["/ip4/203.0.113.7/tcp/4470"],
+            },
         }
 
     def peers(self) -> list[dict[str, Any]]:
@@ -226,6 +233,8 @@ def test_overview_shows_identity_capacity_policy_credit_and_an_intact_ledger(
         assert "accepting" in body and "load limit 80%" in body
         assert "ledger intact" in body
         assert "Idle: no unit is training" in body
+        assert "Behind a NAT" in body and "2 of 2 peers could not dial us back" in body
+        assert "Reachable through 1 relay" in body and "/ip4/203.0.113.7/tcp/4470" in body
 
     serve(site, test)
 
