@@ -1,6 +1,6 @@
 """A small internet in Linux network namespaces: a public host and homes behind NATs.
 
-    pub 10.0.0.1 ----+
+    pub 10.0.0.1 ----+ (pub2 10.0.0.101, ... when asked for)
                      |  wan bridge (10.0.0.0/24, in namespace "wan")
     rA  10.0.0.2 ----+---- rB 10.0.0.3
      | masquerade            | masquerade
@@ -39,33 +39,38 @@ class Lab:
     made: list[str] = field(default_factory=list)  # namespaces, in order made
     links: list[str] = field(default_factory=list)  # root-side management veths
     homes: dict[str, str] = field(default_factory=dict)  # home name -> its node's IP
+    publics: dict[str, str] = field(default_factory=dict)  # public host name -> its IP
     mgmt: dict[str, str] = field(default_factory=dict)  # namespace -> its management IP
 
     def ns(self, name: str) -> str:
         return self.prefix + name
 
-    def up(self, homes: dict[str, str] | None = None) -> Lab:
+    def up(self, homes: dict[str, str] | None = None, publics: int = 1) -> Lab:
         """Build the lab; `homes` maps each home's name to its NAT, "cone" or
-        "symmetric" (default: homes a and b, both cone)."""
+        "symmetric" (default: homes a and b, both cone). `publics` public hosts:
+        "pub" (10.0.0.1), then "pub2" (10.0.0.101), ..."""
         homes = homes or {"a": "cone", "b": "cone"}
         missing = [t for t in ("ip", "nft") if shutil.which(t) is None]
         if os.geteuid() != 0 or missing:
             why = "not root" if os.geteuid() != 0 else f"missing {', '.join(missing)}"
             raise LabUnavailable(f"network namespaces need root, ip and nft ({why})")
         try:
-            self._build(homes)
+            self._build(homes, publics)
         except Exception:
             self.down()
             raise
         return self
 
-    def _build(self, homes: dict[str, str]) -> None:
-        for name in ("wan", "pub"):
-            self._add_ns(name)
+    def _build(self, homes: dict[str, str], publics: int) -> None:
+        self._add_ns("wan")
         self._run("wan", "ip link add br0 type bridge")
         self._run("wan", "ip link set br0 up")
-        self._wan_port("pub", 1)
-        self._manage("pub", 1)
+        for k in range(publics):
+            name, host = ("pub", 1) if k == 0 else (f"pub{k + 1}", 100 + k)
+            self._add_ns(name)
+            self._wan_port(name, host)
+            self._manage(name, host)
+            self.publics[name] = f"{WAN}.{host}"
         for i, (home, nat) in enumerate(homes.items()):
             router, inside = f"r{home}", home
             self._add_ns(router)

@@ -1,5 +1,6 @@
-"""Nodes behind real NATs (network namespaces, `lab.py`): a public relay, an owner in
-home A and a worker in home B. Needs root; skips without it, except under CI=true."""
+"""Nodes behind real NATs (network namespaces, `lab.py`): public relays, an owner and
+workers in homes behind cone and symmetric NATs. Needs root; skips without it, except
+under CI=true."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import os
 import sys
 import tomllib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from lab import Lab, LabUnavailable
 
 from node.localnet import LocalNode, free_port, wait_for
-from training.examples import elastic_toml
+from training.examples import digits_toml, elastic_toml
+from training.execute import run_job
 from training.local import train_local
 from training.spec import parse_spec
 
@@ -24,10 +27,10 @@ P2P_PORT = 4470
 FAST = ["--publish-interval", "1", "--peer-ttl", "5", "--no-mdns"]
 
 
-@pytest.fixture
-def lab() -> Iterator[Lab]:
+@contextmanager
+def _built(homes: dict[str, str], publics: int = 1) -> Iterator[Lab]:
     try:
-        built = Lab().up({"a": "cone", "b": "symmetric", "c": "cone"})
+        built = Lab().up(homes, publics)
     except LabUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true, but the NAT lab cannot run: {exc}")
@@ -36,6 +39,31 @@ def lab() -> Iterator[Lab]:
         yield built
     finally:
         built.down()
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    with _built({"a": "cone", "b": "symmetric", "c": "cone"}) as built:
+        yield built
+
+
+@pytest.fixture
+def two_relay_lab() -> Iterator[Lab]:
+    with _built({"a": "cone", "b": "symmetric"}, publics=2) as built:
+        yield built
+
+
+def _wait_relays(node: LocalNode, count: int) -> dict:
+    return wait_for(
+        lambda: len((r := _reachability(node))["relayed_through"]) >= count and r,
+        60,
+        f"{node.name} to learn it is behind a NAT and hold {count} relay slot(s)",
+    )
+
+
+def _logs_on_failure(nodes: list[LocalNode]) -> None:
+    for node in nodes:
+        print(f"--- {node.name} ({node.peer_id}) ---\n{node.log_tail(60)}")
 
 
 def _node(lab: Lab, where: str, root: Path, ip: str, args: list[str]) -> LocalNode:
@@ -91,11 +119,7 @@ def test_nated_workers_train_through_a_relay_and_hole_punched_connections(
         for node in nodes[1:]:
             node.wait_ready(90)
         for node in nodes[1:]:
-            found = wait_for(
-                lambda n=node: (r := _reachability(n))["relayed_through"] and r,
-                60,
-                f"{node.name} to learn it is behind a NAT and hold a relay slot",
-            )
+            found = _wait_relays(node, 1)
             assert found["state"] == "private", found
             assert found["relayed_through"] == [relay.peer_id], found
         public = _reachability(relay)
@@ -126,8 +150,56 @@ def test_nated_workers_train_through_a_relay_and_hole_punched_connections(
             assert delta and f"({path})" in delta[0], (worker.name, notes)
         assert _path(owner, symmetric.peer_id) == "relayed"  # no hole through a symmetric NAT
     except BaseException:
+        _logs_on_failure(nodes)
+        raise
+    finally:
         for node in nodes:
-            print(f"--- {node.name} ({node.peer_id}) ---\n{node.log_tail(60)}")
+            node.stop()
+
+
+def test_a_relay_that_stops_mid_job_leaves_the_job_to_the_other_relay(
+    two_relay_lab: Lab, tmp_path: Path
+) -> None:
+    """Two public relays; the owner (cone NAT) and a worker behind a symmetric NAT (no
+    hole punching) each hold a slot on both. The relay they met through is stopped
+    while the worker trains: heartbeats, the result and the weights go through the
+    other relay, and the job completes with `train-local`'s weights."""
+    lab = two_relay_lab
+    first = _node(lab, "pub", tmp_path, lab.publics["pub"], ["--not-accepting"])
+    nodes = [first]
+    try:
+        first.start()
+        join = ["--bootstrap", first.multiaddr]
+        second = _node(lab, "pub2", tmp_path, lab.publics["pub2"], [*join, "--not-accepting"])
+        owner = _node(lab, "a", tmp_path, lab.homes["a"], [*join, "--not-accepting"])
+        worker = _node(lab, "b", tmp_path, lab.homes["b"], join)
+        nodes += [second, owner, worker]
+        for node in nodes[1:]:
+            node.launch()
+        for node in nodes[1:]:
+            node.wait_ready(90)
+        for node in (owner, worker):
+            relays = set(_wait_relays(node, 2)["relayed_through"])
+            assert relays == {first.peer_id, second.peer_id}, relays
+        wait_for(lambda: worker.peer_id in owner.peer_ids(), 30, "the owner to list the worker")
+
+        spec = digits_toml("relay-stops", steps=2000, hidden=(32,), lr=3e-3, gpu="none")
+        job_id = owner.submit_spec(spec)
+        wait_for(
+            lambda: owner.get(f"/api/v1/jobs/{job_id}").get("progress", {}).get("step", 0) > 0,
+            60,
+            "the worker's first heartbeat with progress",
+        )
+        first.stop()
+        job = owner.wait_job_end(job_id, 240)
+        assert job["state"] == "completed", job["reason"]
+        assert job["worker"] == worker.peer_id
+        local = run_job(parse_spec(tomllib.loads(spec)), None, tmp_path / "local.safetensors")
+        assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
+        left = _reachability(worker)["relayed_through"]
+        assert left == [second.peer_id], left  # the stopped relay's slot is gone
+    except BaseException:
+        _logs_on_failure(nodes)
         raise
     finally:
         for node in nodes:
