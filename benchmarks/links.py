@@ -37,9 +37,9 @@ from nacl.signing import SigningKey
 from benchmarks.harness import Result, run_parts
 from node.identity import Identity
 from node.work.blobs import BlobStore
-from node.work.transfer import new_job_key
 from protocol import seal
 from protocol.blobs import BlobGrant
+from protocol.crypto import new_job_key
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "netlab"))
@@ -156,12 +156,12 @@ def _transfers(lab: Lab, folder: Path, mib: int) -> dict[str, dict[str, Any]]:
                      "relayed": nated}  # fmt: skip
             peers.start(ns, "serve", ns, serve)
             how = {"direct channel": "direct", "hole-punched": "punched"}.get(name, "relayed")
-            fetch = {**base, "ip": lab.homes["a"], "port": 4472, "store": str(folder / "a"),
+            fetched = folder / f"fetched-by-a-from-{ns}"
+            fetch = {**base, "ip": lab.homes["a"], "port": 4472, "store": str(fetched),
                      "sha": sha, "grant": grant.hex(), "server": ns, "server_ip": ip,
                      "how": how, "name": ns}  # fmt: skip
             peers.start("a", "fetch", ns, fetch)
             found[name] = peers.result(ns)
-            (folder / "a" / sha[:2] / sha).unlink(missing_ok=True)
     finally:
         peers.stop()
     return found
