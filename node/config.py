@@ -58,6 +58,9 @@ class Settings:
     relay_max_reservations: int = field(
         default=64, metadata=_meta("peers that may hold a relay slot here at once")
     )
+    relay_max_circuits: int = field(
+        default=8, metadata=_meta("relayed connections to one peer at once, through this node")
+    )
     relay_circuit_mb: int = field(
         default=64,
         metadata=_meta("most MiB one relayed connection may carry (bulk data goes direct)"),
@@ -150,6 +153,7 @@ class Settings:
         _check_range(
             "relay_max_reservations", 1 <= self.relay_max_reservations <= 4096, "must be 1..4096"
         )
+        _check_range("relay_max_circuits", 1 <= self.relay_max_circuits <= 256, "must be 1..256")
         _check_range("relay_circuit_mb", 1 <= self.relay_circuit_mb <= 2**20, "must be 1..1048576")
         _check_range("relay_circuit_s", 1 <= self.relay_circuit_s <= 86400, "must be 1..86400")
         _check_range("lease_s", 3 <= self.lease_s <= 3600, "must be 3..3600")

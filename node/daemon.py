@@ -280,6 +280,7 @@ async def _serve(
     relay = RelayOptions(
         serve=settings.relay and settings.reachability != "private",
         max_reservations=settings.relay_max_reservations,
+        max_circuits=settings.relay_max_circuits,
         circuit_bytes=settings.relay_circuit_mb << 20,
         circuit_s=settings.relay_circuit_s,
     )

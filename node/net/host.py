@@ -328,11 +328,12 @@ class MeshHost:
             ) from exc
 
     async def _reach_by_relay(self, peer_id: str) -> None:
-        """Before a stream to a peer we are not connected to and know only circuit
-        addresses of: dial it through a relay (libp2p's own dial cannot)."""
-        known = self._circuits.get(peer_id)
-        if known and peer_id not in self.connected_peers() and not self._direct_addrs(peer_id):
-            await self._dial_circuits(peer_id, known, peer_id)
+        """Before a stream to a peer we are not connected to that advertises circuit
+        addresses (it is behind a NAT): dial it, its own addresses briefly and then
+        through its relays (libp2p's own dial cannot use circuits)."""
+        if self._circuits.get(peer_id) and peer_id not in self.connected_peers():
+            self.allow_redial(peer_id)
+            await self.connect_known(peer_id)
 
     def _direct_addrs(self, peer_id: str) -> list[multiaddr.Multiaddr]:
         try:

@@ -9,6 +9,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -137,9 +138,14 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
             assert found["state"] == "private" and set(found["relayed_through"]) == relays
         public = _reachability(first)
         assert public["state"] == "public" and public["relaying"], public
-        found = {n.name: _doctor(lab, n)["reachability"] for n in (first, symmetric)}
-        assert found["pub"]["state"] == "ok" and found["pub"]["detail"].startswith("public")
-        assert "behind a NAT" in found["b"]["detail"] and "2 relay" in found["b"]["detail"]
+        asked = (first, owner, symmetric, cone)
+        with ThreadPoolExecutor(len(asked)) as pool:  # each inside its own namespace
+            found = list(pool.map(lambda n: _doctor(lab, n)["reachability"], asked))
+        said = dict(zip("pabc", found, strict=True))
+        assert said["p"]["state"] == "ok" and said["p"]["detail"].startswith("public"), said
+        for home in "abc":
+            assert "behind a NAT" in said[home]["detail"], said
+            assert "through 2 relay" in said[home]["detail"], said
         for worker in (symmetric, cone):
             wait_for(
                 lambda w=worker: w.peer_id in owner.peer_ids(),
@@ -167,11 +173,15 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         spec = digits_toml("relay-stops", steps=2000, hidden=(32,), lr=3e-3, gpu="none",
                            extra=unchecked)  # fmt: skip
         job_id = owner.submit_spec(spec)
-        wait_for(
-            lambda: owner.get(f"/api/v1/jobs/{job_id}").get("progress", {}).get("step", 0) > 0,
-            60,
-            "B's first heartbeat with progress",
-        )
+        try:
+            wait_for(
+                lambda: owner.get(f"/api/v1/jobs/{job_id}").get("progress", {}).get("step", 0),
+                60,
+                "B's first heartbeat with progress",
+            )
+        except TimeoutError:
+            print("timeline:", *owner.get(f"/api/v1/jobs/{job_id}")["timeline"], sep="\n")
+            raise
         first.stop()
         job = owner.wait_job_end(job_id, 240)
         assert job["state"] == "completed", job["reason"]
