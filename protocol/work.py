@@ -206,6 +206,11 @@ class Receipt:
         _check_metrics(self.metrics, f"{path}.metrics")
 
 
+#: the owner's answer to a result sent again while the first copy is being checked
+#: (the worker's first try lost its answer in transit): not a refusal, ask again
+RESULT_BEING_CHECKED = "result being checked: send it again later"
+
+
 @dataclass(frozen=True)
 class ReceiptReply:
     """Result stream answer: a receipt, or the reason the result was rejected."""

@@ -31,9 +31,17 @@ from protocol.receipts import (
     flops_to_credit,
     issue,
     open_cosigned,
+    open_receipt,
     parse_cosigned,
 )
-from protocol.work import WORK_LIMITS, Receipt, ReceiptReply, Result, encode_ack
+from protocol.work import (
+    RESULT_BEING_CHECKED,
+    WORK_LIMITS,
+    Receipt,
+    ReceiptReply,
+    Result,
+    encode_ack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,9 @@ class Results:
         if pruned is not None and job is not None:
             return self._accept_pruned(job, *pruned, peer)
         if unit is None or job is None:
+            issued = self._issued_for(peer, result)
+            if issued is not None:  # the answer to the first copy was lost in transit
+                return self._reply(True, "", issued)
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
             # a late result for a unit this peer really had; a late failure report
             # (a pruned trial's, say) or a late share is no misconduct
@@ -92,8 +103,8 @@ class Results:
             state="verifying",
             lease_expires=time.time() + RESULT_FETCH_S,
         )
-        if verifying is None:
-            return self._reply(False, "result rejected: a result for this unit is already here")
+        if verifying is None:  # a copy sent again: the first is being checked
+            return self._reply(False, RESULT_BEING_CHECKED)
         try:
             spec = self._spec_of(job, unit)
             fetched = await fetch_and_check(self.ctx, job, unit, spec, peer, result)
@@ -121,6 +132,19 @@ class Results:
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
             return self._reply(False, "the owner could not record the result; it retries")
+
+    def _issued_for(self, peer: str, result: Result) -> bytes | None:
+        """The receipt this node issued for this very result (the worker asks again
+        when the answer to its first copy was lost), else None."""
+        issued = self.ctx.jobs.receipt(result.unit_id)
+        if issued is None or not result.ok:
+            return None
+        try:
+            receipt = open_receipt(parse_cosigned(issued).receipt)
+        except ProtocolError:
+            return None
+        same = (receipt.worker, receipt.job_id, receipt.weights_sha256)
+        return issued if same == (peer, result.job_id, result.weights_sha256) else None
 
     def _late_share(self, unit_id: str, why: str) -> bool:
         unit = self.ctx.jobs.unit(unit_id)

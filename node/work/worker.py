@@ -46,6 +46,7 @@ from protocol.receipts import (
 )
 from protocol.rounds import RoundShare
 from protocol.work import (
+    RESULT_BEING_CHECKED,
     WORK_LIMITS,
     OfferReply,
     Progress,
@@ -453,7 +454,12 @@ class WorkerRole:
                 raw, ReceiptReply, expected_signer=owner, limits=WORK_LIMITS
             ).message
 
-        reply = await self._with_retries(send, owner, f"result of unit {result.unit_id}")
+        what = f"result of unit {result.unit_id}"
+        reply = await self._with_retries(send, owner, what)
+        with trio.move_on_after(DELIVERY_DEADLINE_S):
+            while reply is not None and reply.reason == RESULT_BEING_CHECKED:
+                await trio.sleep(RETRY_FIRST_S)  # the owner checks our first copy
+                reply = await self._with_retries(send, owner, what)
         if reply is None:
             return
         if not reply.accepted or not reply.receipt:
