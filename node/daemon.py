@@ -111,7 +111,7 @@ class Node:
             version=__version__,
             determinism=self.capacity.determinism,
             reachability=self.host.reachability.now.state,
-            relay=self.host.relay.options.serve and self.host.reachability.now.state == "public",
+            relay=self.host.relaying,
         )
 
     def signed_ad(self) -> bytes:
@@ -144,14 +144,13 @@ class Node:
     def reachability(self) -> dict[str, Any]:
         """Whether peers can dial us, how that was learned, and our relay slots."""
         now = self.host.reachability.now
-        relay = self.host.relay
         return {
             "state": now.state,
             "how": now.how,
             "checked_at": now.checked_at,
             "answers": now.answers,
-            "relayed_through": sorted(relay.reservations),
-            "relaying": relay.options.serve and now.state == "public",
+            "relayed_through": sorted(self.host.relay.reservations),
+            "relaying": self.host.relaying,
             "observed_addrs": self.host.observed_addrs(),
         }
 

@@ -55,6 +55,10 @@ def test_out_of_range_values_are_refused(tmp_path: Path) -> None:
         load_settings(tmp_path, {"load_limit_pct": 150})
     with pytest.raises(ConfigError, match="'http' must be HOST:PORT"):
         load_settings(tmp_path, {"http": "localhost"})
+    with pytest.raises(ConfigError, match="reachability.*auto, public, private"):
+        load_settings(tmp_path, {"reachability": "behind-nat"})
+    with pytest.raises(ConfigError, match="relay_circuit_mb"):
+        load_settings(tmp_path, {"relay_circuit_mb": 0})  # the library would read 0 as none
 
 
 def test_every_setting_is_documented() -> None:

@@ -218,7 +218,7 @@ class MeshHost:
                 f"{addr!r} is not a dialable multiaddr ending in /p2p/<peer id>"
             ) from exc
         if is_circuit(addr):
-            await self._dial_circuits(info.peer_id.to_base58(), [addr], addr)
+            await self._dial_circuits([addr], addr)
         else:
             await self._dial(info, addr)
         return info.peer_id.to_base58()
@@ -237,7 +237,7 @@ class MeshHost:
         except HostError:
             if not circuits:
                 raise
-            await self._dial_circuits(peer_id, circuits, peer_id)
+            await self._dial_circuits(circuits, peer_id)
 
     async def _dial(self, info: PeerInfo, label: str, timeout: float = 10.0) -> None:
         try:
@@ -246,7 +246,7 @@ class MeshHost:
         except Exception as exc:
             raise HostError(f"could not connect to {label}: {type(exc).__name__}: {exc}") from exc
 
-    async def _dial_circuits(self, peer_id: str, circuits: list[str], label: str) -> None:
+    async def _dial_circuits(self, circuits: list[str], label: str) -> None:
         errors = []
         for circuit in circuits:
             try:
@@ -262,6 +262,11 @@ class MeshHost:
         if peer_id in self.connected_peers():
             return
         await self.connect_known(peer_id)
+
+    @property
+    def relaying(self) -> bool:
+        """This node relays for peers behind NATs now: it may, and it is public."""
+        return self.relay.options.serve and self.reachability.now.state == "public"
 
     def path_to(self, peer_id: str) -> str:
         """ "direct", "relayed" or "none": how we are connected to `peer_id` now."""

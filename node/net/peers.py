@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import sqlite_utils
 
+from node.net.relay import is_circuit
 from protocol import AD_LIMITS, CapacityAd, ProtocolError, open_envelope
 from protocol.schema import to_plain
 
@@ -145,5 +146,5 @@ class PeerTable:
             for entry in self.entries()
             if entry.ad.relay and entry.ad.reachability == "public"
             for addr in entry.ad.addrs[:1]
-            if "/p2p-circuit" not in addr
+            if not is_circuit(addr)
         ]

@@ -53,7 +53,7 @@ class ReachabilityProbe:
 
     def candidates(self) -> list[bytes]:
         """Our listen addresses, and each IP peers see us by with our listen port."""
-        listen = [a for a in self._host.get_transport_addrs()]
+        listen = list(self._host.get_transport_addrs())
         ports = {a.value_for_protocol("tcp") for a in listen}
         out = {a.to_bytes() for a in listen if "0.0.0.0" not in str(a)}
         observed = getattr(self._host, "_observed_addr_manager", None)

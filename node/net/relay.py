@@ -94,11 +94,6 @@ class Relay:
             finally:
                 nursery.cancel_scope.cancel()
 
-    def forget_reservation_of(self, peer_id: str) -> None:
-        """A peer that left gives its slot back now, not when its reservation expires."""
-        with suppress(Exception):
-            self._protocol.resource_manager._reservations.pop(ID.from_base58(peer_id), None)
-
     async def reserve(self, relay_addr: str) -> str:
         """Hold a slot on the relay at `relay_addr` (connected already); returns our
         circuit address there. Raises `RuntimeError` when the relay refuses."""

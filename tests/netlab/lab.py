@@ -166,7 +166,6 @@ class Lab:
         for link in self.links:
             subprocess.run(["ip", "link", "del", link], capture_output=True)
         for ns in reversed(self.made):
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
             for pid in pids.stdout.split():
                 subprocess.run(["kill", "-9", pid], capture_output=True)
