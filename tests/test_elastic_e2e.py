@@ -53,6 +53,10 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
         assert 0 < r["bytes_in"] < r["full_bytes"] / 3, r
         assert r["val_loss"] is not None
     assert rounds[-1]["val_loss"] < rounds[0]["val_loss"]
+    notes = [e["note"] for e in done["timeline"]]
+    for worker in workers:  # on loopback each fetch of the weights takes the data channel
+        fetched = [n for n in notes if "round 0's weights" in n and worker.peer_id in n]
+        assert fetched and fetched[0].endswith("(direct channel)"), notes
 
     spec_file = tmp_path / "el.toml"
     spec_file.write_text(spec)

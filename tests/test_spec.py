@@ -21,6 +21,7 @@ from training.spec import (
     load_spec,
     local_files,
     parse_spec,
+    relay_blob_bytes,
     spec_to_plain,
     with_blob_source,
 )
@@ -114,6 +115,14 @@ def test_a_name_is_only_text() -> None:
         (lambda r: r["optim"].update(warmup_steps=10), "optim.warmup_steps needs schedule"),
         (lambda r: r["requirements"].update(gpu="maybe"), "requirements.gpu must be one of"),
         (lambda r: r["requirements"].update(max_hours=0), "requirements.max_hours must be > 0"),
+        (
+            lambda r: r["requirements"].update(relay_blob_mb=-1),
+            "requirements.relay_blob_mb must be >= 0",
+        ),
+        (
+            lambda r: r["requirements"].update(relay_blob_mb=1.5),
+            "requirements.relay_blob_mb must be an integer",
+        ),
         (lambda r: r["model"].update(arch="resnet"), "model.arch must be one of mlp, cnn"),
         (lambda r: r["model"].update(activation="swish"), "model.activation must be one of"),
         (lambda r: r.pop("model"), "model.arch is required"),
@@ -272,6 +281,20 @@ def test_a_trust_table_at_its_defaults_is_left_out_of_the_plain_spec() -> None:
     plain = spec_to_plain(parse_spec(raw))
     assert plain["trust"] == {"checkpoints": 100, "spot_check_budget": 0.0, "replicas": 2}
     assert parse_spec(plain) == parse_spec(raw)
+
+
+def test_relay_blob_mb_at_its_default_is_left_out_and_sets_the_relay_limit() -> None:
+    raw = example()
+    plain = spec_to_plain(parse_spec(raw))
+    assert "relay_blob_mb" not in plain["requirements"]  # older specs keep their bytes
+    assert relay_blob_bytes(plain) == 16 << 20
+    raw["requirements"]["relay_blob_mb"] = 200
+    plain = spec_to_plain(parse_spec(raw))
+    assert plain["requirements"]["relay_blob_mb"] == 200
+    assert relay_blob_bytes(plain) == 200 << 20
+    assert parse_spec(plain) == parse_spec(raw)
+    raw["requirements"]["relay_blob_mb"] = 0  # nothing bulk through a relay
+    assert relay_blob_bytes(spec_to_plain(parse_spec(raw))) == 0
 
 
 def test_plain_round_trips_and_is_deterministic() -> None:

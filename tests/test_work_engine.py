@@ -3,20 +3,28 @@ between cancel, offers, results and leases, backoff, sealed unit keys, recovery.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
 import sqlite_utils
+import trio
 from nacl.signing import SigningKey
 
 from node.identity import Identity
+from node.net.peers import PeerTable
+from node.work.blob_auth import Authorized, TransferError
+from node.work.blobs import BlobStore
 from node.work.context import WorkContext
+from node.work.grants import fetch_granted
 from node.work.jobs import JobStore, StaleJob
 from node.work.leases import Leases
 from node.work.lifecycle import MAX_ATTEMPTS, Lifecycle
 from node.work.placement import BACKOFF_MAX_S, Backoff
+from node.work.service import note_served
 from node.work.unit_keys import UnitKeys
+from protocol.blobs import BlobGrant
 
 WORKER = "12D3KooWworker"
 
@@ -214,3 +222,73 @@ def test_unit_dir_refuses_anything_but_an_id(ctx: WorkContext) -> None:
     for bad in ("../../etc", "/tmp/x", "abc\x00def0123456789", "A" * 16, "ab", "a" * 33):
         with pytest.raises(ValueError, match="not a unit id"):
             ctx.unit_dir(bad)
+
+
+class _RelayedHost:
+    """Stands in for a `MeshHost` that reaches one peer only through a relay, with no
+    hole punch under way (a symmetric NAT; tests/netlab/ has the real one)."""
+
+    class relay:  # noqa: N801 (the attribute MeshHost has)
+        @staticmethod
+        def punching(peer_id: str) -> bool:
+            return False
+
+        @staticmethod
+        def remote_ips(peer_id: str) -> set[str]:
+            return set()
+
+    async def reach(self, peer_id: str) -> None:
+        return None
+
+    def path_to(self, peer_id: str) -> str:
+        return "relayed"
+
+
+def test_a_blob_over_the_jobs_relay_limit_is_not_fetched_through_a_relay(
+    tmp_path: Path,
+) -> None:
+    ctx = dataclasses.replace(
+        _ctx(tmp_path),
+        host=_RelayedHost(),  # type: ignore[arg-type]
+        peers=PeerTable(sqlite_utils.Database(memory=True), ttl_s=60),
+        blobs=BlobStore(tmp_path),
+    )
+    grant = BlobGrant(
+        job_id="j",
+        unit_id="u",
+        owner=WORKER,
+        grantee=ctx.peer_id,
+        blobs=["ab" * 32],
+        max_bytes=40 << 20,
+        expires_at=time.time() + 60,
+        data_port=0,
+    )
+
+    async def fetch(relay_max_bytes: int) -> None:
+        await fetch_granted(
+            ctx, WORKER, grant, b"sealed grant", b"k" * 32, grant.blobs, grant.max_bytes,
+            relay_max_bytes,
+        )  # fmt: skip
+
+    with pytest.raises(TransferError) as refused:
+        trio.run(fetch, 16 << 20)
+    assert refused.value.reason == "relayed"
+    assert "at most 16 MiB of a blob (requirements.relay_blob_mb)" in str(refused.value)
+    assert "40 MiB" in str(refused.value)
+    assert not ctx.blobs.has(grant.blobs[0])
+
+
+def test_the_owners_timeline_names_the_path_each_served_blob_took(ctx: WorkContext) -> None:
+    data = "d" * 64
+    job = ctx.jobs.create("j", {"requirements": {}}, "auto", {}, [data])
+    unit = ctx.jobs.add_unit(job.id, WORKER, 30, deadline=time.time() + 3600)
+    ctx.jobs.transition(job.id, ("queued",), state="running")
+    grant = BlobGrant(job.id, unit.unit_id, ctx.peer_id, WORKER, [data], 3 << 20, 0.0, 0)
+    for sha, path in ((data, "through a relay"), ("e" * 64, "direct channel")):
+        note_served(ctx, Authorized(grant, WORKER, sha, 3 << 20, b""), path)
+    notes = [e["note"] for e in ctx.jobs.get(job.id).timeline]
+    assert f"the data (3 MiB) fetched by {WORKER} (through a relay)" in notes
+    assert f"blob {'e' * 12} (3 MiB) fetched by {WORKER} (direct channel)" in notes
+    other = Authorized(dataclasses.replace(grant, job_id="elsewhere"), WORKER, data, 1, b"")
+    note_served(ctx, other, "direct channel")  # a job this node does not own: no note
+    assert len(ctx.jobs.get(job.id).timeline) == len(notes)

@@ -33,6 +33,9 @@ SCHEDULES = ("constant", "cosine", "warmup")
 LOSSES = ("cross_entropy", "mse", "l1")
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_STEPS = 10**9
+# a relay's circuit carries a limited number of bytes (ours: 64 MiB), and a relayed
+# transfer shares the circuit with the job's messages: docs/nat.md
+RELAY_BLOB_MB = 16
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Requirements:
     gpu: str = "preferred"
     min_gpu_memory_gb: float = 0.0
     max_hours: float = 1.0
+    relay_blob_mb: int = RELAY_BLOB_MB  # the largest blob of the job a relay may carry
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "model": model,
         "data": _drop_none(dataclasses.asdict(spec.data)),
         "optim": _drop_none(optim),
-        "requirements": dataclasses.asdict(spec.requirements),
+        "requirements": _requirements_plain(spec.requirements),
     }
     if spec.elastic is not None:
         plain["elastic"] = dataclasses.asdict(spec.elastic)
@@ -256,6 +260,18 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     if spec.trust != TrustSpec():  # left out at its defaults: specs from before it stay equal
         plain["trust"] = dataclasses.asdict(spec.trust)
     return plain
+
+
+def _requirements_plain(requirements: Requirements) -> dict[str, Any]:
+    plain = dataclasses.asdict(requirements)
+    if plain["relay_blob_mb"] == RELAY_BLOB_MB:  # left out at its default, like [trust]
+        del plain["relay_blob_mb"]
+    return plain
+
+
+def relay_blob_bytes(plain_spec: dict[str, Any]) -> int:
+    """The most bytes one blob of this job (plain spec) may take through a relay."""
+    return int(plain_spec.get("requirements", {}).get("relay_blob_mb", RELAY_BLOB_MB)) << 20
 
 
 def local_files(spec: JobSpec) -> list[Path]:
@@ -477,6 +493,7 @@ def _parse_requirements(section: Section) -> Requirements:
         gpu=section.string("gpu", "preferred", choices=("required", "preferred", "none")),
         min_gpu_memory_gb=section.number("min_gpu_memory_gb", 0.0, lo=0, hi=1e6),
         max_hours=section.number("max_hours", 1.0, lo=0, hi=24 * 365, lo_open=True),
+        relay_blob_mb=section.integer("relay_blob_mb", RELAY_BLOB_MB, lo=0, hi=1 << 16),
     )
     section.finish()
     return requirements

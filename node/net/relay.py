@@ -57,6 +57,22 @@ def is_circuit(addr: str) -> bool:
     return CIRCUIT in addr
 
 
+#: the paths of `Relay.path`, as a job's timeline says them
+PATH_WORDS = {"direct": "direct connection", "relayed": "through a relay", "none": "not connected"}
+
+
+def stream_path(stream: Any) -> str:
+    """ "direct" or "relayed": the path of the connection `stream` runs on."""
+    return "direct" if _is_direct(stream.muxed_conn) else "relayed"
+
+
+def _is_direct(conn: Any) -> bool:
+    try:
+        return not any(is_circuit(str(a)) for a in conn.get_transport_addresses())
+    except Exception:  # a connection closing under us
+        return False
+
+
 class Relay:
     """The relay and hole-punching protocols of one host, and our reservations."""
 
@@ -153,8 +169,4 @@ class Relay:
         conns = self._connections(peer_id)
         if not conns:
             return "none"
-        for conn in conns:
-            with suppress(Exception):
-                if not any(is_circuit(str(a)) for a in conn.get_transport_addresses()):
-                    return "direct"
-        return "relayed"
+        return "direct" if any(_is_direct(conn) for conn in conns) else "relayed"

@@ -60,6 +60,10 @@ REFUSAL_REASONS = frozenset(
 MAX_REMEMBERED_NONCES = 65536
 
 JobKeyLookup = Callable[[str, str], "bytes | None"]
+#: told of each blob sent whole: the request it answered and the path it took
+#: ("direct channel", "direct connection", "through a relay"); called from the
+#: data channel's threads too, and must not raise
+OnServed = Callable[["Authorized", str], None]
 
 
 class _HasSigningKey(Protocol):

@@ -13,8 +13,10 @@ from typing import Any
 import trio
 
 from node.net.host import HostError, MeshHost, read_frame, write_frame
+from node.net.relay import PATH_WORDS, stream_path
 from node.work.blob_auth import (
     JobKeyLookup,
+    OnServed,
     Refusal,
     TransferCorrupt,
     TransferError,
@@ -49,6 +51,7 @@ def serve_blobs_libp2p(
     *,
     chunk_size: int = CHUNK_SIZE,
     io_timeout: float = IO_TIMEOUT_S,
+    on_served: OnServed | None = None,
 ) -> None:
     """Serve blobs on `/meshminer/blob/1` of `mesh`; the request must be signed by the
     stream's authenticated remote peer. Reading and encryption run in worker threads."""
@@ -83,6 +86,8 @@ def serve_blobs_libp2p(
         finally:
             source.close()
         log.debug("sent blob %s (%d bytes) to %s over libp2p", auth.sha256[:12], auth.size, peer)
+        if on_served is not None:
+            on_served(auth, PATH_WORDS[stream_path(stream)])
 
     mesh.serve_stream(BLOB_PROTOCOL, handle)
 

@@ -17,6 +17,7 @@ from nacl.signing import SigningKey
 from node.work.blob_auth import (
     SEALED_OVERHEAD,
     JobKeyLookup,
+    OnServed,
     Refusal,
     ReplayGuard,
     TransferCorrupt,
@@ -107,6 +108,7 @@ class BlobServer:
         pipeline: bool = True,
         io_timeout: float = IO_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        on_served: OnServed | None = None,
     ) -> None:
         if not 0 < chunk_size <= CHUNK_SIZE:
             raise ValueError(f"chunk_size must be 1..{CHUNK_SIZE} (the fetcher's frame bound)")
@@ -120,6 +122,7 @@ class BlobServer:
         self._pipeline = pipeline
         self._io_timeout = io_timeout
         self._max_connections = max_connections
+        self._on_served = on_served
         self._replay = ReplayGuard()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -241,6 +244,8 @@ class BlobServer:
                 ahead.close()
             source.close()
         log.debug("sent blob %s (%d bytes) to %s", auth.sha256[:12], auth.size, auth.requester)
+        if self._on_served is not None:
+            self._on_served(auth, "direct channel")
 
     def _refuse(self, conn: socket.socket, addr: tuple[Any, ...], refusal: Refusal) -> None:
         log.info("blob request from %s:%d refused: %s", addr[0], addr[1], refusal)

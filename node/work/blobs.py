@@ -34,6 +34,14 @@ _INCOMING = ".incoming"  # temp files whose hash is not known in advance
 _SYNC_FILE_RANGE_WRITE = 2
 
 
+def size_text(size: int) -> str:
+    """A byte count as people read it: "312 B", "45.1 KiB", "12.3 MiB"."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.3g} {unit}"
+    return f"{size} B"
+
+
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
     """libc's `sync_file_range` (Linux; not in `os`), or None where there is none."""
     try:

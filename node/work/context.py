@@ -12,6 +12,7 @@ from ledger.chain import Ledger
 from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
+from node.net.relay import PATH_WORDS
 from node.work.blobs import BlobStore
 from node.work.executor import run_training
 from node.work.jobs import JobStore
@@ -113,9 +114,7 @@ class WorkContext:
 
     def path_to(self, peer_id: str) -> str:
         """How this node reaches `peer_id` now, for the job's timeline."""
-        return {"direct": "direct connection", "relayed": "through a relay"}.get(
-            self.host.path_to(peer_id), "not connected"
-        )
+        return PATH_WORDS[self.host.path_to(peer_id)]
 
     def peer_ip(self, peer_id: str) -> str | None:
         """An IPv4 address the peer advertises, for the direct blob channel."""

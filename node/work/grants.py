@@ -4,8 +4,9 @@ Bulk bytes take the direct TCP channel when the peer advertises one and is
 reachable (py-libp2p streams move ~0.1 of raw TCP and burn a core); the libp2p
 stream `/meshminer/blob/1` is the fallback. A peer behind a NAT is reached over its
 hole-punched connection (DCUtR; `HOLE_PUNCH_WAIT_S` is given to it) or, for blobs of
-at most `RELAY_MAX_BYTES`, through its relay: a relay's circuit carries a limited
-number of bytes, and past it the whole relayed connection closes (docs/nat.md).
+at most the job's `requirements.relay_blob_mb`, through its relay: a relay's circuit
+carries a limited number of bytes, and past it the whole relayed connection closes
+(docs/nat.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trio
 
 from node.work.blob_auth import TransferError
 from node.work.blob_fetch import Cutoff
+from node.work.blobs import size_text
 from node.work.context import WorkContext
 from node.work.transfer import fetch_blob_direct, fetch_blob_libp2p, make_request
 from protocol import seal
@@ -32,7 +34,6 @@ FIXED_S = 30.0  # on top: connecting, the first bytes, a slow start
 MAX_FETCHES = 8  # blobs this node fetches at once, from all peers together
 MAX_FETCHES_PER_PEER = 2  # ... and from any one peer
 HOLE_PUNCH_WAIT_S = 8.0  # measured: DCUtR upgrades within 3.3-4.4 s through two NATs
-RELAY_MAX_BYTES = 16 << 20  # the most a fetch takes through a relay (circuits: 64 MiB)
 
 
 class FetchSlots:
@@ -100,10 +101,12 @@ async def fetch_granted(
     job_key: bytes,
     shas: list[str],
     max_bytes: int,
+    relay_max_bytes: int,
 ) -> dict[str, str]:
     """Fetch every blob in `shas` not already stored; raises on the first failure.
     Returns the path each fetched blob took ("direct channel", "direct connection",
-    "through a relay").
+    "through a relay"). A blob that may be larger than `relay_max_bytes` (the job's
+    `relay_blob_mb`) is not fetched through a relay.
 
     Each blob has an overall deadline, `fetch_deadline_s(max_bytes)`: a peer that
     trickles below `MIN_RATE` (with `FIXED_S` of slack) is cut off, whichever path
@@ -115,7 +118,9 @@ async def fetch_granted(
         if ctx.blobs.has(sha):
             continue
         async with fetch_slots().hold(peer_id):
-            paths[sha] = await _fetch_one(ctx, peer_id, grant, grant_env, job_key, sha, max_bytes)
+            paths[sha] = await _fetch_one(
+                ctx, peer_id, grant, grant_env, job_key, sha, max_bytes, relay_max_bytes
+            )
     return paths
 
 
@@ -127,6 +132,7 @@ async def _fetch_one(
     job_key: bytes,
     sha: str,
     max_bytes: int,
+    relay_max_bytes: int,
 ) -> str:
     """One blob, within its deadline; the path it took."""
     deadline_s = fetch_deadline_s(max_bytes)
@@ -146,7 +152,7 @@ async def _fetch_one(
             if exc.reason == "cut_off":
                 raise
             log.info("direct fetch of %s from %s failed (%s); using libp2p", sha[:12], peer_id, exc)
-    await _off_relay(ctx, peer_id, sha, max_bytes)
+    await _off_relay(ctx, peer_id, sha, max_bytes, relay_max_bytes)
     path = ctx.path_to(peer_id)
     left = deadline_s - (trio.current_time() - started)
     with trio.move_on_after(max(left, 1.0)) as scope:
@@ -167,17 +173,20 @@ def _data_channel_ip(ctx: WorkContext, peer_id: str) -> str | None:
     return ip
 
 
-async def _off_relay(ctx: WorkContext, peer_id: str, sha: str, max_bytes: int) -> None:
+async def _off_relay(
+    ctx: WorkContext, peer_id: str, sha: str, max_bytes: int, relay_max_bytes: int
+) -> None:
     """Give a hole punch under way its time before bulk bytes go to a peer reached
-    through a relay; refuse a blob too large for a relay's circuit."""
+    through a relay; refuse a blob larger than the job lets a relay carry."""
     await ctx.host.reach(peer_id)
     with trio.move_on_after(HOLE_PUNCH_WAIT_S):
         while ctx.host.path_to(peer_id) == "relayed" and ctx.host.relay.punching(peer_id):
             await trio.sleep(0.2)
-    if ctx.host.path_to(peer_id) == "relayed" and max_bytes > RELAY_MAX_BYTES:
+    if ctx.host.path_to(peer_id) == "relayed" and max_bytes > relay_max_bytes:
         raise TransferError(
             f"{peer_id} is reachable only through a relay, and {sha[:12]} may be up to "
-            f"{max_bytes >> 20} MiB (through a relay: at most {RELAY_MAX_BYTES >> 20} MiB)",
+            f"{size_text(max_bytes)}; this job lets a relay carry at most "
+            f"{size_text(relay_max_bytes)} of a blob (requirements.relay_blob_mb)",
             "relayed",
         )
 

@@ -32,6 +32,7 @@ from training.result_check import (
     float_numel,
     max_weights_bytes,
 )
+from training.spec import relay_blob_bytes
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,14 @@ async def fetch_and_check(
         )
     had = ctx.blobs.has(result.weights_sha256)
     paths = await fetch_granted(
-        ctx, peer, grant, result.weights_grant, key, [result.weights_sha256], bound
+        ctx,
+        peer,
+        grant,
+        result.weights_grant,
+        key,
+        [result.weights_sha256],
+        bound,
+        relay_blob_bytes(spec),
     )
     path = ctx.blobs.path(result.weights_sha256)
     try:

@@ -7,11 +7,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import tomllib
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from node.work.blob_auth import Authorized
+from node.work.blobs import size_text
 from node.work.context import WorkContext
 from node.work.jobs import Job
 from node.work.owner import OwnerRole
@@ -82,6 +85,23 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     return spec_to_plain(spec)
 
 
+def note_served(ctx: WorkContext, auth: Authorized, path: str) -> None:
+    """The owner's timeline says which path each blob it handed a worker took (the
+    job's data, a round's weights); blobs this node served as a worker are not noted."""
+    job = ctx.jobs.get(auth.grant.job_id)  # only jobs this node owns are there
+    if job is None:
+        return
+    unit = ctx.jobs.unit(auth.grant.unit_id)
+    if auth.sha256 in job.data_blobs:
+        what = "the data"
+    elif unit is not None and unit.round >= 0:
+        what = f"round {unit.round}'s weights"
+    else:
+        what = f"blob {auth.sha256[:12]}"
+    note = f"{what} ({size_text(auth.size)}) fetched by {auth.requester} ({path})"
+    ctx.jobs.transition(job.id, ("running",), note)
+
+
 class WorkService:
     def __init__(self, ctx: WorkContext, memory_limit_mb: int) -> None:
         self.ctx = ctx
@@ -92,7 +112,9 @@ class WorkService:
             ctx.host.listen_ip,
             0,
             lambda job, unit: ctx.grant_keys.get((job, unit)),
+            on_served=self._served,
         )
+        self._token: trio.lowlevel.TrioToken | None = None
         ctx.credit_for = credit_for
         self.owner = OwnerRole(ctx, self._request)
         self.worker: WorkerRole | None = None
@@ -106,7 +128,14 @@ class WorkService:
             memory_limit_mb=self._memory_limit_mb,
         )
 
+    def _served(self, auth: Authorized, path: str) -> None:
+        """From any thread: a blob went out whole; noted in the trio thread."""
+        if self._token is not None:
+            with suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(note_served, self.ctx, auth, path)
+
     async def run(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
         self.ctx.data_port = await trio.to_thread.run_sync(self.blob_server.start)
         try:
             async with trio.open_nursery() as nursery:
@@ -122,6 +151,7 @@ class WorkService:
                     host,
                     self.ctx.blobs,
                     lambda job, unit: self.ctx.grant_keys.get((job, unit)),
+                    on_served=self._served,
                 )
                 log.info("blob data channel on port %d", self.ctx.data_port)
                 nursery.start_soon(self.owner.run)

@@ -44,6 +44,7 @@ from protocol import seal
 from protocol.blobs import BlobGrant
 from protocol.evidence import Evidence
 from protocol.work import Result
+from training.spec import relay_blob_bytes
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,14 @@ class SpotChecks:
         self._hold(need)
         try:
             await fetch_granted(
-                ctx, sub.peer, sub.grant, sub.result.weights_grant, sub.key, sorted(need), bound
+                ctx,
+                sub.peer,
+                sub.grant,
+                sub.result.weights_grant,
+                sub.key,
+                sorted(need),
+                bound,
+                relay_blob_bytes(sub.spec),
             )
             shas = {*sub.job.data_blobs, *need, *owned}
             blobs = {s: str(ctx.blobs.path(s)) for s in shas if ctx.blobs.has(s)}

@@ -56,6 +56,7 @@ from protocol.work import (
     WorkPackage,
     decode_ack,
 )
+from training.spec import relay_blob_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -345,6 +346,7 @@ class WorkerRole:
                     pkg.job_key,
                     pkg.blobs,
                     unit.grant.max_bytes,
+                    relay_blob_bytes(unit.spec),
                 )
             except Exception as exc:
                 return self._failure(pkg, f"could not fetch the data: {exc}", retryable=True)

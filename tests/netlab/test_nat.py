@@ -124,7 +124,8 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
        holds a slot on both relays; `meshminer doctor` inside the namespaces says so.
     2. The owner's connection to C is hole-punched to direct; B's stays relayed. An
        elastic job of two shares completes bitwise equal to `train-local`, the
-       timeline naming each delta's path: B's through a relay, C's direct.
+       timeline naming the path of each round's weights and each delta: B's through
+       a relay, C's over the direct (hole-punched) connection.
     3. With C paused, a job goes to B; the relay the nodes met through is stopped
        while B trains: the rest goes through the other relay, and the job completes
        bitwise too."""
@@ -166,6 +167,8 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         for worker, path in ((symmetric, "through a relay"), (cone, "direct connection")):
             delta = [n for n in notes if f"delta from {worker.peer_id}" in n]
             assert delta and f"({path})" in delta[0], (worker.name, notes)
+            fetched = [n for n in notes if "weights" in n and f"by {worker.peer_id}" in n]
+            assert fetched and fetched[0].endswith(f"({path})"), (worker.name, notes)
         assert _path(owner, symmetric.peer_id) == "relayed"  # no hole through a symmetric NAT
 
         request_json(cone.api, "PUT", "/api/v1/policy", {"accepting": False}, token=cone.token)
