@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from node import __version__, cli_doctor, cli_jobs, cli_ledger
+from node import __version__, cli_doctor, cli_jobs, cli_ledger, cli_service
 from node.cli_common import ApiOption, DataDirOption, console, err, fail, get, short
 
 app = typer.Typer(
@@ -104,6 +105,20 @@ def node_run(
     deny_owner: Annotated[
         list[str] | None, typer.Option(help="never take work from this peer id (repeatable)")
     ] = None,
+    hours: Annotated[
+        str | None,
+        typer.Option(help='train only in these local-time windows, e.g. "22:00-07:00"'),
+    ] = None,
+    idle_minutes: Annotated[
+        float | None,
+        typer.Option(help="train only after this many minutes without input [default 0: off]"),
+    ] = None,
+    daily_gpu_hours: Annotated[
+        float | None, typer.Option(help="most hours of training a day [default 0: no cap]")
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help='CUDA devices training may use, e.g. "0,1" [default all]')
+    ] = None,
     rebenchmark: Annotated[
         bool, typer.Option(help="re-measure TFLOP/s instead of using the cached figure")
     ] = False,
@@ -117,7 +132,7 @@ def node_run(
     from ledger import LedgerError
     from node.config import ConfigError, data_dir_from, load_settings
     from node.daemon import run_node
-    from node.identity import IdentityError, load_or_create_identity
+    from node.identity import KEY_FILE, IdentityError, load_or_create_identity
     from node.logs import setup_logging
     from node.net.host import HostError
     from node.store import DataDirInUse
@@ -144,14 +159,19 @@ def node_run(
         "max_units": max_units,
         "allow_owners": allow_owner or None,
         "deny_owners": deny_owner or None,
+        "hours": hours,
+        "idle_minutes": idle_minutes,
+        "daily_gpu_hours": daily_gpu_hours,
+        "gpus": _gpu_list(gpus),
     }
+    first_start = not (directory / KEY_FILE).exists()
     try:
         settings = load_settings(directory, overrides)
         identity = load_or_create_identity(directory)
     except (ConfigError, IdentityError) as exc:
         raise fail(f"{exc}\nThe node did not start.", 2) from None
     log_file = setup_logging(settings.log_level, directory)
-    err.print(f"meshminer {__version__}: data dir {directory}, log {log_file}", highlight=False)
+    _banner(settings, identity.peer_id, directory, log_file, first_start)
     try:
         trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
     except (HostError, DataDirInUse) as exc:
@@ -167,7 +187,10 @@ def node_run(
 @app.command()
 def status(api: ApiOption = None) -> None:
     """Show this node: identity, addresses, capacity, policy."""
-    s = get(api, "/api/v1/status")
+    show_status(get(api, "/api/v1/status"))
+
+
+def show_status(s: dict[str, Any]) -> None:
     table = Table(show_header=False, box=None)
     table.add_row("peer id", s["peer_id"])
     table.add_row("addresses", "\n".join(s["addrs"]))
@@ -179,6 +202,9 @@ def status(api: ApiOption = None) -> None:
         f"{s['capacity']['torch_version']} (CUDA {s['capacity']['cuda_version'] or 'none'})",
     )
     table.add_row("policy", _policy(s["policy"]))
+    paused = s.get("availability", {}).get("paused")
+    if paused:
+        table.add_row("training", f"not now: {paused}")
     table.add_row("load", f"{s['load']}%")
     for name, state in s.get("sandbox", {}).items():
         table.add_row(f"sandbox: {name.replace('_', ' ')}", state)
@@ -212,6 +238,7 @@ def peers(api: ApiOption = None) -> None:
 cli_jobs.register(app, node_app)
 cli_ledger.register(app)
 cli_doctor.register(app)
+cli_service.register(node_app, show_status)
 
 
 @app.command()
@@ -236,6 +263,40 @@ def demo(
     if rounds < 3:
         raise typer.BadParameter("the elastic demo needs 3 rounds or more", param_hint="--rounds")
     sys.exit(run_demo(nodes=count, keep=keep, console=console, mode=mode, rounds=rounds))
+
+
+def _banner(settings: Any, peer_id: str, directory: Path, log_file: Path, first: bool) -> None:
+    """Where things are; on the first start, also how to join a network."""
+    host, _, port = settings.http.rpartition(":")
+    page = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+    err.print(
+        f"meshminer {__version__}\n"
+        f"  peer id   {peer_id}\n"
+        f"  data dir  {directory}  (settings: {directory / 'meshminer.toml'})\n"
+        f"  log       {log_file}\n"
+        f"  status    {page}",
+        highlight=False,
+    )
+    if not first:
+        return
+    port = settings.listen.rsplit("/", 1)[-1]
+    err.print(
+        "First start: this node has a new identity.\n"
+        "  To join a network, start with --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id> of "
+        "a node in it\n  (nodes on this LAN are found without it, by mDNS).\n"
+        f"  Others join this node with --bootstrap /ip4/<this machine's IP>/tcp/{port}/p2p/"
+        f"{peer_id}",
+        highlight=False,
+    )
+
+
+def _gpu_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not all(p.isdigit() for p in parts):
+        raise typer.BadParameter('device indexes like "0,1"', param_hint="--gpus")
+    return [int(p) for p in parts]
 
 
 def _device(g: dict) -> str:

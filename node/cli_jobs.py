@@ -1,7 +1,8 @@
-"""CLI commands about jobs: submit, jobs, jobs show, train-local; node pause/resume."""
+"""CLI commands about jobs: submit, jobs, jobs show, train-local; node pause/resume/prefs."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -197,6 +198,39 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
     def resume(api: ApiOption = None, token: TokenOption = None) -> None:
         """Accept work again."""
         _policy_change(api, token, {"accepting": True})
+
+    @node_app.command("prefs")
+    def prefs(
+        changes: Annotated[
+            list[str] | None,
+            typer.Argument(help='KEY=VALUE to set, e.g. hours=22:00-07:00 "gpus=0,1"'),
+        ] = None,
+        api: ApiOption = None,
+        token: TokenOption = None,
+    ) -> None:
+        """Show the node's policy and preferences, or change them while it runs (kept in
+        preferences.json in the data dir for the next start)."""
+        url = api_url(api)
+        if changes:
+            body = dict(_pref_value(change) for change in changes)
+            shown = call(request_json, url, "PUT", "/api/v1/policy", body, token_for(url, token))
+        else:
+            shown = get(url, "/api/v1/status")["preferences"]
+        table = Table(show_header=False, box=None)
+        for key, value in shown.items():
+            table.add_row(key, json.dumps(value))
+        console.print(table)
+
+
+def _pref_value(change: str) -> tuple[str, Any]:
+    """ "key=value": JSON where it parses (numbers, true, lists), else the text."""
+    key, sep, text = change.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"{change!r}: expected KEY=VALUE", param_hint="CHANGES")
+    try:
+        return key, json.loads(text)
+    except ValueError:
+        return key, text
 
 
 def _follow(url: str, job_id: str) -> int:

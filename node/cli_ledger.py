@@ -6,6 +6,7 @@ They ask the running node's API, or, with --data-dir, read the node's files dire
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from node.cli_common import ApiOption, console, err, fail, get, short
+from node.cli_common import ApiOption, console, err, fail, get, short, token_for
+from node.client import ApiError, NodeUnreachable, api_url, request_json
+from node.config import data_dir_from
+from protocol.receipts import credit_text
 
 LedgerDirOption = Annotated[
     Path | None,
@@ -59,10 +63,8 @@ def register(app: typer.Typer) -> None:
         entries = get(api, f"/api/v1/ledger?after={max(-1, head - limit)}&limit={limit}")
         balances = get(api, "/api/v1/ledger/balances")
         table = Table(title=f"ledger: last {len(entries['entries'])} of {head + 1} entries")
-        for column in ("seq", "time", "kind", "job", "worker", "owner", "credit (TFLOP)"):
-            table.add_column(
-                column, justify="right" if column in ("seq", "credit (TFLOP)") else "left"
-            )
+        for column in ("seq", "time", "kind", "job", "worker", "owner", "credit"):
+            table.add_column(column, justify="right" if column in ("seq", "credit") else "left")
         for e in entries["entries"]:
             table.add_row(
                 str(e["seq"]),
@@ -71,13 +73,13 @@ def register(app: typer.Typer) -> None:
                 e["job_id"] or "-",
                 short(e["worker"]),
                 short(e["owner"]),
-                f"{e['credit']:.6f}",
+                credit_text(e["credit"]),
             )
         console.print(table)
         node = balances["node"]
         console.print(
-            f"this node: earned {node['earned']:.6f} TFLOP ({node['work_done']} units), "
-            f"spent {node['spent']:.6f} TFLOP ({node['work_received']} units), "
+            f"this node: earned {credit_text(node['earned'])} ({node['work_done']} units), "
+            f"spent {credit_text(node['spent'])} ({node['work_received']} units), "
             f"{node['rejected']} rejected results"
         )
         network = Table(title="network credit (receipts seen on gossip)")
@@ -86,8 +88,8 @@ def register(app: typer.Typer) -> None:
         for peer, row in sorted(balances["network"].items(), key=lambda kv: -kv[1]["earned"]):
             network.add_row(
                 short(peer),
-                f"{row['earned']:.6f}",
-                f"{row['spent']:.6f}",
+                credit_text(row["earned"]),
+                credit_text(row["spent"]),
                 str(row["receipts"]),
                 str(row["conflicts"]),
             )
@@ -95,16 +97,32 @@ def register(app: typer.Typer) -> None:
 
     @ledger_app.command("verify")
     def verify(api: ApiOption = None, data_dir: LedgerDirOption = None) -> None:
-        """Recompute every hash and check every signature; exit 1 at the first bad seq."""
+        """Recompute every hash and check every signature; exit 1 at the first bad seq.
+
+        Asks the running node; with no node running (and no --api), reads the ledger in
+        the data dir ($MESHMINER_DATA_DIR or ~/.local/share/meshminer)."""
+        report: Any = None
+        if data_dir is None:
+            try:
+                report = request_json(
+                    api_url(api), "GET", "/api/v1/ledger/verify",
+                    token=token_for(api_url(api)), timeout=300,
+                )  # fmt: skip
+            except ApiError as exc:
+                raise fail(str(exc)) from None
+            except NodeUnreachable as exc:
+                if api is not None or os.environ.get("MESHMINER_API"):
+                    raise fail(str(exc)) from None
+                data_dir = data_dir_from(None)
+                err.print(f"no node is running here; reading the ledger in {data_dir}")
         if data_dir is not None:
             ledger = _open_ledger(data_dir)
             try:
-                report = ledger.verify()
+                found = ledger.verify()
             finally:
                 ledger.close()
-            ok, text = report.ok, str(report)
+            ok, text = found.ok, str(found)
         else:
-            report = get(api, "/api/v1/ledger/verify")
             ok = report["ok"]
             text = (
                 f"ledger ok: {report['entries']} entries, head seq {report['head_seq']}, "

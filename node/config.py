@@ -9,6 +9,7 @@ a node that does not start.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -17,7 +18,10 @@ from typing import Any
 
 import multiaddr
 
+from node.preferences import PREFERENCE_KEYS, PreferenceError, Preferences
+
 CONFIG_FILE = "meshminer.toml"
+SAVED_PREFERENCES = "preferences.json"  # changes from the page, API or `node prefs`
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "meshminer"
 
 
@@ -130,12 +134,50 @@ class Settings:
         default_factory=list,
         metadata=_meta("never take work from these peer ids", section="policy"),
     )
+    # [policy], not advertised: when this node trains (node.preferences)
+    hours: str = field(
+        default="",
+        metadata=_meta(
+            'train only in these local-time windows, e.g. "22:00-07:00" or '
+            '"12:00-13:00, 22:00-07:00"; "" = any time',
+            section="policy",
+        ),
+    )
+    idle_minutes: float = field(
+        default=0.0,
+        metadata=_meta(
+            "train only after this many minutes without keyboard/mouse input (0 = always)",
+            section="policy",
+        ),
+    )
+    idle_load_pct: int = field(
+        default=25,
+        metadata=_meta(
+            "where input cannot be read: idle means other programs use below this % of the CPU",
+            section="policy",
+        ),
+    )
+    daily_gpu_hours: float = field(
+        default=0.0,
+        metadata=_meta("most hours of training a day (0 = no cap)", section="policy"),
+    )
+    gpus: list[int] = field(
+        default_factory=list,
+        metadata=_meta("CUDA device indexes training may use, e.g. [0, 1]; [] = all", "policy"),
+    )
 
     @property
     def ttl_s(self) -> float:
         return self.peer_ttl_s if self.peer_ttl_s > 0 else 3 * self.publish_interval_s
 
+    def preferences(self) -> Preferences:
+        return Preferences(**{key: getattr(self, key) for key in PREFERENCE_KEYS})
+
     def check(self) -> None:
+        try:
+            self.preferences().check()
+        except PreferenceError as exc:
+            raise ConfigError(f"setting {exc}") from None
         _check_range(
             "log_level",
             self.log_level in ("debug", "info", "warning", "error"),
@@ -195,7 +237,9 @@ def _check_range(key: str, ok: bool, rule: str) -> None:
 
 
 def _type_name(tp: Any) -> str:
-    return {"list[str]": "a list of strings"}.get(str(tp), str(tp))
+    return {"list[str]": "a list of strings", "list[int]": "a list of integers"}.get(
+        str(tp), str(tp)
+    )
 
 
 def _coerce(key: str, tp: str, value: Any) -> Any:
@@ -206,6 +250,8 @@ def _coerce(key: str, tp: str, value: Any) -> Any:
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, int | float) and not isinstance(value, bool),
         "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        "list[int]": isinstance(value, list)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
     }[tp]
     if not ok:
         raise ConfigError(
@@ -257,15 +303,46 @@ def data_dir_from(cli_value: Path | None) -> Path:
 
 
 def load_settings(data_dir: Path, cli_overrides: dict[str, Any] | None = None) -> Settings:
-    """Defaults, then `meshminer.toml` in `data_dir` (if any), then CLI flags."""
+    """Defaults, then `meshminer.toml` in `data_dir` (if any), then the preferences
+    saved from the page or the API (`preferences.json`), then CLI flags."""
     settings = Settings()
     path = data_dir / CONFIG_FILE
     if path.exists():
         settings = replace(settings, **parse_config(path.read_text(), str(path)))
+    settings = replace(settings, **load_saved_preferences(data_dir))
     overrides = {k: v for k, v in (cli_overrides or {}).items() if v is not None}
     settings = replace(settings, **overrides)
     settings.check()
     return settings
+
+
+def load_saved_preferences(data_dir: Path) -> dict[str, Any]:
+    """The policy and preferences changed at runtime, as `save_preferences` kept them."""
+    path = data_dir / SAVED_PREFERENCES
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}); delete it to go on") from None
+    declared = {f.name: f for f in fields(Settings)}
+    if not isinstance(saved, dict) or any(
+        key not in declared or declared[key].metadata["section"] != "policy" for key in saved
+    ):
+        raise ConfigError(f"{path} holds something other than policy settings; delete it")
+    return {key: _coerce(f"{path.name}: {key}", str(declared[key].type), v)
+            for key, v in saved.items()}  # fmt: skip
+
+
+def save_preferences(data_dir: Path, changes: dict[str, Any]) -> None:
+    """Keep runtime changes for the next start (mode 0600, replaced atomically)."""
+    path = data_dir / SAVED_PREFERENCES
+    kept = {**load_saved_preferences(data_dir), **changes}
+    temporary = path.with_suffix(".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(kept, out, indent=1, sort_keys=True)
+    os.replace(temporary, path)
 
 
 def settings_reference() -> list[tuple[str, str, Any, str]]:

@@ -11,8 +11,6 @@ import logging
 import os
 import signal
 import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,10 +18,10 @@ import trio
 
 from ledger.audit import AuditLog
 from ledger.chain import Ledger
-from node import __version__
 from node.capacity import LocalCapacity, local_capacity
 from node.config import Settings
 from node.identity import Identity, load_or_create_api_token
+from node.idle import IdleSensor, process_cpu_s
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.discovery import keep_connected
@@ -34,193 +32,23 @@ from node.net.nat import keep_reachable
 from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
 from node.net.relay import RelayOptions
-from node.store import lock_data_dir, next_counter, open_node_db
+from node.state import Node
+from node.store import lock_data_dir, open_node_db
 from node.web.api import WriteGuard, make_app
 from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_peers
 from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
 from node.web.pages import PageSources, page_routes
+from node.work.availability import Availability, TrainingDays, keep_checking
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore
 from node.work.service import SubmitError, WorkService
 from node.work.unit_keys import UnitKeys
-from protocol import CapacityAd, Policy, ProtocolError, seal
-from protocol.capacity import MAX_ADDRS
-from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
 
 HAND_BACK_S = 3.0  # at shutdown, how long running units have to reach their owners
-
-
-POLICY_FIELDS = ("accepting", "load_limit_pct", "max_job_hours", "max_gpu_memory_share")
-
-
-class PolicyError(ValueError):
-    """A policy change was refused; the message names the field."""
-
-
-class Node:
-    """Node state, owned by the trio thread (the HTTP API reaches it via the bridge)."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        identity: Identity,
-        data_dir: Path,
-        capacity: LocalCapacity,
-        host: MeshHost,
-        peers: PeerTable,
-        db: Any,
-        metrics: NodeMetrics,
-    ) -> None:
-        self.settings = settings
-        self.identity = identity
-        self.data_dir = data_dir
-        self.capacity = capacity
-        self.host = host
-        self.peer_table = peers
-        self.db = db
-        self.node_metrics = metrics
-        self.policy = Policy(
-            accepting=settings.accepting,
-            load_limit_pct=settings.load_limit_pct,
-            max_job_hours=settings.max_job_hours,
-            max_gpu_memory_share=settings.max_gpu_memory_share,
-        )
-        self.load_pct = 0
-        self.started = time.time()
-        self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
-        self.gossip: CapacityGossip | None = None
-        self.work: WorkService | None = None
-        self.events: NodeEvents | None = None
-
-    def ad(self, seq: int = 0) -> CapacityAd:
-        return CapacityAd(
-            peer_id=self.identity.peer_id,
-            addrs=self.host.addrs()[:MAX_ADDRS],
-            gpus=self.capacity.gpus,
-            tflops=self.capacity.tflops,
-            torch_version=self.capacity.torch_version,
-            cuda_version=self.capacity.cuda_version,
-            policy=self.policy,
-            load_pct=self.load_pct,
-            seq=seq,
-            timestamp=time.time(),
-            version=__version__,
-            determinism=self.capacity.determinism,
-            reachability=self.host.reachability.now.state,
-            relay=self.host.relaying,
-        )
-
-    def signed_ad(self) -> bytes:
-        """A fresh ad with the next persistent sequence number, sealed."""
-        return seal(self.ad(next_counter(self.db, "ad_seq")), self.identity.signing_key)
-
-    def status(self) -> dict[str, Any]:
-        ad = to_plain(self.ad())
-        keys = ("gpus", "tflops", "torch_version", "cuda_version", "determinism")
-        capacity = {k: ad[k] for k in keys}
-        return {
-            "peer_id": self.identity.peer_id,
-            "addrs": self.host.addrs(),
-            "capacity": capacity,
-            "policy": ad["policy"],
-            "load": self.load_pct,
-            "peers": len(self.peer_table),
-            "connections": len(self.host.connected_peers()),
-            "uptime_s": round(time.time() - self.started, 3),
-            "sandbox": self.sandbox,
-            "version": __version__,
-            "reachability": self.reachability(),
-            "ports": {
-                "listen": self.settings.listen,
-                "http": self.settings.http,
-                "data": self.work.ctx.data_port if self.work is not None else 0,
-            },
-        }
-
-    def reachability(self) -> dict[str, Any]:
-        """Whether peers can dial us, how that was learned, and our relay slots."""
-        now = self.host.reachability.now
-        return {
-            "state": now.state,
-            "how": now.how,
-            "checked_at": now.checked_at,
-            "answers": now.answers,
-            "relayed_through": sorted(self.host.relay.reservations),
-            "relaying": self.host.relaying,
-            "observed_addrs": self.host.observed_addrs(),
-        }
-
-    def peers(self) -> list[dict[str, Any]]:
-        """The peer table, each with how we are connected to it now (`path`)."""
-        return [
-            {**entry.to_json(), "path": self.host.path_to(entry.ad.peer_id)}
-            for entry in self.peer_table.entries()
-        ]
-
-    def reputation(self) -> list[dict[str, Any]]:
-        """What this node has seen of each peer's results (`node.work.reputation`)."""
-        return self.work.owner.reputation.all() if self.work is not None else []
-
-    def metrics(self) -> bytes:
-        self.node_metrics.uptime.set(time.time() - self.started)
-        self.node_metrics.connections.set(len(self.host.connected_peers()))
-        self.node_metrics.peers.set(len(self.peer_table))
-        return self.node_metrics.render()
-
-    def set_policy(self, changes: dict[str, Any]) -> dict[str, Any]:
-        """Change the policy at runtime (pause/resume, limits); the next ad says so.
-
-        `running`: "finish" (default) lets a running unit complete; "hand_back" stops
-        it and returns it to its owner, who re-offers it elsewhere.
-        """
-        changes = dict(changes)
-        running = changes.pop("running", "finish")
-        if running not in ("finish", "hand_back"):
-            raise PolicyError("'running' must be 'finish' or 'hand_back'")
-        fields = {f: type(getattr(self.policy, f)) for f in POLICY_FIELDS}
-        for key, value in changes.items():
-            if key not in fields:
-                raise PolicyError(f"unknown policy field {key!r}; known: {', '.join(fields)}")
-            expected = fields[key]
-            ok = (
-                isinstance(value, bool)
-                if expected is bool
-                else (isinstance(value, int | float) and not isinstance(value, bool))
-            )
-            if not ok:
-                raise PolicyError(f"policy field {key!r} must be {expected.__name__}")
-        policy = replace(self.policy, **{k: fields[k](v) for k, v in changes.items()})
-        try:
-            policy.check("policy")
-        except ProtocolError as exc:
-            raise PolicyError(str(exc)) from exc
-        self.policy = policy
-        log.info("policy changed: %s", to_plain(policy))
-        if self.work is not None and self.work.worker is not None and not policy.accepting:
-            self.work.worker.stop_current(hand_back=running == "hand_back")
-        self._ad_changed()
-        return to_plain(policy)
-
-    def set_load(self, load_pct: int) -> None:
-        self.load_pct = load_pct
-        self._ad_changed()
-
-    def _ad_changed(self) -> None:
-        if self.gossip is not None:
-            self.gossip.changed()
-        if self.events is not None:
-            self.events.status(self.load_pct, to_plain(self.policy), self.capacity.tflops)
-
-    async def refresh_capacity(self) -> dict[str, Any]:
-        """Re-run the throughput benchmark and advertise the new figure."""
-        self.capacity = await trio.to_thread.run_sync(local_capacity, self.data_dir, True)
-        log.info("capacity refreshed: %.3f TFLOP/s", self.capacity.tflops)
-        self._ad_changed()
-        return self.status()["capacity"]
 
 
 class Stores(NamedTuple):
@@ -313,8 +141,8 @@ async def _serve(
                     data_dir=data_dir,
                     own_ad=node.ad,
                     policy=lambda: node.policy,
-                    allow_owners=settings.allow_owners,
-                    deny_owners=settings.deny_owners,
+                    preferences=lambda: node.preferences,
+                    paused_because=node.paused_because,
                     ledger=PublishingLedger(ledger, events),  # type: ignore[arg-type]
                     publish_receipt=receipts.publish,
                     publish_evidence=evidence.publish,
@@ -328,6 +156,17 @@ async def _serve(
                 ),
                 memory_limit_mb=_memory_limit_mb(),
             )
+            ctx = work.ctx
+
+            def training_share() -> float:
+                return ctx.duty_cycle() / 100 if ctx.runner_pids else 0.0
+
+            idle = IdleSensor(
+                lambda: sum(process_cpu_s(pid) for pid in ctx.runner_pids),
+                lambda: node.preferences.idle_load_pct,
+            )
+            node.idle_how = idle.how
+            node.availability = Availability(lambda: node.preferences, TrainingDays(db), idle)
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)
             guard = WriteGuard(token, http_host)
             routes = job_routes(
@@ -355,6 +194,9 @@ async def _serve(
                 nursery.start_soon(receipts.run)
                 nursery.start_soon(evidence.run)
                 nursery.start_soon(work.run)
+                nursery.start_soon(
+                    keep_checking, node.availability, training_share, node.availability_changed
+                )
                 nursery.start_soon(watch_peers, peers, events)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
                 nursery.start_soon(

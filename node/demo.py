@@ -33,11 +33,15 @@ def run_demo(
     """Start `nodes` nodes and train the demo job of `mode` ("single" or "elastic",
     for `rounds` rounds)."""
     root = Path(tempfile.mkdtemp(prefix="meshminer-demo-"))
-    console.print(f"Starting {nodes} nodes on 127.0.0.1 (data dirs under {root})")
     started = time.monotonic()
     with LocalNetwork(root, ["--publish-interval", "5"]) as net:
         try:
             net.start(nodes)
+            console.print(
+                f"[bold]Status page: {net.nodes[0].api}/[/bold]  (open it to watch the job)",
+                highlight=False,
+            )
+            console.print(f"Started {nodes} nodes on 127.0.0.1 (data dirs under {root})")
             for node in net.nodes:
                 console.print(f"  {node.name}: {node.peer_id}  API {node.api}")
             net.wait_all_see_each_other(timeout=60)
@@ -59,7 +63,8 @@ def run_demo(
         if mode != "elastic":
             _report(owner, job, net, root, console)
         console.print(
-            f"  status API: {owner.api}/api/v1/status   peers: {owner.api}/api/v1/peers"
+            f"  status page: {owner.api}/   API: {owner.api}/api/v1/status"
+            f"   peers: {owner.api}/api/v1/peers"
             f"   metrics: {owner.api}/metrics"
         )
         console.print(f"  logs: {root}/node*/logs/node.log")

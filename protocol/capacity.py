@@ -88,6 +88,7 @@ class CapacityAd:
     determinism: str = ""  # the node's determinism class (node.capacity.determinism_class)
     reachability: str = ""  # "public" | "private" | "unknown" (node.net.reachability)
     relay: bool = False  # it relays circuits for peers behind NATs (node.net.relay)
+    paused: str = ""  # why it trains nothing now, by its volunteer's preferences ("": it does)
 
     def check(self, path: str) -> None:
         require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
@@ -97,6 +98,7 @@ class CapacityAd:
         require(0 <= self.load_pct <= 100, f"{path}.load_pct", "must be 0..100")
         require(self.seq >= 0, f"{path}.seq", "must be >= 0")
         require(len(self.determinism) <= 200, f"{path}.determinism", "must be <= 200 chars")
+        require(len(self.paused) <= 200, f"{path}.paused", "must be <= 200 chars")
         require(
             self.reachability in ("", "public", "private", "unknown"),
             f"{path}.reachability",

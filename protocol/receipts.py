@@ -92,6 +92,21 @@ def flops_to_credit(training_flops: int) -> float:
     return training_flops / FLOPS_PER_TFLOP
 
 
+_FLOP_UNITS = ((1e6, "EFLOP"), (1e3, "PFLOP"), (1.0, "TFLOP"), (1e-3, "GFLOP"),
+               (1e-6, "MFLOP"), (1e-9, "kFLOP"))  # fmt: skip
+
+
+def credit_text(tflop: float) -> str:
+    """Credit as people read it: 1.32096e-05 TFLOP is "13.2 MFLOP"."""
+    size = abs(tflop)
+    if size == 0:
+        return "0 FLOP"
+    for scale, unit in _FLOP_UNITS:
+        if size >= scale:
+            return f"{tflop / scale:.3g} {unit}"
+    return f"{tflop * 1e12:.3g} FLOP"
+
+
 #: the weights hash of a receipt for work that returned no weights (a pruned trial):
 #: the sha256 of no bytes
 NO_WEIGHTS_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

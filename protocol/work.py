@@ -108,6 +108,9 @@ class OfferReply:
         require(len(self.reason) <= 1000, f"{path}.reason", "must be <= 1000 chars")
 
 
+PHASES = ("fetching", "training", "paused", "uploading")
+
+
 @dataclass(frozen=True)
 class Progress:
     """Worker -> owner: where training stands; every one also renews the unit's lease."""
@@ -117,7 +120,7 @@ class Progress:
 
     job_id: str
     unit_id: str
-    phase: str  # "fetching" | "training" | "uploading"
+    phase: str  # "fetching" | "training" | "paused" (by its volunteer) | "uploading"
     step: int
     total_steps: int
     loss: float | None
@@ -131,9 +134,9 @@ class Progress:
     def check(self, path: str) -> None:
         _check_ids(self, path)
         require(
-            self.phase in ("fetching", "training", "uploading"),
+            self.phase in PHASES,
             f"{path}.phase",
-            "must be fetching, training or uploading",
+            "must be fetching, training, paused or uploading",
         )
         require(
             0 <= self.step <= max(self.total_steps, 0), f"{path}.step", "must be 0..total_steps"

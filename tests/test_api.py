@@ -112,8 +112,12 @@ def test_policy_and_job_endpoints_refuse_bad_input(localnet: LocalNetwork) -> No
     for body, message in [
         (b"not json", "not valid JSON"),
         (b"[1, 2]", "JSON object"),
-        (b'{"acepting": false}', "unknown policy field 'acepting'"),
-        (b'{"accepting": "no"}', "'accepting' must be bool"),
+        (b'{"acepting": false}', "unknown preference 'acepting'"),
+        (b'{"accepting": "no"}', "accepting must be true or false"),
+        (b'{"hours": "late"}', "is not a window like"),
+        (b'{"gpus": [0, 0]}', "gpus lists a device twice"),
+        (b'{"idle_minutes": -1}', "idle_minutes must be 0..1440"),
+        (b'{"deny_owners": ["me"]}', "is not a peer id"),
         (b'{"load_limit_pct": 150}', "load_limit_pct"),
         (b'{"max_gpu_memory_share": 0}', "max_gpu_memory_share"),
         (b'{"accepting": false, "running": "later"}', "'running' must be"),
@@ -122,6 +126,7 @@ def test_policy_and_job_endpoints_refuse_bad_input(localnet: LocalNetwork) -> No
         assert code == 400, (body, answer)
         assert message in answer["error"], (body, answer)
     assert node.get("/api/v1/status")["policy"] == before  # nothing changed
+    assert node.get("/api/v1/status")["preferences"]["hours"] == ""
 
     code, answer = _put_json(node, "/api/v1/policy", b'{"accepting": false}')
     assert code == 200 and answer["accepting"] is False

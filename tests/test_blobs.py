@@ -240,6 +240,18 @@ def test_put_and_read_back(store: BlobStore) -> None:
     assert store.put_bytes(data) == sha  # storing again is harmless
 
 
+def test_a_blob_stored_again_keeps_its_file(store: BlobStore) -> None:
+    """Two fetches of one blob that land one after the other leave the first file in
+    place: a sandboxed runner allowed that inode can still open the path."""
+    data = os.urandom(4096)
+    sha = store.put_bytes(data)
+    first = store.path(sha).stat().st_ino
+    with store.writer(sha, len(data)) as w:
+        w.write(data)
+    assert store.path(sha).stat().st_ino == first
+    assert _stored_files(store) == [store.path(sha)]  # no temporary file left
+
+
 def test_blobs_are_private_to_the_node(tmp_path: Path) -> None:
     (tmp_path / "blobs").mkdir(mode=0o755)  # left open by an older version
     store = BlobStore(tmp_path)

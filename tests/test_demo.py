@@ -20,6 +20,8 @@ def test_demo_trains_a_job_across_the_network() -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "All nodes found each other" in out.stdout
+    first = out.stdout.splitlines()[0]  # where to look comes first
+    assert first.startswith("Status page: http://127.0.0.1:"), out.stdout[:500]
     assert "completed: trained by node2" in out.stdout or "completed: trained by node3" in (
         out.stdout
     )

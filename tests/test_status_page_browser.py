@@ -353,3 +353,70 @@ def test_the_page_reconnects_after_a_node_restart(browser: Any, network: list[Lo
     _api_json(node, "PUT", "/api/v1/policy", {"accepting": True})
     wait_for(lambda: node.get("/api/v1/status")["policy"]["accepting"], 10, "the resume")
     page.close()
+
+
+def _window_excluding_now() -> str:
+    """A one-hour window starting two hours from now, local time."""
+    now = time.localtime()
+    start = (now.tm_hour + 2) % 24
+    return f"{start:02d}:{now.tm_min:02d}-{(start + 1) % 24:02d}:{now.tm_min:02d}"
+
+
+def test_the_preferences_panel_steers_the_node_and_its_peers_see_it(
+    browser: Any, network: list[LocalNode], shots: Path
+) -> None:
+    """On node2's overview the volunteer sets a load limit and hours that exclude now,
+    then pauses: each applies live, node2's timeline says so, and node1's peer table
+    shows it from node2's next ad. A bad value is refused with the key, nothing kept."""
+    from playwright.sync_api import expect
+
+    owner, volunteer = network[0], network[1]
+    errors: list[str] = []
+    page = _new_page(browser, errors)
+    page.goto(volunteer.api + "/")
+    _live(page)
+    form = page.locator("#preferences-form")
+    result = page.locator("#preferences-result")
+
+    form.locator("input[name=hours]").fill("7pm till late")
+    form.locator("button[type=submit]").click()
+    expect(result).to_contain_text("400: hours: '7pm till late' is not a window")
+    assert volunteer.get("/api/v1/status")["preferences"]["hours"] == ""
+    errors.remove(
+        "Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    )
+
+    hours = _window_excluding_now()
+    form.locator("input[name=hours]").fill(hours)
+    form.locator("input[name=load_limit_pct]").fill("40")
+    form.locator("button[type=submit]").click()
+    expect(result).to_contain_text("saved: load_limit_pct, hours")
+    expect(page.locator("#paused-because")).to_contain_text(f"outside its hours ({hours})")
+    expect(page.locator("#node-timeline")).to_contain_text(f"hours to '{hours}'")
+    expect(page.locator("#node-timeline")).to_contain_text("training paused: outside its hours")
+    page.screenshot(path=str(shots / "preferences.png"), full_page=True)
+
+    peers = _new_page(browser, errors)
+    peers.goto(owner.api + "/network")
+    row = peers.locator(f"tr[data-peer='{volunteer.peer_id}'] td.policy")
+    expect(row).to_contain_text(f"outside its hours ({hours})", timeout=20_000)
+    expect(row).to_contain_text("≤40% of the time")
+
+    page.locator("button[data-steer=pause]").click()
+    expect(result).to_contain_text("saved: accepting")
+    expect(row).to_contain_text("paused", timeout=20_000)
+    expect(page.locator("#policy")).to_contain_text("paused")
+
+    form.locator("input[name=hours]").fill("")
+    form.locator("input[name=load_limit_pct]").fill("100")
+    form.locator("button[type=submit]").click()
+    expect(result).to_contain_text("saved: load_limit_pct, hours")
+    page.locator("button[data-steer=resume]").click()
+    expect(result).to_contain_text("saved: accepting")
+    expect(row).to_contain_text("accepting", timeout=20_000)
+    expect(page.locator("#node-timeline")).to_contain_text("training allowed again")
+    saved = json.loads((volunteer.data_dir / "preferences.json").read_text())
+    assert saved["hours"] == "" and saved["accepting"] is True  # kept for the next start
+    assert not errors, errors
+    for tab in (page, peers):
+        tab.close()

@@ -14,6 +14,7 @@ from nacl.signing import SigningKey
 
 from node.identity import Identity
 from node.net.peers import PeerTable
+from node.preferences import Preferences
 from node.work.blob_auth import Authorized, TransferError
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
@@ -41,8 +42,7 @@ def _ctx(tmp_path: Path, seed: bytes | None = None) -> WorkContext:
         data_dir=tmp_path,
         own_ad=None,  # type: ignore[arg-type]
         policy=None,  # type: ignore[arg-type]
-        allow_owners=[],
-        deny_owners=[],
+        preferences=Preferences,
         ledger=None,  # type: ignore[arg-type]
         publish_receipt=None,  # type: ignore[arg-type]
         publish_evidence=None,  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "out": "/abs/path/weights.safetensors",
      "device": "auto" | "cpu" | "cuda",          (default "auto")
      "gpu_memory_fraction": float in (0, 1],     (default 1.0)
+     "gpus": [int, ...],                         (CUDA devices it may use; default all)
      "memory_limit_mb": int >= 0,                (default 0: no limit)
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
                    "parent_pid": int},           (optional; see training.isolation)
@@ -86,6 +87,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     out = _out_path(section.get("out"))
     device = section.string("device", "auto", choices=("auto", "cpu", "cuda"))
     fraction = section.number("gpu_memory_fraction", 1.0, lo=0, hi=1, lo_open=True)
+    gpus = section.int_list("gpus", None, lo=0, hi=63, max_len=64)
     memory_mb = section.integer("memory_limit_mb", 0, lo=0, hi=2**40)
     task = section.string("task", "train", choices=TASKS)
     elastic = section.table("elastic")
@@ -132,6 +134,9 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         raise RequestError("request.checkpoints is only for the train and elastic_inner tasks")
     if task != "replay" and section.has("replay"):
         raise RequestError("request.replay is only for the replay task")
+
+    if apply_limits and gpus is not None:  # read when CUDA starts, which is not yet
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
 
     from training.execute import resolve_device, run_job
     from training.sandbox import limit_gpu_memory, limit_memory

@@ -54,6 +54,7 @@ class PeerEntry:
             "ad_timestamp": ad.timestamp,
             "reachability": ad.reachability,
             "relay": ad.relay,
+            "paused": ad.paused,
             "last_seen": self.last_seen,
             "stale": self.stale,
         }

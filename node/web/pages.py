@@ -28,6 +28,7 @@ from aiohttp import web
 from node.web import page_data
 from node.web.charts import loss_chart
 from node.web.sweep_charts import importance_bars, parallel_coordinates
+from protocol.receipts import credit_text
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"
@@ -188,6 +189,7 @@ def make_env() -> jinja2.Environment:
         duration=duration,
         pretty_json=pretty_json,
         toml=to_toml,
+        credit=credit_text,
     )
     env.globals["loss_chart"] = loss_chart
     env.globals["parallel_coordinates"] = parallel_coordinates
@@ -439,6 +441,7 @@ def _own_row(status: dict[str, Any]) -> dict[str, Any]:
         "tflops": capacity.get("tflops", 0.0),
         "load": status.get("load", 0),
         "policy": status.get("policy", {}),
+        "paused": status.get("availability", {}).get("paused", ""),
         "last_seen": time.time(),
         "stale": False,
         "self": True,

@@ -164,7 +164,7 @@ class BlobWriter:
         self._file.close()
         final = self._final_path_for(digest)
         final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.replace(self._tmp, final)
+        _move_into_place(self._tmp, final)
         self._done = True
         self.sha256 = digest
         return final
@@ -176,6 +176,19 @@ class BlobWriter:
         self._done = True
         self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Link, never replace: a blob already stored (the same bytes, by its name) keeps
+    its file. A runner sandboxed to the blobs it was given (Landlock rules hold inodes)
+    must not find another file under the name when two fetches of one blob land."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        pass
+    except OSError:  # a filesystem without hard links
+        os.replace(tmp, final)
+    tmp.unlink(missing_ok=True)
 
 
 class BlobStore:

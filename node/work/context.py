@@ -13,6 +13,7 @@ from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.net.relay import PATH_WORDS
+from node.preferences import Preferences
 from node.work.blobs import BlobStore
 from node.work.executor import run_training
 from node.work.jobs import JobStore
@@ -32,8 +33,7 @@ class WorkContext:
     data_dir: Path
     own_ad: Callable[[], CapacityAd]
     policy: Callable[[], Policy]
-    allow_owners: list[str]
-    deny_owners: list[str]
+    preferences: Callable[[], Preferences]
     ledger: Ledger
     publish_receipt: Callable[[bytes], Awaitable[None]]  # gossip a co-signed receipt
     publish_evidence: Callable[[bytes], Awaitable[None]]  # gossip a failed spot check
@@ -50,6 +50,9 @@ class WorkContext:
     unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
 
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
+    # why this node may not train now ("" when it may): node.work.availability
+    paused_because: Callable[[], str] = lambda: ""
+    runner_pids: set[int] = field(default_factory=set)  # training subprocesses running now
     # units training on this machine (a peer's, or the owner's own): one at a time
     units_here: set[str] = field(default_factory=set)
 
@@ -79,11 +82,15 @@ class WorkContext:
             duty_cycle=self.duty_cycle,
             disk_quota_bytes=self.unit_disk_quota_bytes,
             warm_dir=self.data_dir / "runners",
+            pids=self.runner_pids,
         )
 
     def duty_cycle(self) -> float:
-        """The share of the time (%) a runner may train: the volunteer's load limit."""
-        return float(self.policy().load_limit_pct)
+        """The share of the time (%) a runner may train: the volunteer's load limit
+        (at least 1%), or 0 while the volunteer's preferences pause training."""
+        if self.paused_because():
+            return 0.0
+        return max(1.0, float(self.policy().load_limit_pct))
 
     def load_pct(self) -> int:
         return min(100, round(100 * len(self.units_here) / max(1, self.max_units)))

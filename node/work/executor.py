@@ -10,7 +10,9 @@ and isolates itself before it reads the spec (`training.isolation`: dies with th
 daemon, rlimits, no network, no access to the node's files). Here, beside it:
 - the **duty cycle**: the runner trains at most `duty_cycle()` percent of the time,
   stopped and continued (SIGSTOP/SIGCONT on its process group) every
-  `DUTY_PERIOD_S`; read again every period, so a change applies while it runs;
+  `DUTY_PERIOD_S`; read again every period, so a change applies while it runs. At 0
+  (the volunteer's preferences pause training) it stays stopped until allowed again,
+  and the time it waits does not count against its time limit;
 - the **disk quota**: the unit's folder is measured every `DISK_CHECK_S`; over quota,
   the runner is killed and the unit fails saying so (RLIMIT_FSIZE backs it up).
 """
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
 DUTY_PERIOD_S = 1.0
+PAUSE_CHECK_S = 0.25  # how soon a paused runner continues once allowed
 DISK_CHECK_S = 2.0
 #: what the runner inherits from the daemon's environment (thread counts, devices)
 PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -63,12 +66,13 @@ async def run_training(
     duty_cycle: Callable[[], float] = lambda: 100.0,
     disk_quota_bytes: int = 0,
     warm_dir: Path | None = None,
+    pids: set[int] | None = None,
 ) -> dict[str, Any]:
     """Run the runner on `request`; returns its `result` event or raises UnitFailed.
 
     With `warm_dir`, the runner is forked from the node's fork server, started there
     when none runs (`_start_forkserver`); without, or when the server cannot fork,
-    it is a fresh process."""
+    it is a fresh process. `pids` holds the runner's pid while it runs."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stderr_path = workdir / "stderr.log"
     result: dict[str, Any] | None = None
@@ -80,6 +84,8 @@ async def run_training(
         runner = await _fork(workdir, stderr_path)
     runner = runner or await _start(workdir, stderr_path)
     proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
+    pids = set() if pids is None else pids
+    pids.add(proc.pid)
     request = {
         **request,
         "isolation": {
@@ -91,7 +97,7 @@ async def run_training(
     try:
         with trio.move_on_after(time_limit_s) as deadline:
             async with trio.open_nursery() as watchers:
-                watchers.start_soon(_duty_cycle, proc, duty_cycle)
+                watchers.start_soon(_duty_cycle, proc, duty_cycle, deadline)
                 if disk_quota_bytes:
                     watchers.start_soon(_disk_quota, proc, workdir, disk_quota_bytes, over_quota)
                 async with stdin:
@@ -111,6 +117,7 @@ async def run_training(
         if deadline.cancelled_caught:
             raise UnitFailed(f"time limit of {time_limit_s / 3600:.2f} h exceeded")
     finally:
+        pids.discard(proc.pid)
         _kill_group(proc)
         with trio.CancelScope(shield=True):
             await _wait(proc)
@@ -298,21 +305,46 @@ def _kill_group(proc: subprocess.Popen | ForkedRunner) -> None:
             os.killpg(proc.pid, sig)
 
 
-async def _duty_cycle(proc: subprocess.Popen | ForkedRunner, percent: Callable[[], float]) -> None:
+async def _duty_cycle(
+    proc: subprocess.Popen | ForkedRunner,
+    percent: Callable[[], float],
+    limit: trio.CancelScope | None = None,
+) -> None:
     while True:
-        share = min(100.0, max(1.0, float(percent()))) / 100
-        if share >= 1.0:
-            await trio.sleep(DUTY_PERIOD_S)
-            continue
-        await trio.sleep(DUTY_PERIOD_S * share)
+        share = min(100.0, max(0.0, float(percent()))) / 100
         try:
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                await trio.sleep(DUTY_PERIOD_S * (1 - share))
-            finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+            if share <= 0:
+                await _paused(proc, percent, limit)
+            elif share >= 1.0:
+                await trio.sleep(DUTY_PERIOD_S)
+            else:
+                await trio.sleep(DUTY_PERIOD_S * share)
+                os.killpg(proc.pid, signal.SIGSTOP)
+                try:
+                    await trio.sleep(DUTY_PERIOD_S * (1 - share))
+                finally:
+                    os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
+
+
+async def _paused(
+    proc: subprocess.Popen | ForkedRunner,
+    percent: Callable[[], float],
+    limit: trio.CancelScope | None,
+) -> None:
+    """Stopped until `percent()` allows training again; the time limit (`limit`'s
+    deadline) moves on by the time it waited."""
+    stopped_at = trio.current_time()
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        while percent() <= 0:
+            await trio.sleep(PAUSE_CHECK_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+        if limit is not None:
+            limit.deadline += trio.current_time() - stopped_at
 
 
 async def _disk_quota(

@@ -49,6 +49,7 @@ class Leases:
         # a trial's heartbeat: "" to go on, or why the sweep stops it (pruned)
         self.report_trial: Callable[[Unit, Progress], str] = lambda unit, progress: ""
         self._record_progress = record_progress
+        self._paused: set[str] = set()  # live units whose worker said "paused"
 
     def active_unit(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit | None, str]:
         """The live unit `peer` may speak for, or None and why not."""
@@ -85,6 +86,7 @@ class Leases:
         if unit.trial >= 0:  # its validation values go to the study, whose pruner may stop it
             stop = self.report_trial(unit, progress)
             return encode_ack(not stop, stop)
+        self._note_pause(unit, peer, progress.phase)
         if unit.in_many:  # a round's share: the job's progress is its rounds
             return encode_ack(True)
         self._record_progress(
@@ -101,12 +103,27 @@ class Leases:
         )
         return encode_ack(True)
 
+    def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
+        """The job's timeline says when a worker's volunteer pauses its unit, and when
+        it goes on; the lease holds meanwhile (its heartbeats go on)."""
+        now = phase == "paused"
+        if now == (unit.unit_id in self._paused):
+            return
+        if now:
+            self._paused.add(unit.unit_id)
+        else:
+            self._paused.discard(unit.unit_id)
+        what = "paused by its volunteer's preferences" if now else "training again"
+        self.ctx.jobs.transition(unit.job_id, ("running",), f"unit {unit.unit_id}: {peer} {what}")
+
     async def run(self) -> None:
         """End every remote unit whose lease or deadline has passed."""
         while True:
             await trio.sleep(CHECK_EVERY_S)
             now = time.time()
-            for unit in self.ctx.jobs.units_in_state("offered", "running", "verifying"):
+            live = self.ctx.jobs.units_in_state("offered", "running", "verifying")
+            self._paused &= {unit.unit_id for unit in live}
+            for unit in live:
                 if unit.worker == self.ctx.peer_id:
                     continue  # trained here: the executor's time limit holds it
                 if unit.state == "verifying":  # its result handler never finished

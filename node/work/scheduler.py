@@ -26,6 +26,8 @@ def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
     policy = ad.policy
     if not policy.accepting:
         return "not accepting work"
+    if ad.paused:
+        return f"paused: {ad.paused}"
     if ad.load_pct >= policy.load_limit_pct:
         return f"at its load limit ({ad.load_pct}% of {policy.load_limit_pct}%)"
     max_hours = float(requirements.get("max_hours", 1.0))

@@ -43,6 +43,7 @@ def runner_request(
     *,
     gpu_memory_fraction: float,
     memory_limit_mb: int,
+    gpus: list[int] | None = None,
 ) -> dict[str, Any]:
     device = "cpu" if spec.get("requirements", {}).get("gpu") == "none" else "auto"
     return {
@@ -52,6 +53,7 @@ def runner_request(
         "device": device,
         "gpu_memory_fraction": gpu_memory_fraction,
         "memory_limit_mb": memory_limit_mb,
+        **({"gpus": list(gpus)} if gpus else {}),
     }
 
 
@@ -126,6 +128,7 @@ class WorkService:
             out,
             gpu_memory_fraction=self.ctx.policy().max_gpu_memory_share,
             memory_limit_mb=self._memory_limit_mb,
+            gpus=self.ctx.preferences().gpus,
         )
 
     def _served(self, auth: Authorized, path: str) -> None:

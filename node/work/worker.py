@@ -224,10 +224,14 @@ class WorkerRole:
         policy = self.ctx.policy()
         if not policy.accepting:
             raise Declined("this node is paused (not accepting work)")
-        if owner in self.ctx.deny_owners:
+        preferences = self.ctx.preferences()
+        if owner in preferences.deny_owners:
             raise Declined("this node does not take work from you (deny list)")
-        if self.ctx.allow_owners and owner not in self.ctx.allow_owners:
+        if preferences.allow_owners and owner not in preferences.allow_owners:
             raise Declined("this node only takes work from its allow list")
+        why = self.ctx.paused_because()
+        if why:
+            raise Declined(f"this node does not train now: {why}", transient=True)
         if not self.ctx.has_room():
             raise Declined(
                 f"busy: {len(self.ctx.units_here)} unit(s) training here", transient=True
@@ -406,6 +410,13 @@ class WorkerRole:
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:
         return Result(pkg.job_id, pkg.unit_id, False, error[:4000], "", 0, b"", retryable=retryable)
 
+    def _phase(self, unit: RunningUnit) -> str:
+        """What the owner is told: a training unit is "paused" while the volunteer's
+        preferences hold its runner stopped."""
+        if unit.phase == "training" and self.ctx.paused_because():
+            return "paused"
+        return unit.phase
+
     async def _heartbeat(self, unit: RunningUnit) -> None:
         """Progress to the owner every second; it renews the lease or says stop."""
         pkg = unit.package
@@ -415,7 +426,7 @@ class WorkerRole:
             message = Progress(
                 job_id=pkg.job_id,
                 unit_id=pkg.unit_id,
-                phase=unit.phase,
+                phase=self._phase(unit),
                 step=int(p.get("step", 0)),
                 total_steps=int(p.get("total_steps", 0)),
                 loss=p.get("loss"),

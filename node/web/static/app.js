@@ -186,8 +186,72 @@
     });
   }
 
+  async function putPolicy(body, result) {
+    result.className = "";
+    result.textContent = "saving…";
+    let response, answer;
+    try {
+      response = await fetch("/api/v1/policy", {
+        method: "PUT",
+        body: JSON.stringify(body),
+        headers: Object.assign({ "Content-Type": "application/json" }, tokenHeaders()),
+      });
+      answer = await response.json();
+    } catch (err) {
+      result.className = "error";
+      result.textContent = "the node did not answer: " + err;
+      return false;
+    }
+    if (!response.ok) {
+      result.className = "error";
+      result.textContent = response.status + ": " + (answer.error || response.statusText);
+      return false;
+    }
+    result.className = "ok";
+    result.textContent = "saved: " + Object.keys(body).filter((k) => k !== "running").join(", ");
+    return true;
+  }
+
+  // Only the fields the volunteer changed are sent; the node checks each and says
+  // which one it refused.
+  function setupPreferences() {
+    const form = document.getElementById("preferences-form");
+    if (!form) return;
+    const result = document.getElementById("preferences-result");
+    const token = document.getElementById("token");
+    if (token) token.value = sessionStorage.getItem("meshminer-token") || "";
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const body = {};
+      for (const field of form.querySelectorAll("input[name], textarea[name]")) {
+        if (field.value === field.defaultValue) continue;
+        body[field.name] = field.type === "number" ? Number(field.value) : field.value;
+      }
+      if (!Object.keys(body).length) {
+        result.className = "";
+        result.textContent = "nothing changed";
+        return;
+      }
+      if (await putPolicy(body, result)) {
+        for (const field of form.querySelectorAll("input[name], textarea[name]")) {
+          field.defaultValue = field.value;
+        }
+      }
+    });
+    const steer = {
+      pause: { accepting: false },
+      resume: { accepting: true },
+      hand_back: { accepting: false, running: "hand_back" },
+    };
+    document.addEventListener("click", (e) => {
+      const button = e.target.closest("button[data-steer]");
+      if (button) putPolicy(steer[button.dataset.steer], result);
+    });
+  }
+
   setupCopy();
   setupSubmit();
   setupCancel();
+  setupPreferences();
   if (window.EventSource) connect(); else setConn("connecting", "no live updates in this browser");
 })();

@@ -1,0 +1,227 @@
+"""The node's state, owned by the trio thread: its identity, capacity, policy and
+preferences, its ad, and what its status says (the HTTP API reaches it through the
+bridge). `node.daemon` wires it to the host, gossip and work service."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node import __version__
+from node.capacity import LocalCapacity, local_capacity
+from node.config import Settings, save_preferences
+from node.identity import Identity
+from node.metrics import NodeMetrics
+from node.net.gossip import CapacityGossip
+from node.net.host import MeshHost
+from node.net.peers import PeerTable
+from node.preferences import PreferenceError, apply_changes, describe_changes
+from node.store import next_counter
+from node.timeline import NodeTimeline
+from node.web.events import NodeEvents
+from node.work.availability import Availability
+from node.work.service import WorkService
+from protocol import CapacityAd, Policy, seal
+from protocol.capacity import MAX_ADDRS, GpuInfo
+from protocol.schema import to_plain
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """Node state, owned by the trio thread (the HTTP API reaches it via the bridge)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        identity: Identity,
+        data_dir: Path,
+        capacity: LocalCapacity,
+        host: MeshHost,
+        peers: PeerTable,
+        db: Any,
+        metrics: NodeMetrics,
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.data_dir = data_dir
+        self.capacity = capacity
+        self.host = host
+        self.peer_table = peers
+        self.db = db
+        self.node_metrics = metrics
+        self.policy = Policy(
+            accepting=settings.accepting,
+            load_limit_pct=settings.load_limit_pct,
+            max_job_hours=settings.max_job_hours,
+            max_gpu_memory_share=settings.max_gpu_memory_share,
+        )
+        self.preferences = settings.preferences()
+        self.timeline = NodeTimeline(db)
+        self.availability: Availability | None = None  # set once the node runs
+        self.idle_how = ""  # what "idle" is read from here (node.idle)
+        self.load_pct = 0
+        self.started = time.time()
+        self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
+        self.gossip: CapacityGossip | None = None
+        self.work: WorkService | None = None
+        self.events: NodeEvents | None = None
+
+    def ad(self, seq: int = 0) -> CapacityAd:
+        return CapacityAd(
+            peer_id=self.identity.peer_id,
+            addrs=self.host.addrs()[:MAX_ADDRS],
+            gpus=self.gpus(),
+            tflops=self.capacity.tflops,
+            torch_version=self.capacity.torch_version,
+            cuda_version=self.capacity.cuda_version,
+            policy=self.policy,
+            load_pct=self.load_pct,
+            seq=seq,
+            timestamp=time.time(),
+            version=__version__,
+            determinism=self.capacity.determinism,
+            reachability=self.host.reachability.now.state,
+            relay=self.host.relaying,
+            paused=self.paused_because(),
+        )
+
+    def gpus(self) -> list[GpuInfo]:
+        """The devices training may use: the volunteer's choice (`gpus`), else all."""
+        chosen = self.preferences.gpus
+        cuda = [g for g in self.capacity.gpus if g.kind == "cuda"]
+        if not chosen or not cuda:
+            return self.capacity.gpus
+        return [g for index, g in enumerate(cuda) if index in chosen]
+
+    def paused_because(self) -> str:
+        return self.availability.reason if self.availability is not None else ""
+
+    def signed_ad(self) -> bytes:
+        """A fresh ad with the next persistent sequence number, sealed."""
+        return seal(self.ad(next_counter(self.db, "ad_seq")), self.identity.signing_key)
+
+    def status(self) -> dict[str, Any]:
+        ad = to_plain(self.ad())
+        keys = ("gpus", "tflops", "torch_version", "cuda_version", "determinism")
+        capacity = {k: ad[k] for k in keys}
+        return {
+            "peer_id": self.identity.peer_id,
+            "addrs": self.host.addrs(),
+            "capacity": capacity,
+            "policy": ad["policy"],
+            "load": self.load_pct,
+            "peers": len(self.peer_table),
+            "connections": len(self.host.connected_peers()),
+            "uptime_s": round(time.time() - self.started, 3),
+            "sandbox": self.sandbox,
+            "version": __version__,
+            "reachability": self.reachability(),
+            "preferences": self.preferences_plain(),
+            "availability": self.available(),
+            "timeline": self.timeline.recent(),
+            "ports": {
+                "listen": self.settings.listen,
+                "http": self.settings.http,
+                "data": self.work.ctx.data_port if self.work is not None else 0,
+            },
+        }
+
+    def available(self) -> dict[str, Any]:
+        """Whether training may run now by the preferences, and today's training."""
+        availability = self.availability
+        return {
+            "paused": self.paused_because(),
+            "trained_today_h": round(availability.used_today_s() / 3600, 3)
+            if availability is not None
+            else 0.0,
+            "idle_from": self.idle_how,
+        }
+
+    def reachability(self) -> dict[str, Any]:
+        """Whether peers can dial us, how that was learned, and our relay slots."""
+        now = self.host.reachability.now
+        return {
+            "state": now.state,
+            "how": now.how,
+            "checked_at": now.checked_at,
+            "answers": now.answers,
+            "relayed_through": sorted(self.host.relay.reservations),
+            "relaying": self.host.relaying,
+            "observed_addrs": self.host.observed_addrs(),
+        }
+
+    def peers(self) -> list[dict[str, Any]]:
+        """The peer table, each with how we are connected to it now (`path`)."""
+        return [
+            {**entry.to_json(), "path": self.host.path_to(entry.ad.peer_id)}
+            for entry in self.peer_table.entries()
+        ]
+
+    def reputation(self) -> list[dict[str, Any]]:
+        """What this node has seen of each peer's results (`node.work.reputation`)."""
+        return self.work.owner.reputation.all() if self.work is not None else []
+
+    def metrics(self) -> bytes:
+        self.node_metrics.uptime.set(time.time() - self.started)
+        self.node_metrics.connections.set(len(self.host.connected_peers()))
+        self.node_metrics.peers.set(len(self.peer_table))
+        return self.node_metrics.render()
+
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change the policy and preferences at runtime (from the API or the page);
+        they apply at once, the next ad says so, and the node's timeline notes it.
+
+        `running`: "finish" (default) lets a running unit complete when the node stops
+        accepting; "hand_back" stops it and returns it to its owner, who re-offers it."""
+        changes = dict(changes)
+        running = changes.pop("running", "finish")
+        if running not in ("finish", "hand_back"):
+            raise PreferenceError("'running' must be 'finish' or 'hand_back'")
+        policy, preferences = apply_changes(self.policy, self.preferences, changes)
+        said = describe_changes(
+            {**to_plain(self.policy), **to_plain(self.preferences)},
+            {**to_plain(policy), **to_plain(preferences)},
+        )
+        self.policy, self.preferences = policy, preferences
+        new = self.preferences_plain()
+        save_preferences(self.data_dir, {key: new[key] for key in changes})
+        if said:
+            log.info("preferences changed: %s", said)
+            self.timeline.add(f"set {said}")
+        if self.work is not None and self.work.worker is not None and not policy.accepting:
+            if running == "hand_back" and self.work.worker.units:
+                self.timeline.add("running unit handed back to its owner")
+            self.work.worker.stop_current(hand_back=running == "hand_back")
+        self.availability_changed()
+        return self.preferences_plain()
+
+    def preferences_plain(self) -> dict[str, Any]:
+        return {**to_plain(self.policy), **to_plain(self.preferences)}
+
+    def availability_changed(self, reason: str | None = None) -> None:
+        """The preferences may pause or allow training (`node.work.availability`)."""
+        if reason is not None:
+            self.timeline.add(f"training paused: {reason}" if reason else "training allowed again")
+        self._ad_changed()
+
+    def set_load(self, load_pct: int) -> None:
+        self.load_pct = load_pct
+        self._ad_changed()
+
+    def _ad_changed(self) -> None:
+        if self.gossip is not None:
+            self.gossip.changed()
+        if self.events is not None:
+            self.events.status(self.load_pct, to_plain(self.policy), self.capacity.tflops)
+
+    async def refresh_capacity(self) -> dict[str, Any]:
+        """Re-run the throughput benchmark and advertise the new figure."""
+        self.capacity = await trio.to_thread.run_sync(local_capacity, self.data_dir, True)
+        log.info("capacity refreshed: %.3f TFLOP/s", self.capacity.tflops)
+        self._ad_changed()
+        return self.status()["capacity"]
