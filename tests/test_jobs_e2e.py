@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from node.client import request_json
 from node.localnet import LocalNetwork, LocalNode, wait_for
 from training.examples import digits_toml
 
@@ -146,6 +147,52 @@ def test_paused_node_gets_no_work(localnet: LocalNetwork, tmp_path: Path) -> Non
         "the job to run once the worker resumes",
     )
     assert job["worker"] == worker.peer_id
+
+
+def test_hours_that_exclude_now_pause_the_running_unit_and_clearing_them_resumes_it(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """`meshminer node prefs hours=...` on the worker: within 5 s its runner stops, its
+    heartbeats say "paused" (the lease holds, the owner's timeline notes it) and offers
+    elsewhere see its ad's reason; cleared, the same unit trains on."""
+    owner = localnet.add(["--not-accepting"])
+    worker = localnet.add()
+    localnet.wait_all_see_each_other(timeout=20)
+    job_id = _submit(owner, _spec(tmp_path, steps=30_000))
+    wait_for(lambda: _job(owner, job_id)["progress"].get("step", 0) > 0, 60, "training")
+    now = time.localtime()
+    hours = f"{(now.tm_hour + 2) % 24:02d}:00-{(now.tm_hour + 3) % 24:02d}:00"
+    out = _cli("node", "prefs", f"hours={hours}", "--api", worker.api)
+    assert out.returncode == 0 and hours in out.stdout, out.stdout + out.stderr
+    asked = time.monotonic()
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["progress"].get("phase") == "paused" and j,
+        10,
+        "the owner to hear the unit is paused",
+    )
+    assert time.monotonic() - asked < 5
+    assert any("paused by its volunteer's preferences" in e["note"] for e in job["timeline"])
+    assert worker.get("/api/v1/status")["availability"]["paused"] == (
+        f"outside its hours ({hours})"
+    )
+    wait_for(
+        lambda: any(p["paused"] for p in owner.get("/api/v1/peers")),
+        15,
+        "the worker's ad to say why it does not train",
+    )
+    step = job["progress"]["step"]
+    time.sleep(2)  # (measuring that nothing moves: there is no event to wait on)
+    assert _job(owner, job_id)["progress"]["step"] <= step + 100  # one report in flight
+    out = _cli("node", "prefs", "hours=", "--api", worker.api)
+    assert out.returncode == 0, out.stderr
+    job = wait_for(
+        lambda: (j := _job(owner, job_id))["progress"].get("step", 0) > step + 200 and j,
+        30,
+        "the same unit to train on",
+    )
+    assert job["state"] == "running" and job["attempts"] == 1
+    assert any(e["note"].endswith("training again") for e in job["timeline"])
+    request_json(owner.api, "POST", f"/api/v1/jobs/{job_id}/cancel")
 
 
 def test_owner_restarted_mid_job_reattaches_to_the_training_worker(
