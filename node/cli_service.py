@@ -51,13 +51,9 @@ def register(node_app: typer.Typer, show_status: Callable[[dict[str, Any]], None
     @node_app.command("uninstall-service")
     def uninstall_service() -> None:
         """Stop the service, disable it and remove its unit file (the data dir stays)."""
-        from node.service_unit import ServiceError, uninstall
+        from node.service_unit import uninstall
 
-        try:
-            removed = uninstall()
-        except ServiceError as exc:
-            raise fail(str(exc)) from None
-        console.print("meshminer.service removed" if removed else "no meshminer.service here")
+        console.print(uninstall(), highlight=False)
 
     @node_app.command("status")
     def node_status(api: ApiOption = None) -> None:

@@ -165,7 +165,7 @@ async def _serve(
                 lambda: sum(process_cpu_s(pid) for pid in ctx.runner_pids),
                 lambda: node.preferences.idle_load_pct,
             )
-            node.idle_how = idle.how
+            node.idle_how = lambda: idle.how
             node.availability = Availability(lambda: node.preferences, TrainingDays(db), idle)
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)
             guard = WriteGuard(token, http_host)

@@ -2,8 +2,9 @@
 
 Input is read where Linux lets this process read it:
 - keyboards and mice (`/dev/input/event*`, readable by root or the `input` group):
-  a thread waits on them and notes the time of each event, never its content, so a
-  returning user pauses training within a second;
+  opened only once `idle_minutes` is set, a thread waits on them and notes the time
+  of each event, never its content, so a returning user pauses training within a
+  second;
 - terminals (`/dev/tty*`, `/dev/pts/*`): the kernel stamps a terminal's access time
   on input, at 8 s granularity.
 Where neither can be read, idle means the CPU time of everything but our own training
@@ -31,15 +32,23 @@ class InputWatch:
     process can read none of them."""
 
     def __init__(self, event_glob: str = EVENT_GLOB, tty_globs: tuple[str, ...] = TTY_GLOBS):
+        self._event_glob = event_glob
         self._tty_globs = tty_globs
         self._last_event = 0.0  # wall time of the newest device event
-        self._devices = _open_readable(sorted(glob.glob(event_glob)))
-        if self._devices:
-            threading.Thread(target=self._watch, name="input-watch", daemon=True).start()
+        self._devices: list[int] | None = None  # opened when first asked: idle_minutes set
+
+    def _open(self) -> list[int]:
+        if self._devices is None:
+            self._devices = _open_readable(sorted(glob.glob(self._event_glob)))
+            if self._devices:
+                self._last_event = time.time()  # unknown before we watched: count from now
+                threading.Thread(target=self._watch, name="input-watch", daemon=True).start()
+        return self._devices
 
     @property
     def sources(self) -> str:
-        """What is read, for `doctor` and the page: "" when nothing can be."""
+        """What is read, for the page: "" when nothing can be."""
+        self._open()
         found = []
         if self._devices:
             found.append(f"{len(self._devices)} input device(s)")
@@ -49,7 +58,7 @@ class InputWatch:
 
     def seconds_since_input(self, now: float | None = None) -> float | None:
         now = time.time() if now is None else now
-        stamps = [self._last_event] if self._devices else []
+        stamps = [self._last_event] if self._open() else []
         for tty in self._ttys():
             try:
                 stamps.append(os.stat(tty).st_atime)
@@ -63,7 +72,7 @@ class InputWatch:
         return [path for pattern in self._tty_globs for path in glob.glob(pattern)]
 
     def _watch(self) -> None:
-        self._last_event = time.time()  # unknown before we watched: count from now
+        assert self._devices is not None
         while self._devices:
             try:
                 ready, _, _ = select.select(self._devices, [], [], 60)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from protocol import Policy, ProtocolError
+from protocol.capacity import GpuInfo
 from protocol.peer_id import public_key_from_peer_id
 
 #: "HH:MM-HH:MM", a window that may wrap past midnight ("22:00-07:00")
@@ -166,6 +167,15 @@ def _typed(key: str, value: Any, current: Any) -> Any:
     if isinstance(current, int) and value != int(value):
         raise PreferenceError(f"{key} must be a whole number")
     return type(current)(value)
+
+
+def chosen_gpus(gpus: list[GpuInfo], chosen: list[int]) -> list[GpuInfo]:
+    """The CUDA devices of `gpus` at the indexes in `chosen` (all when none are);
+    a CPU-only list stays as it is."""
+    cuda = [g for g in gpus if g.kind == "cuda"]
+    if not chosen or not cuda:
+        return gpus
+    return [g for index, g in enumerate(cuda) if index in chosen]
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> str:

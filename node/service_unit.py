@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 UNIT_NAME = "meshminer.service"
@@ -69,17 +70,20 @@ def install(data_dir: Path, run_args: list[str], start: bool = True) -> Path:
     return path
 
 
-def uninstall() -> bool:
-    """Stop and disable the service and remove its unit; False if there was none."""
+def uninstall() -> str:
+    """Stop and disable the service and remove its unit file; what was done."""
     path = unit_path()
     if not path.exists():
-        return False
+        return f"no {UNIT_NAME} here ({path})"
     try:
         systemctl("disable", "--now", UNIT_NAME)
-    finally:
-        path.unlink()
-    systemctl("daemon-reload")
-    return True
+        stopped = "stopped, disabled and "
+    except ServiceError as exc:
+        stopped = f"not stopped ({exc}); "
+    path.unlink()
+    with suppress(ServiceError):
+        systemctl("daemon-reload")
+    return f"{UNIT_NAME} {stopped}removed ({path})"
 
 
 def state() -> str:

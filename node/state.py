@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,14 @@ from node.metrics import NodeMetrics
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
-from node.preferences import PreferenceError, apply_changes, describe_changes
+from node.preferences import PreferenceError, apply_changes, chosen_gpus, describe_changes
 from node.store import next_counter
 from node.timeline import NodeTimeline
 from node.web.events import NodeEvents
 from node.work.availability import Availability
 from node.work.service import WorkService
 from protocol import CapacityAd, Policy, seal
-from protocol.capacity import MAX_ADDRS, GpuInfo
+from protocol.capacity import MAX_ADDRS
 from protocol.schema import to_plain
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Node:
         self.preferences = settings.preferences()
         self.timeline = NodeTimeline(db)
         self.availability: Availability | None = None  # set once the node runs
-        self.idle_how = ""  # what "idle" is read from here (node.idle)
+        self.idle_how: Callable[[], str] = lambda: ""  # what "idle" is read from (node.idle)
         self.load_pct = 0
         self.started = time.time()
         self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
@@ -75,7 +76,7 @@ class Node:
         return CapacityAd(
             peer_id=self.identity.peer_id,
             addrs=self.host.addrs()[:MAX_ADDRS],
-            gpus=self.gpus(),
+            gpus=chosen_gpus(self.capacity.gpus, self.preferences.gpus),
             tflops=self.capacity.tflops,
             torch_version=self.capacity.torch_version,
             cuda_version=self.capacity.cuda_version,
@@ -89,14 +90,6 @@ class Node:
             relay=self.host.relaying,
             paused=self.paused_because(),
         )
-
-    def gpus(self) -> list[GpuInfo]:
-        """The devices training may use: the volunteer's choice (`gpus`), else all."""
-        chosen = self.preferences.gpus
-        cuda = [g for g in self.capacity.gpus if g.kind == "cuda"]
-        if not chosen or not cuda:
-            return self.capacity.gpus
-        return [g for index, g in enumerate(cuda) if index in chosen]
 
     def paused_because(self) -> str:
         return self.availability.reason if self.availability is not None else ""
@@ -139,7 +132,7 @@ class Node:
             "trained_today_h": round(availability.used_today_s() / 3600, 3)
             if availability is not None
             else 0.0,
-            "idle_from": self.idle_how,
+            "idle_from": self.idle_how() if self.preferences.idle_minutes else "",
         }
 
     def reachability(self) -> dict[str, Any]:
@@ -182,23 +175,21 @@ class Node:
         running = changes.pop("running", "finish")
         if running not in ("finish", "hand_back"):
             raise PreferenceError("'running' must be 'finish' or 'hand_back'")
-        policy, preferences = apply_changes(self.policy, self.preferences, changes)
-        said = describe_changes(
-            {**to_plain(self.policy), **to_plain(self.preferences)},
-            {**to_plain(policy), **to_plain(preferences)},
-        )
-        self.policy, self.preferences = policy, preferences
-        new = self.preferences_plain()
-        save_preferences(self.data_dir, {key: new[key] for key in changes})
+        before = self.preferences_plain()
+        self.policy, self.preferences = apply_changes(self.policy, self.preferences, changes)
+        after = self.preferences_plain()
+        if changes:
+            save_preferences(self.data_dir, {key: after[key] for key in changes})
+        said = describe_changes(before, after)
         if said:
             log.info("preferences changed: %s", said)
             self.timeline.add(f"set {said}")
-        if self.work is not None and self.work.worker is not None and not policy.accepting:
+        if self.work is not None and self.work.worker is not None and not self.policy.accepting:
             if running == "hand_back" and self.work.worker.units:
                 self.timeline.add("running unit handed back to its owner")
             self.work.worker.stop_current(hand_back=running == "hand_back")
         self.availability_changed()
-        return self.preferences_plain()
+        return after
 
     def preferences_plain(self) -> dict[str, Any]:
         return {**to_plain(self.policy), **to_plain(self.preferences)}

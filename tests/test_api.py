@@ -127,10 +127,22 @@ def test_policy_and_job_endpoints_refuse_bad_input(localnet: LocalNetwork) -> No
         assert message in answer["error"], (body, answer)
     assert node.get("/api/v1/status")["policy"] == before  # nothing changed
     assert node.get("/api/v1/status")["preferences"]["hours"] == ""
+    assert not (node.data_dir / "preferences.json").exists()
 
     code, answer = _put_json(node, "/api/v1/policy", b'{"accepting": false}')
     assert code == 200 and answer["accepting"] is False
     assert node.get("/api/v1/status")["policy"]["accepting"] is False
+    owner = node.peer_id  # any valid peer id
+    body = json.dumps({"gpus": "0, 1", "deny_owners": [owner], "daily_gpu_hours": 2})
+    code, answer = _put_json(node, "/api/v1/policy", body.encode())
+    assert code == 200 and answer["gpus"] == [0, 1] and answer["deny_owners"] == [owner]
+    saved = node.data_dir / "preferences.json"
+    assert json.loads(saved.read_text()) == {
+        "accepting": False, "gpus": [0, 1], "deny_owners": [owner], "daily_gpu_hours": 2.0
+    }  # fmt: skip
+    assert saved.stat().st_mode & 0o777 == 0o600
+    timeline = [e["note"] for e in node.get("/api/v1/status")["timeline"]]
+    assert timeline[-1] == f"set daily_gpu_hours to 2.0, gpus to [0, 1], deny_owners to {[owner]!r}"
 
     for method, path in [
         ("GET", "/api/v1/jobs/0123456789abcdef"),

@@ -14,11 +14,19 @@ import pytest
 import sqlite_utils
 import trio
 
-from node.preferences import PreferenceError, Preferences, apply_changes, parse_hours
+from node.idle import IdleSensor, InputWatch
+from node.preferences import (
+    PreferenceError,
+    Preferences,
+    apply_changes,
+    chosen_gpus,
+    parse_hours,
+)
 from node.work.availability import Availability, TrainingDays
 from node.work.executor import run_training
 from node.work.service import runner_request
 from protocol import Policy
+from protocol.capacity import GpuInfo
 from training.examples import digits_toml
 from training.spec import parse_spec, spec_to_plain
 
@@ -117,6 +125,35 @@ def test_an_active_user_pauses_training_until_idle_long_enough(tmp_path: Path) -
 def test_unknown_idleness_does_not_stop_training(tmp_path: Path) -> None:
     availability, _ = _availability(Preferences(idle_minutes=10), Clock(_at(10, 0)), tmp_path)
     assert not availability.tick(0) and availability.reason == ""
+
+
+def test_the_chosen_gpus_are_the_ones_advertised() -> None:
+    cards = [GpuInfo(f"card {i}", "cuda", 1024 * (i + 1)) for i in range(3)]
+    assert chosen_gpus(cards, []) == cards
+    assert [g.name for g in chosen_gpus(cards, [0, 2])] == ["card 0", "card 2"]
+    cpu = [GpuInfo("x86_64", "cpu")]
+    assert chosen_gpus(cpu, [1]) == cpu  # nothing to choose from on a CPU node
+
+
+def test_terminal_input_is_read_from_access_times(tmp_path: Path) -> None:
+    tty = tmp_path / "tty7"
+    tty.touch()
+    watch = InputWatch(str(tmp_path / "no-such-event*"), (str(tmp_path / "tty[0-9]*"),))
+    assert watch.sources == "terminals"
+    os.utime(tty, (1000.0, 1000.0))  # last input at t=1000
+    assert watch.seconds_since_input(now=1600.0) == 600.0
+    blind = InputWatch(str(tmp_path / "none*"), (str(tmp_path / "none*"),))
+    assert blind.sources == "" and blind.seconds_since_input() is None
+
+
+def test_without_input_idleness_is_others_cpu_load_below_the_threshold() -> None:
+    threshold = {"pct": 101.0}  # anything counts as quiet
+    sensor = IdleSensor(lambda: 0.0, lambda: threshold["pct"], InputWatch("/none*", ()))
+    assert sensor.how == "the CPU load of other programs"
+    start = time.time()
+    assert sensor(start + 60) >= 60  # quiet since the sensor began
+    threshold["pct"] = 0.0  # now any load is activity
+    assert sensor(start + 61) == 0.0
 
 
 def _state(pid: int) -> str:

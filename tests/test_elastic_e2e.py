@@ -124,7 +124,7 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=300, rounds=10, hidden=(32,))
+    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=200, rounds=8, hidden=(32,))
     job_id = _submit(owner, spec)
     _wait_closed(owner, job_id, 1, 120)
     newcomer = localnet.add()  # idle until a slot frees: all three are taken

@@ -80,6 +80,13 @@ def test_receipts_reach_both_ledgers_and_the_third_nodes_audit(localnet: LocalNe
     copy = worker.data_dir.parent / "tampered"
     shutil.copytree(worker.data_dir, copy, ignore=shutil.ignore_patterns("node.lock"))
     assert _cli("ledger", "verify", "--data-dir", str(copy)).returncode == 0
+    # no node running and no --api: the data dir of MESHMINER_DATA_DIR is read
+    out = _cli("ledger", "verify", env={"MESHMINER_DATA_DIR": str(copy),
+               "MESHMINER_API": "http://127.0.0.1:9"})  # fmt: skip
+    assert out.returncode == 1 and "no meshminer node is answering" in out.stderr  # named: kept
+    out = _cli("ledger", "verify", env={"MESHMINER_DATA_DIR": str(copy)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"reading the ledger in {copy}" in out.stderr and "ledger ok" in out.stdout
     with sqlite3.connect(copy / "ledger.db") as db:  # a tamperer removes the guards first
         for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"):
             db.execute(f"DROP TRIGGER {name}")
@@ -89,11 +96,11 @@ def test_receipts_reach_both_ledgers_and_the_third_nodes_audit(localnet: LocalNe
     assert f"seq {done['seq']}" in out.stderr
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "node", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})},
     )

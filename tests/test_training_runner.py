@@ -173,6 +173,8 @@ def test_invalid_requests_fail_with_an_error_event_and_write_nothing(tmp_path: P
         (_request(tmp_path, out="relative.safetensors"), "request.out must be an absolute"),
         (_request(tmp_path, device="tpu"), "request.device must be one of auto, cpu, cuda"),
         (_request(tmp_path, extra=1), "request.extra is not a known key"),
+        (_request(tmp_path, gpus=[64]), "request.gpus[0] must be <= 63"),
+        (_request(tmp_path, gpus="0,1"), "request.gpus must be a list"),
     ]
     for request, expected in cases[:4]:
         code, events, _ = runner(msgpack.packb(request))
