@@ -94,7 +94,8 @@ def test_vanished_worker_unit_is_reoffered(localnet: LocalNetwork, tmp_path: Pat
     owner = localnet.add(["--lease", "4"])
     workers = localnet.add_many(2)
     localnet.wait_all_see_each_other(timeout=20)
-    job_id = _submit(owner, _spec(tmp_path, steps=3000))
+    # long enough to be training still when killed (3,000 steps took 1.5-3.5 s)
+    job_id = _submit(owner, _spec(tmp_path, steps=8000))
     job = wait_for(
         lambda: (
             (j := _job(owner, job_id))["state"] == "running"
@@ -114,12 +115,8 @@ def test_vanished_worker_unit_is_reoffered(localnet: LocalNetwork, tmp_path: Pat
     )
     print(f"re-offered {time.monotonic() - killed:.1f} s after SIGKILL")
     assert any("vanished" in e["note"] for e in job["timeline"]), job["timeline"]
-    job = wait_for(
-        lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,
-        240,
-        "the job to finish",
-    )
-    assert job["state"] == "completed", job["reason"]
+    assert job["state"] == "running" and job["attempts"] == 2  # a fresh unit trains it
+    request_json(owner.api, "POST", f"/api/v1/jobs/{job_id}/cancel")
 
 
 def test_paused_node_gets_no_work(localnet: LocalNetwork, tmp_path: Path) -> None:
