@@ -209,6 +209,13 @@ def show_status(s: dict[str, Any]) -> None:
     for name, state in s.get("sandbox", {}).items():
         table.add_row(f"sandbox: {name.replace('_', ' ')}", state)
     table.add_row("peers", f"{s['peers']} known, {s['connections']} connected")
+    d = s.get("discovery") or {}
+    if d:
+        table.add_row(
+            "discovery",
+            f"{d['ads_in']:g} ads/min in, {d['ads_out']:g} out, "
+            f"{d['check_cpu_ms']:g} ms CPU/min checking them; node CPU {d['node_cpu_pct']:g}%",
+        )
     table.add_row("uptime", f"{s['uptime_s']:.0f} s")
     table.add_row("version", s["version"])
     console.print(table)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 
 class NodeMetrics:
@@ -48,6 +48,25 @@ class NodeMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.discovery_messages = Counter(
+            "meshminer_discovery_messages",
+            "Capacity ads (kind=ad) and ad tables (kind=table) received (in) or published (out)",
+            ["direction", "kind"],
+            registry=self.registry,
+        )
+        self.discovery_bytes = Counter(
+            "meshminer_discovery_bytes",
+            "Bytes of capacity ads and ad tables, received (in) or published (out)",
+            ["direction"],
+            registry=self.registry,
+        )
+        self.discovery_check_cpu = Counter(
+            "meshminer_discovery_check_cpu_seconds",
+            "CPU seconds spent checking received ads and tables (GossipSub's own work "
+            "shows in process_cpu_seconds_total)",
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total and friends
         self.uptime = Gauge(
             "meshminer_uptime_seconds", "Seconds since the node started", registry=self.registry
         )

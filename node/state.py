@@ -117,6 +117,7 @@ class Node:
             "preferences": self.preferences_plain(),
             "availability": self.available(),
             "timeline": self.timeline.recent(),
+            "discovery": self.gossip.cost.per_minute() if self.gossip is not None else {},
             "ports": {
                 "listen": self.settings.listen,
                 "http": self.settings.http,

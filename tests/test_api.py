@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from node.localnet import LocalNetwork, LocalNode, free_port
+from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -80,9 +80,22 @@ def test_writes_need_the_token_when_not_bound_to_loopback(localnet: LocalNetwork
 def test_cli_status_and_peers(localnet: LocalNetwork) -> None:
     first, second = localnet.start(2)
     localnet.wait_all_see_each_other(timeout=15)
+    cost = wait_for(  # two samples 5 s apart, with the peer's 1 s refresh between them
+        lambda: (d := first.get("/api/v1/status")["discovery"]).get("ads_in") and d,
+        20,
+        "a minute's discovery figures",
+    )
+    assert cost["ads_out"] > 0 and cost["bytes_in"] > 0 and cost["check_cpu_ms"] > 0
+    assert 0 < cost["node_cpu_pct"] < 200
+    code, body = _request(first, "GET", "/metrics")
+    metrics = body.decode()
+    assert 'meshminer_discovery_messages_total{direction="in",kind="ad"}' in metrics
+    assert "meshminer_discovery_check_cpu_seconds_total" in metrics
+    assert "process_cpu_seconds_total" in metrics
     out = _cli("status", "--api", first.api)
     assert out.returncode == 0, out.stderr
     assert first.peer_id in out.stdout and "TFLOP/s" in out.stdout
+    assert "ads/min in" in out.stdout
     out = _cli("peers", "--api", first.api)
     assert out.returncode == 0, out.stderr
     assert "1 peers" in out.stdout and second.peer_id[:8] in out.stdout

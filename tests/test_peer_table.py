@@ -97,3 +97,24 @@ def test_a_flood_of_fresh_identities_cannot_push_out_established_peers(tmp_path:
     # an established peer's update is an update, not a newcomer: nothing is evicted for it
     assert table.accept(*_ad(established[0], 2)) == "updated" and table.evicted == 198
     assert len(list(open_node_db(tmp_path)["peers"].rows)) == 5
+
+
+def test_discovery_cost_is_counted_per_minute_over_its_window() -> None:
+    from node.metrics import NodeMetrics
+    from node.net.discovery_cost import DiscoveryCost
+
+    now = {"t": 100.0}
+    cost = DiscoveryCost(NodeMetrics(), clock=lambda: now["t"])
+    cost.sample()
+    for _ in range(10):
+        cost.received(b"x" * 300)
+    cost.received(b"y" * 5000, "table")
+    cost.published(b"z" * 300)
+    now["t"] += 30  # ten ads and a table in 30 s: 20 ads a minute
+    figures = cost.per_minute()
+    assert figures["window_s"] == 30 and figures["ads_in"] == 20 and figures["tables_in"] == 2
+    assert figures["bytes_in"] == (3000 + 5000) * 2 and figures["ads_out"] == 2
+    now["t"] += 120  # a quiet two minutes: the old burst leaves the window
+    cost.sample()
+    now["t"] += 10
+    assert cost.per_minute()["ads_in"] == 0

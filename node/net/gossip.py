@@ -18,6 +18,7 @@ from collections.abc import Callable
 import trio
 
 from node.metrics import NodeMetrics
+from node.net.discovery_cost import DiscoveryCost
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
 from protocol import (
@@ -106,6 +107,7 @@ class CapacityGossip:
         self.metrics = metrics
         self._make_ad = make_ad
         self.publish_interval_s = publish_interval_s
+        self.cost = DiscoveryCost(metrics)
         self._wake = trio.Event()
         self._own_ad = make_ad()
         for reason in REJECT_REASONS:  # export every series from the start, at 0
@@ -136,8 +138,10 @@ class CapacityGossip:
     def _validate_gossip(self, sender: str, data: bytes) -> bool:
         if sender == self.host.peer_id:
             return True
+        self.cost.received(data)
         try:
-            check_ad(data, sender, self.peers, self.max_age_s, time.time())
+            with self.cost.checking():
+                check_ad(data, sender, self.peers, self.max_age_s, time.time())
         except DuplicateAd:
             return True  # let GossipSub forward it; the table already has it
         except ReplayedMessage:
@@ -155,12 +159,13 @@ class CapacityGossip:
 
     async def _receive_loop(self) -> None:
         async for sender, data in self.host.messages(CAPACITY_TOPIC):
-            try:
-                # checked again: another ad from the same peer may have landed since
-                ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
-            except ProtocolError:
-                continue
-            self._ingest(ad, raw, via="gossip")
+            with self.cost.checking():
+                try:
+                    # checked again: another ad from the same peer may have landed since
+                    ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
+                except ProtocolError:
+                    continue
+                self._ingest(ad, raw, via="gossip")
 
     def _ingest(self, ad: CapacityAd, raw: bytes, via: str) -> None:
         if ad.peer_id == self.host.peer_id:
@@ -202,12 +207,17 @@ class CapacityGossip:
             self.changed()
         try:
             raw = await self.host.request(peer, ADS_PROTOCOL, b"", _TABLE_LIMITS.max_bytes)
+            self.cost.received(raw, "table")
             table = decode(raw, _TABLE_LIMITS)
             if not isinstance(table, list):
                 raise ProtocolError("ad table is not a list")
         except (HostError, ProtocolError) as exc:
             log.debug("ad exchange with %s failed: %s", peer, exc)
             return
+        with self.cost.checking():
+            self._ingest_table(table)
+
+    def _ingest_table(self, table: list) -> None:
         now = time.time()
         for item in table:
             if not isinstance(item, bytes):
@@ -232,6 +242,7 @@ class CapacityGossip:
             try:
                 await self.host.publish(CAPACITY_TOPIC, self._own_ad)
                 self.metrics.ads_published.inc()
+                self.cost.published(self._own_ad)
             except Exception as exc:  # a failed publish must not stop the loop
                 log.warning("publishing capacity ad failed: %s", exc)
 
@@ -241,3 +252,4 @@ class CapacityGossip:
             for peer_id in self.peers.expire():
                 log.info("peer left: %s (no ad for %.0f s)", peer_id, self.peers.ttl_s)
             self.metrics.peers.set(len(self.peers))
+            self.cost.sample()
