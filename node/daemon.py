@@ -159,10 +159,10 @@ async def _serve(
             ctx = work.ctx
 
             def training_share() -> float:
-                return ctx.duty_cycle() / 100 if ctx.runner_pids else 0.0
+                return ctx.duty_cycle() / 100 if ctx.unit_pids else 0.0
 
             idle = IdleSensor(
-                lambda: sum(process_cpu_s(pid) for pid in ctx.runner_pids),
+                lambda: sum(process_cpu_s(pid) for pid in ctx.unit_pids | ctx.runner_pids),
                 lambda: node.preferences.idle_load_pct,
             )
             node.idle_how = lambda: idle.how

@@ -52,7 +52,8 @@ class WorkContext:
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
     # why this node may not train now ("" when it may): node.work.availability
     paused_because: Callable[[], str] = lambda: ""
-    runner_pids: set[int] = field(default_factory=set)  # training subprocesses running now
+    unit_pids: set[int] = field(default_factory=set)  # runners of units, running now
+    runner_pids: set[int] = field(default_factory=set)  # the other runners (checks, outer steps)
     # units training on this machine (a peer's, or the owner's own): one at a time
     units_here: set[str] = field(default_factory=set)
 
@@ -70,27 +71,36 @@ class WorkContext:
         unit_id: str,
         max_hours: float,
         on_event: Callable[[dict[str, Any]], None],
+        *,
+        unit: bool = False,
     ) -> dict[str, Any]:
-        """Run one unit's training subprocess here, under this node's duty cycle and
-        disk quota (`executor.run_training`), forked from the node's fork server
-        (`training.forkserver`), which stays for the tasks that follow."""
+        """Run one training subprocess here, under this node's duty cycle and disk
+        quota (`executor.run_training`), forked from the node's fork server
+        (`training.forkserver`), which stays for the tasks that follow.
+
+        A `unit` (a job's training, a peer's or our own) is also paused while the
+        volunteer's preferences say so, and counts towards the day's training hours;
+        the owner's short checking tasks (replays, an elastic job's outer steps) are
+        not, so that jobs waiting on this node keep moving."""
         return await run_training(
             request,
             self.unit_dir(unit_id),
             max_hours * 3600,
             on_event,
-            duty_cycle=self.duty_cycle,
+            duty_cycle=self.duty_cycle if unit else self.load_limit,
             disk_quota_bytes=self.unit_disk_quota_bytes,
             warm_dir=self.data_dir / "runners",
-            pids=self.runner_pids,
+            pids=self.unit_pids if unit else self.runner_pids,
         )
 
-    def duty_cycle(self) -> float:
-        """The share of the time (%) a runner may train: the volunteer's load limit
-        (at least 1%), or 0 while the volunteer's preferences pause training."""
-        if self.paused_because():
-            return 0.0
+    def load_limit(self) -> float:
+        """The share of the time (%) a runner may train: the volunteer's load limit."""
         return max(1.0, float(self.policy().load_limit_pct))
+
+    def duty_cycle(self) -> float:
+        """A unit's share of the time (%): the load limit, or 0 while the volunteer's
+        preferences pause training."""
+        return 0.0 if self.paused_because() else self.load_limit()
 
     def load_pct(self) -> int:
         return min(100, round(100 * len(self.units_here) / max(1, self.max_units)))

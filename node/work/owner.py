@@ -169,7 +169,11 @@ class OwnerRole:
                 self._local[job.id] = scope
                 try:
                     result = await ctx.train(
-                        request, unit.unit_id, job.max_hours, lambda e: on_event(e, scope)
+                        request,
+                        unit.unit_id,
+                        job.max_hours,
+                        lambda e: on_event(e, scope),
+                        unit=True,
                     )
                 except UnitFailed as exc:
                     self.lifecycle.fatal(unit.unit_id, str(exc))

@@ -371,7 +371,7 @@ class WorkerRole:
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
 
         try:
-            result = await ctx.train(request, pkg.unit_id, pkg.max_hours, on_event)
+            result = await ctx.train(request, pkg.unit_id, pkg.max_hours, on_event, unit=True)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         if kept is not None:  # the inner state this node keeps for the job's next round
