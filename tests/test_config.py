@@ -159,3 +159,22 @@ def test_second_node_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     finally:
         held.close()
     lock_data_dir(tmp_path).close()  # free again once the holder is gone
+
+
+def test_a_bad_preferences_file_stops_the_node_and_stays_as_it_was(tmp_path: Path) -> None:
+    from node.config import load_settings, save_preferences
+
+    save_preferences(tmp_path, {"hours": "22:00-07:00", "gpus": [0]})
+    assert load_settings(tmp_path).preferences().hours == "22:00-07:00"
+    assert load_settings(tmp_path, {"hours": ""}).hours == ""  # a flag wins
+    path = tmp_path / "preferences.json"
+    for bad, message in [
+        ("{not json", "is not readable JSON"),
+        ('{"listen": "/ip4/0.0.0.0/tcp/1"}', "holds something other than policy settings"),
+        ('{"gpus": "0"}', "must be a list of integers"),
+        ('{"hours": "7pm"}', "is not a window like"),
+    ]:
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            load_settings(tmp_path)
+        assert path.read_text() == bad  # refused, not rewritten
