@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 from rich.table import Table
@@ -57,6 +58,23 @@ def node_run(
     relay: Annotated[
         bool | None,
         typer.Option("--relay/--no-relay", help="relay for NATed peers when public [default on]"),
+    ] = None,
+    directory: Annotated[
+        bool | None,
+        typer.Option(
+            "--directory/--no-directory",
+            help="keep volunteers' registered ads and answer owners' queries [default off]",
+        ),
+    ] = None,
+    directory_peers: Annotated[
+        int | None, typer.Option(help="directories to register this node's ad with [default 2]")
+    ] = None,
+    gossip_max_peers: Annotated[
+        int | None,
+        typer.Option(
+            help="network size (as directories count it) above which this node's ad is no "
+            "longer gossiped [default 100]"
+        ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error")] = None,
     publish_interval: Annotated[
@@ -145,6 +163,9 @@ def node_run(
         "mdns": mdns,
         "reachability": reachability,
         "relay": relay,
+        "directory": directory,
+        "directory_peers": directory_peers,
+        "gossip_max_peers": gossip_max_peers,
         "log_level": log_level,
         "publish_interval_s": publish_interval,
         "peer_ttl_s": peer_ttl,
@@ -222,10 +243,40 @@ def show_status(s: dict[str, Any]) -> None:
 
 
 @app.command()
-def peers(api: ApiOption = None) -> None:
+def peers(
+    api: ApiOption = None,
+    find: Annotated[
+        int | None,
+        typer.Option(
+            help="instead: find up to this many peers that could take a job now (asks "
+            "directories, probes each)",
+        ),
+    ] = None,
+    gpu: Annotated[str, typer.Option(help="with --find: preferred|required|none")] = "preferred",
+    min_gpu_memory_gb: Annotated[float, typer.Option(help="with --find")] = 0.0,
+    max_hours: Annotated[float, typer.Option(help="with --find: the job's max_hours")] = 1.0,
+) -> None:
     """List the peers this node knows, from their signed capacity ads."""
+    if find is not None:
+        query = urlencode(
+            {"k": find, "gpu": gpu, "min_gpu_memory_gb": min_gpu_memory_gb, "max_hours": max_hours}
+        )
+        found = get(api, f"/api/v1/peers/find?{query}", timeout=60)
+        title = (
+            f"{len(found['peers'])} of {find} found in {found['seconds']:.2f} s "
+            f"({found['probed']} probed, {found['dead']} did not answer, "
+            f"{found['from_directories']} from directories)"
+        )
+        _peer_table(found["peers"], title)
+        for note in found["notes"]:
+            console.print(note)
+        return
     rows = get(api, "/api/v1/peers")
-    table = Table(title=f"{len(rows)} peers")
+    _peer_table(rows, f"{len(rows)} peers")
+
+
+def _peer_table(rows: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title)
     for column in ("peer", "GPUs", "TFLOP/s", "load", "policy", "last seen"):
         table.add_column(column, justify="right" if column in ("TFLOP/s", "load") else "left")
     now = time.time()
@@ -236,7 +287,7 @@ def peers(api: ApiOption = None) -> None:
             "\n".join(_device(g) for g in p["gpus"]),
             f"{p['tflops']:.3f}",
             f"{p['load']}%",
-            _policy(p["policy"]),
+            _policy(p["policy"]) + (" (directory)" if p.get("directory") else ""),
             seen,
         )
     console.print(table)

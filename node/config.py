@@ -73,6 +73,29 @@ class Settings:
         default=3600, metadata=_meta("longest a relayed connection may last, in seconds")
     )
     log_level: str = field(default="info", metadata=_meta("debug | info | warning | error"))
+    directory: bool = field(
+        default=False,
+        metadata=_meta(
+            "serve as a directory: keep the ads volunteers register, answer owners' queries "
+            "(a public node, for networks of hundreds of peers and more)"
+        ),
+    )
+    directory_peers: int = field(
+        default=2, metadata=_meta("directories this node registers its ad with (0 = none)")
+    )
+    register_interval_s: float = field(
+        default=0.0,
+        metadata=_meta(
+            "seconds between registrations with each directory; 0 = a third of the peer TTL"
+        ),
+    )
+    gossip_max_peers: int = field(
+        default=100,
+        metadata=_meta(
+            "once directories count this many peers, this node's ad goes to them only, "
+            "not by gossip to every node"
+        ),
+    )
     publish_interval_s: float = field(
         default=30.0,
         metadata=_meta("seconds between capacity ad refreshes (ads also go out on change)"),
@@ -167,6 +190,10 @@ class Settings:
     )
 
     @property
+    def register_every_s(self) -> float:
+        return self.register_interval_s or self.ttl_s / 3
+
+    @property
     def ttl_s(self) -> float:
         return self.peer_ttl_s if self.peer_ttl_s > 0 else 3 * self.publish_interval_s
 
@@ -187,6 +214,13 @@ class Settings:
         _check_range("peer_ttl_s", self.peer_ttl_s >= 0, "must be >= 0")
         _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
+        _check_range("directory_peers", 0 <= self.directory_peers <= 8, "must be 0..8")
+        _check_range(
+            "register_interval_s",
+            0 <= self.register_interval_s <= self.ttl_s / 2,
+            f"must be 0 (auto) or at most half the peer TTL ({self.ttl_s:g} s)",
+        )
+        _check_range("gossip_max_peers", self.gossip_max_peers >= 0, "must be >= 0")
         _check_range(
             "reachability",
             self.reachability in ("auto", "public", "private"),

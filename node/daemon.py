@@ -24,13 +24,16 @@ from node.identity import Identity, load_or_create_api_token
 from node.idle import IdleSensor, process_cpu_s
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
+from node.net.directory import Directory
 from node.net.discovery import keep_connected
 from node.net.evidence_gossip import EvidenceGossip
+from node.net.finder import PeerFinder
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.nat import keep_reachable
 from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
+from node.net.registration import Registration
 from node.net.relay import RelayOptions
 from node.state import Node
 from node.store import lock_data_dir, open_node_db
@@ -123,9 +126,23 @@ async def _serve(
         node.sandbox = await probe_isolation()
         feed = EventFeed()
         node.events = events = NodeEvents(feed)
-        node.gossip = CapacityGossip(
+        node.gossip = gossip = CapacityGossip(
             host, peers, metrics, node.signed_ad, settings.publish_interval_s
         )
+        node.registration = registration = Registration(
+            host,
+            identity,
+            peers,
+            gossip.cost,
+            node.signed_ad,
+            directory_peers=settings.directory_peers,
+            interval_s=settings.register_every_s,
+            gossip_max_peers=settings.gossip_max_peers,
+            is_directory=settings.directory,
+        )
+        gossip.gossip_own_ad = registration.gossip_own_ad
+        if settings.directory:
+            node.directory = Directory(host, identity, gossip.cost, settings.ttl_s)
         receipts = ReceiptGossip(host, audit, metrics)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)
@@ -153,6 +170,7 @@ async def _serve(
                     unit_disk_quota_bytes=settings.unit_disk_quota_mb << 20,
                     unit_files_keep_s=settings.unit_files_keep_hours * 3600,
                     on_load=node.set_load,
+                    finder=PeerFinder(gossip, registration),
                 ),
                 memory_limit_mb=_memory_limit_mb(),
             )
@@ -188,6 +206,10 @@ async def _serve(
             await trio.to_thread.run_sync(http.start)
             try:
                 await node.gossip.start()
+                if node.directory is not None:
+                    node.directory.start()
+                    nursery.start_soon(node.directory.run)
+                nursery.start_soon(registration.run)
                 await receipts.start()
                 await evidence.start()
                 nursery.start_soon(node.gossip.run)

@@ -17,9 +17,12 @@ from node.capacity import LocalCapacity, local_capacity
 from node.config import Settings, save_preferences
 from node.identity import Identity
 from node.metrics import NodeMetrics
+from node.net.directory import Directory
+from node.net.finder import parse_find_query
 from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
+from node.net.registration import Registration
 from node.preferences import PreferenceError, apply_changes, chosen_gpus, describe_changes
 from node.store import next_counter
 from node.timeline import NodeTimeline
@@ -69,6 +72,8 @@ class Node:
         self.started = time.time()
         self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
         self.gossip: CapacityGossip | None = None
+        self.registration: Registration | None = None
+        self.directory: Directory | None = None
         self.work: WorkService | None = None
         self.events: NodeEvents | None = None
 
@@ -88,8 +93,20 @@ class Node:
             determinism=self.capacity.determinism,
             reachability=self.host.reachability.now.state,
             relay=self.host.relaying,
+            directory=self.settings.directory,
             paused=self.paused_because(),
         )
+
+    def discovery_status(self) -> dict[str, Any]:
+        """What finding peers costs this node per minute, and how it finds them."""
+        if self.gossip is None:
+            return {}
+        out: dict[str, Any] = dict(self.gossip.cost.per_minute())
+        if self.registration is not None:
+            out.update(self.registration.status())
+        if self.directory is not None:
+            out["directory_holds"] = len(self.directory.table)
+        return out
 
     def paused_because(self) -> str:
         return self.availability.reason if self.availability is not None else ""
@@ -117,7 +134,7 @@ class Node:
             "preferences": self.preferences_plain(),
             "availability": self.available(),
             "timeline": self.timeline.recent(),
-            "discovery": self.gossip.cost.per_minute() if self.gossip is not None else {},
+            "discovery": self.discovery_status(),
             "ports": {
                 "listen": self.settings.listen,
                 "http": self.settings.http,
@@ -155,6 +172,15 @@ class Node:
             {**entry.to_json(), "path": self.host.path_to(entry.ad.peer_id)}
             for entry in self.peer_table.entries()
         ]
+
+    async def find_peers(self, query: dict[str, str]) -> dict[str, Any]:
+        """Up to k peers that fit the requirements and answered a probe just now
+        (`GET /api/v1/peers/find`); raises ValueError on a bad query."""
+        k, requirements = parse_find_query(query)
+        if self.work is None or self.work.ctx.finder is None:
+            raise ValueError("the node is still starting")
+        found = await self.work.ctx.finder.find(requirements, k)
+        return found.to_json()
 
     def reputation(self) -> list[dict[str, Any]]:
         """What this node has seen of each peer's results (`node.work.reputation`)."""

@@ -89,6 +89,7 @@ class CapacityAd:
     reachability: str = ""  # "public" | "private" | "unknown" (node.net.reachability)
     relay: bool = False  # it relays circuits for peers behind NATs (node.net.relay)
     paused: str = ""  # why it trains nothing now, by its volunteer's preferences ("": it does)
+    directory: bool = False  # it keeps volunteers' registered ads for owners (node.net.directory)
 
     def check(self, path: str) -> None:
         require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")

@@ -42,6 +42,13 @@ from protocol.blobs import (
     BlobGrant,
     BlobRequest,
 )
+from protocol.directory import (
+    DIRECTORY_LIMITS,
+    GPU_WISHES,
+    MAX_WANT,
+    DirectoryQuery,
+    DirectoryReply,
+)
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.evidence import EVIDENCE_LIMITS, Evidence
 from protocol.receipts import CoSignedReceipt
@@ -204,6 +211,20 @@ offer_replies = st.builds(
     reason=st.text(max_size=100),
     transient=st.booleans(),
 )
+directory_queries = st.builds(
+    DirectoryQuery,
+    want=st.integers(1, MAX_WANT),
+    gpu=st.sampled_from(GPU_WISHES),
+    min_gpu_memory_gb=st.floats(0, 10**6),
+    max_hours=st.floats(0.001, 8760),
+    timestamp=times,
+)
+directory_replies = st.builds(
+    DirectoryReply,
+    registered=st.integers(0, 2**31),
+    ttl_s=st.floats(0.1, 86400),
+    ads=st.lists(small_bytes, max_size=4),
+)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 progresses = st.integers(0, 10_000).flatmap(
     lambda total: st.integers(0, total).flatmap(
@@ -295,6 +316,8 @@ MESSAGES = {
     WorkPackage: (work_packages(), WORK_LIMITS),
     WorkOffer: (work_offers, WORK_LIMITS),
     OfferReply: (offer_replies, WORK_LIMITS),
+    DirectoryQuery: (directory_queries, DIRECTORY_LIMITS),
+    DirectoryReply: (directory_replies, DIRECTORY_LIMITS),
     Progress: (progresses, WORK_LIMITS),
     Result: (results, WORK_LIMITS),
     Receipt: (receipts, WORK_LIMITS),

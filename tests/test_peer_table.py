@@ -109,7 +109,7 @@ def test_discovery_cost_is_counted_per_minute_over_its_window() -> None:
     for _ in range(10):
         cost.received(b"x" * 300)
     cost.received(b"y" * 5000, "table")
-    cost.published(b"z" * 300)
+    cost.sent(b"z" * 300)
     now["t"] += 30  # ten ads and a table in 30 s: 20 ads a minute
     figures = cost.per_minute()
     assert figures["window_s"] == 30 and figures["ads_in"] == 20 and figures["tables_in"] == 2

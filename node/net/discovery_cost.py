@@ -23,18 +23,35 @@ WINDOW_S = 60.0
 SAMPLE_EVERY_S = 5.0
 
 
+#: message kind -> its name in the per-minute figures
+KINDS = {
+    "ad": "ads",
+    "table": "tables",
+    "register": "registrations",
+    "query": "queries",
+    "probe": "probes",
+}
+
+
 @dataclass
 class _Totals:
-    ads_in: int = 0
-    ads_out: int = 0
-    tables_in: int = 0
+    messages: dict[str, int] = field(default_factory=dict)  # "in:ad", "out:probe", ...
     bytes_in: int = 0
     bytes_out: int = 0
     check_cpu_s: float = 0.0
     process_cpu_s: float = 0.0
 
+    def copy(self) -> _Totals:
+        return _Totals(dict(self.messages), *self._numbers())
+
+    def _numbers(self) -> tuple[int, int, float, float]:
+        return self.bytes_in, self.bytes_out, self.check_cpu_s, self.process_cpu_s
+
     def minus(self, other: _Totals) -> _Totals:
-        return _Totals(**{k: getattr(self, k) - getattr(other, k) for k in vars(self)})
+        keys = self.messages.keys() | other.messages.keys()
+        counts = {k: self.messages.get(k, 0) - other.messages.get(k, 0) for k in keys}
+        numbers = (a - b for a, b in zip(self._numbers(), other._numbers(), strict=True))
+        return _Totals(counts, *numbers)
 
 
 @dataclass
@@ -45,19 +62,22 @@ class DiscoveryCost:
     _samples: deque[tuple[float, _Totals]] = field(default_factory=deque)
 
     def received(self, data: bytes, kind: str = "ad") -> None:
-        if kind == "ad":
-            self.totals.ads_in += 1
-        else:
-            self.totals.tables_in += 1
-        self.totals.bytes_in += len(data)
-        self.metrics.discovery_messages.labels("in", kind).inc()
-        self.metrics.discovery_bytes.labels("in").inc(len(data))
+        """A discovery message came in: an ad, an ad table, a registration (at a
+        directory), a query's answer or a probe's answer."""
+        self._count("in", kind, len(data))
 
-    def published(self, data: bytes) -> None:
-        self.totals.ads_out += 1
-        self.totals.bytes_out += len(data)
-        self.metrics.discovery_messages.labels("out", "ad").inc()
-        self.metrics.discovery_bytes.labels("out").inc(len(data))
+    def sent(self, data: bytes, kind: str = "ad") -> None:
+        self._count("out", kind, len(data))
+
+    def _count(self, direction: str, kind: str, size: int) -> None:
+        key = f"{direction}:{kind}"
+        self.totals.messages[key] = self.totals.messages.get(key, 0) + 1
+        if direction == "in":
+            self.totals.bytes_in += size
+        else:
+            self.totals.bytes_out += size
+        self.metrics.discovery_messages.labels(direction, kind).inc()
+        self.metrics.discovery_bytes.labels(direction).inc(size)
 
     @contextmanager
     def checking(self) -> Iterator[None]:
@@ -76,7 +96,7 @@ class DiscoveryCost:
         if self._samples and now - self._samples[-1][0] < SAMPLE_EVERY_S:
             return
         self.totals.process_cpu_s = time.process_time()
-        self._samples.append((now, _Totals(**vars(self.totals))))
+        self._samples.append((now, self.totals.copy()))
         while len(self._samples) > 2 and now - self._samples[1][0] >= WINDOW_S:
             self._samples.popleft()
 
@@ -91,11 +111,15 @@ class DiscoveryCost:
             return {}
         d = last.minus(first)
         scale = 60.0 / span
+        counts = {
+            f"{plural}_{direction}": round(d.messages.get(f"{direction}:{kind}", 0) * scale, 1)
+            for kind, plural in KINDS.items()
+            for direction in ("in", "out")
+        }
         return {
             "window_s": round(span, 1),
-            "ads_in": round(d.ads_in * scale, 1),
-            "ads_out": round(d.ads_out * scale, 1),
-            "tables_in": round(d.tables_in * scale, 1),
+            **counts,
+            "messages": round(sum(d.messages.values()) * scale, 1),
             "bytes_in": round(d.bytes_in * scale),
             "bytes_out": round(d.bytes_out * scale),
             "check_cpu_ms": round(d.check_cpu_s * scale * 1000, 1),

@@ -34,11 +34,12 @@ from protocol import (
     encode,
     open_envelope,
 )
-from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC
+from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, PROBE_PROTOCOL
 
 log = logging.getLogger(__name__)
 
 MAX_CLOCK_SKEW_S = 60.0
+PROBE_FRESH_S = 2.0  # a probe gets an ad at most this old (a new one costs a signature)
 MAX_TABLE_ADS = 1024
 _TABLE_LIMITS = Limits(
     max_bytes=MAX_TABLE_ADS * (AD_LIMITS.max_bytes + 8) + 8,  # + msgpack bin/array headers
@@ -110,6 +111,9 @@ class CapacityGossip:
         self.cost = DiscoveryCost(metrics)
         self._wake = trio.Event()
         self._own_ad = make_ad()
+        self._own_ad_at = time.monotonic()
+        # False once directories say the network is large (node.net.registration)
+        self.gossip_own_ad: Callable[[], bool] = lambda: True
         for reason in REJECT_REASONS:  # export every series from the start, at 0
             metrics.ads_rejected.labels(reason)
 
@@ -124,6 +128,7 @@ class CapacityGossip:
     async def start(self) -> None:
         """Register the ad exchange and the validated subscription (before any dial)."""
         self.host.serve(ADS_PROTOCOL, self._serve_table, max_request=64)
+        self.host.serve(PROBE_PROTOCOL, self._serve_probe, max_request=64)
         await self.host.subscribe(CAPACITY_TOPIC, self._validate_gossip)
 
     async def run(self) -> None:
@@ -170,7 +175,7 @@ class CapacityGossip:
     def _ingest(self, ad: CapacityAd, raw: bytes, via: str) -> None:
         if ad.peer_id == self.host.peer_id:
             return
-        change = self.peers.accept(ad, raw)
+        change = self.peers.accept(ad, raw, via)
         if change is None:
             return
         self.metrics.ads_accepted.labels(via).inc()
@@ -185,6 +190,35 @@ class CapacityGossip:
                 ad.tflops,
                 ad.load_pct,
             )
+
+    def ingest_checked(self, data: bytes, sender: str | None, via: str) -> bool:
+        """Check an ad that came by request (a probe's answer: `sender` is the peer
+        asked; a directory's copy: None) and take it if newer. True when the table
+        now holds this very ad or a newer one of the peer."""
+        with self.cost.checking():
+            try:
+                ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
+            except (DuplicateAd, ReplayedMessage):
+                if sender is not None:
+                    self.peers.touch(sender, via)
+                return True
+            except ProtocolError as exc:
+                self.metrics.ads_rejected.labels(exc.reason).inc()
+                log.info("ad rejected (%s): %s (%s)", via, exc.reason, exc)
+                return False
+            self._ingest(ad, raw, via=via)
+            return True
+
+    async def _serve_probe(self, peer: str, request: bytes) -> bytes:
+        """This node's current ad, for an owner about to offer work (late binding)."""
+        if time.monotonic() - self._own_ad_at > PROBE_FRESH_S:
+            self._refresh_own_ad()
+        self.cost.sent(self._own_ad, "probe")
+        return self._own_ad
+
+    def _refresh_own_ad(self) -> None:
+        self._own_ad = self._make_ad()
+        self._own_ad_at = time.monotonic()
 
     # -- ad exchange on connect ----------------------------------------------------
 
@@ -238,11 +272,13 @@ class CapacityGossip:
             with trio.move_on_after(self.publish_interval_s):
                 await self._wake.wait()
             self._wake = trio.Event()
-            self._own_ad = self._make_ad()
+            self._refresh_own_ad()
+            if not self.gossip_own_ad():
+                continue  # a large network: the ad goes to directories only
             try:
                 await self.host.publish(CAPACITY_TOPIC, self._own_ad)
                 self.metrics.ads_published.inc()
-                self.cost.published(self._own_ad)
+                self.cost.sent(self._own_ad)
             except Exception as exc:  # a failed publish must not stop the loop
                 log.warning("publishing capacity ad failed: %s", exc)
 

@@ -37,6 +37,7 @@ class PeerEntry:
     stale: bool = False
     refreshed_at: float = 0.0  # expiry clock: last_seen, or the restart time if stale
     joined_at: float = 0.0  # when this node first took an ad of it (this run)
+    via: str = "gossip"  # how the ad came: gossip, exchange, directory (a copy) or probe
 
     def to_json(self) -> dict:
         ad = self.ad
@@ -55,6 +56,8 @@ class PeerEntry:
             "reachability": ad.reachability,
             "relay": ad.relay,
             "paused": ad.paused,
+            "directory": ad.directory,
+            "via": self.via,
             "last_seen": self.last_seen,
             "stale": self.stale,
         }
@@ -98,7 +101,7 @@ class PeerTable:
     def get(self, peer_id: str) -> PeerEntry | None:
         return self._entries.get(peer_id)
 
-    def accept(self, ad: CapacityAd, envelope: bytes) -> str | None:
+    def accept(self, ad: CapacityAd, envelope: bytes, via: str = "gossip") -> str | None:
         """Store a verified ad if it is newer; returns "joined", "updated" or None."""
         current = self._entries.get(ad.peer_id)
         if current is not None and ad.seq <= current.ad.seq:
@@ -108,13 +111,26 @@ class PeerTable:
             self._evict_one()
         joined = now if current is None or current.stale else current.joined_at
         self._entries[ad.peer_id] = PeerEntry(
-            ad, envelope, last_seen=now, refreshed_at=now, joined_at=joined
+            ad, envelope, last_seen=now, refreshed_at=now, joined_at=joined, via=via
         )
         self._db["peers"].upsert(
             {"peer_id": ad.peer_id, "seq": ad.seq, "envelope": envelope, "last_seen": now},
             pk="peer_id",
         )
         return "updated" if current is not None and not current.stale else "joined"
+
+    def touch(self, peer_id: str, via: str = "probe") -> None:
+        """The peer itself just answered with the ad we hold: it is alive now."""
+        entry = self._entries.get(peer_id)
+        if entry is not None:
+            entry.last_seen = entry.refreshed_at = self._clock()
+            entry.stale = False
+            entry.via = via
+
+    def forget(self, peer_id: str) -> None:
+        """Drop a peer that did not answer when asked (it comes back with its next ad)."""
+        if self._entries.pop(peer_id, None) is not None:
+            self._db["peers"].delete_where("peer_id = ?", [peer_id])
 
     def _evict_one(self) -> None:
         victim = max(self._entries.values(), key=lambda e: (e.stale, e.joined_at))

@@ -165,6 +165,12 @@ def make_app(
     async def peers(request: web.Request) -> web.Response:
         return web.json_response(await bridge.call(node.peers))
 
+    async def find_peers(request: web.Request) -> web.Response:
+        try:
+            return web.json_response(await bridge.call_async(node.find_peers, dict(request.query)))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+
     async def reputation(request: web.Request) -> web.Response:
         return web.json_response(await bridge.call(node.reputation))
 
@@ -205,6 +211,7 @@ def make_app(
     app = web.Application(middlewares=[_errors, guard.middleware], client_max_size=1 << 20)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/peers", peers)
+    app.router.add_get("/api/v1/peers/find", find_peers)
     app.router.add_get("/api/v1/reputation", reputation)
     app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
     app.router.add_put("/api/v1/policy", set_policy)

@@ -6,12 +6,15 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.chain import Ledger
 from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
+
+if TYPE_CHECKING:
+    from node.net.finder import PeerFinder
 from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
 from node.work.blobs import BlobStore
@@ -49,6 +52,7 @@ class WorkContext:
     unit_disk_quota_bytes: int = 10 << 30  # what one unit may write into its folder
     unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
 
+    finder: PeerFinder | None = None  # candidates from directories, probes before offers
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
     # why this node may not train now ("" when it may): node.work.availability
     paused_because: Callable[[], str] = lambda: ""

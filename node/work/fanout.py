@@ -18,7 +18,7 @@ from typing import Any
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.lifecycle import Lifecycle
-from node.work.offers import send_offer
+from node.work.offers import offer_if_fit
 from node.work.placement import Backoff
 from node.work.reputation import Reputation
 from node.work.scheduler import unfit_reason
@@ -36,13 +36,16 @@ class Fanout:
         self.backoff = Backoff()
         self._reputation = Reputation(ctx.jobs.db)
 
-    def candidates(self, job: Job, busy: set[str]) -> list[str]:
-        """Peers that fit the job and are not in `busy`, best first."""
+    async def candidates(self, job: Job, busy: set[str]) -> list[str]:
+        """Peers that fit the job and are not in `busy`, best first (directories are
+        asked for more when few are known)."""
         now = time.time()
         excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
         excluded |= self._reputation.excluded(now)
         trusted = self._reputation.trusted()
         requirements = job.spec.get("requirements", {})
+        if self.ctx.finder is not None:
+            await self.ctx.finder.top_up(requirements, excluded)
         fits = [
             e.ad
             for e in self.ctx.peers.entries()
@@ -73,7 +76,7 @@ class Fanout:
         ctx = self.ctx
         key = new_job_key()
         ctx.remember_unit_key(job.id, unit.unit_id, key)
-        reply = await send_offer(ctx, job, unit, key, share, spec)
+        reply = await offer_if_fit(ctx, job, unit, key, share, spec)
         if reply.accepted:
             self.backoff.succeeded(job.id, unit.worker)
             current = ctx.jobs.unit(unit.unit_id)

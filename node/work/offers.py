@@ -92,3 +92,21 @@ async def send_offer(
     except Exception as exc:  # unreachable or garbled: not a refusal of this job
         return OfferReply(job.id, unit.unit_id, False, f"offer failed: {exc}"[:1000], True)
     return reply
+
+
+async def offer_if_fit(
+    ctx: WorkContext,
+    job: Job,
+    unit: Unit,
+    key: bytes,
+    share: RoundShare | None = None,
+    spec: dict[str, Any] | None = None,
+) -> OfferReply:
+    """Late binding: a worker whose ad is not fresh is probed first, and one that is
+    gone, or busy or paused now, gets no offer (a transient decline)."""
+    if ctx.finder is not None and not await ctx.finder.still_fits(
+        unit.worker, job.spec.get("requirements", {})
+    ):
+        reason = f"{unit.worker} did not answer a probe, or cannot take work now"
+        return OfferReply(job.id, unit.unit_id, False, reason, True)
+    return await send_offer(ctx, job, unit, key, share, spec)

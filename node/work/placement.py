@@ -107,8 +107,11 @@ class Placement:
             excluded |= self._replica_misfits(job)
             if not ctx.has_room():
                 excluded.add(SELF)
+            requirements = job.spec.get("requirements", {})
+            if ctx.finder is not None and job.placement != "local":
+                await ctx.finder.top_up(requirements, excluded)
             choice = choose_worker(
-                job.spec.get("requirements", {}),
+                requirements,
                 job.placement,
                 ctx.peers.entries(),
                 ctx.own_ad(),
@@ -125,6 +128,11 @@ class Placement:
             if choice.worker == SELF:
                 await self._train_here(job, choice.reason)
                 return
+            if ctx.finder is not None and not await ctx.finder.still_fits(
+                choice.worker, requirements
+            ):  # late binding: it left, or is busy or paused now
+                self.backoff.failed(job.id, choice.worker, time.time())
+                continue
             if await self._offer(job, choice.worker) and replicas_of(job) == 1:
                 return
 

@@ -198,7 +198,7 @@ class ElasticRounds:
         previous = {
             u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
         }
-        candidates = self.fanout.candidates(job, busy)
+        candidates = await self.fanout.candidates(job, busy)
         offered = 0
         for slot in free:
             if not candidates:

@@ -178,7 +178,7 @@ class SweepTrials:
         room and a peer to train them."""
         live = self.ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)
         placed = {u.trial for u in live}
-        candidates = self.fanout.candidates(job, {u.worker for u in live})
+        candidates = await self.fanout.candidates(job, {u.worker for u in live})
         waiting = [t for t in running if t.number not in placed]
         asked = len(trials)
         room = len(candidates) + self._may_train_here(job, live)

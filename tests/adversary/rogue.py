@@ -24,7 +24,13 @@ from node.work.transfer import serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
-from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, RESULT_PROTOCOL, TASK_PROTOCOL
+from protocol.names import (
+    ADS_PROTOCOL,
+    CAPACITY_TOPIC,
+    PROBE_PROTOCOL,
+    RESULT_PROTOCOL,
+    TASK_PROTOCOL,
+)
 from protocol.work import WORK_LIMITS, OfferReply, ReceiptReply, Result, WorkOffer, WorkPackage
 from training.examples import digits_toml
 
@@ -82,6 +88,9 @@ class RogueWorker:
 
     async def serve_table(self, peer: str, request: bytes) -> bytes:
         return encode([self.ad()])
+
+    async def serve_probe(self, peer: str, request: bytes) -> bytes:
+        return self.ad()
 
     async def publish_ads(self) -> None:
         assert self.host is not None
@@ -217,6 +226,7 @@ async def running(rogue: RogueWorker, owner: LocalNode) -> AsyncIterator[MeshHos
     async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
         rogue.host = host
         host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
+        host.serve(PROBE_PROTOCOL, rogue.serve_probe, max_request=64)
         host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
         serve_blobs_libp2p(host, rogue.store, rogue.job_key)
         await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)

@@ -57,6 +57,7 @@ from protocol.envelope import signing_bytes
 from protocol.names import (
     ADS_PROTOCOL,
     CAPACITY_TOPIC,
+    PROBE_PROTOCOL,
     PROGRESS_PROTOCOL,
     TASK_PROTOCOL,
 )
@@ -495,6 +496,7 @@ async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, 
     async with MeshHost.start(rogue.identity, listen) as host, trio.open_nursery() as nursery:
         rogue.host = host
         host.serve(ADS_PROTOCOL, rogue.serve_table, max_request=64)
+        host.serve(PROBE_PROTOCOL, rogue.serve_probe, max_request=64)
         host.serve(TASK_PROTOCOL, rogue.handle_offer, WORK_LIMITS.max_bytes)
         await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
         await host.connect(owner.multiaddr)

@@ -1,0 +1,88 @@
+"""What one message or operation costs on a real node, read from `costs.json`.
+
+The simulator only adds these figures up, so its answers are as good as they are: they
+come from measurements on real nodes (the file names what it was measured on), and a
+file with a missing or misspelt key is refused rather than silently filled in, since a
+default would be a number nobody measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PATH = Path(__file__).with_name("costs.json")
+# keys that describe the measurement rather than cost anything
+METADATA_KEYS = frozenset({"measured", "commit", "date", "notes", "machine", "source"})
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-message and per-operation costs (ms of CPU, bytes, latencies) of one node."""
+
+    idle_ms_per_min: float  # CPU of a node doing nothing, per minute
+    conn_ms_per_min: float  # CPU per open connection, per minute (keep-alives, muxer)
+    ad_ms: float  # CPU per delivered gossip ad: validation, forwarding, duplicates
+    ad_bytes: float  # bytes per delivered ad (and per ad in a fetched table)
+    table_ad_check_ms: float  # CPU per ad checked in a table fetched on joining
+    register_client_ms: float  # volunteer CPU per registration sent
+    register_server_ms: float  # directory CPU per registration taken (also its latency)
+    register_bytes: float  # bytes per registration (out at the volunteer, in at the directory)
+    query_client_ms: float  # owner CPU per directory query
+    query_server_ms: float  # directory CPU per query (also its latency)
+    query_per_ad_ms: float  # directory CPU per ad returned
+    ad_check_ms: float  # owner CPU per returned ad checked
+    probe_client_ms: float  # owner CPU per probe
+    probe_server_ms: float  # probed peer's CPU per probe
+    probe_bytes: float  # bytes per probe, each way
+    rtt_ms: float  # round trip between two connected nodes
+    connect_ms: float  # opening a new connection (dial, security, muxer)
+    dial_timeout_s: float  # how long a request to a dead peer takes to fail
+    gossip_hop_ms: float  # latency of one gossip hop
+    sweep_s: float  # period of the expiry sweeps (peer table, registrations)
+    measured: str = "unknown"  # what the figures were measured on ("placeholder" until then)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+_COST_KEYS = tuple(f.name for f in fields(Costs) if f.name not in ("measured", "meta"))
+
+
+def load_costs(path: str | Path | None = None) -> Costs:
+    """Read costs from `path` (default: costs.json beside this module).
+
+    Raises ValueError naming every missing or unknown key, or a value that is not a
+    finite number >= 0, so a stale or hand-edited file fails loudly.
+    """
+    path = Path(path) if path is not None else DEFAULT_PATH
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of costs")
+    return costs_from_dict(data, source=str(path))
+
+
+def costs_from_dict(data: dict[str, Any], source: str = "costs") -> Costs:
+    """Build Costs from a dict as found in costs.json (same checks as `load_costs`)."""
+    unknown = sorted(set(data) - set(_COST_KEYS) - METADATA_KEYS)
+    missing = [k for k in _COST_KEYS if k not in data]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unknown:
+        known = ", ".join(sorted(METADATA_KEYS))
+        problems.append(f"unknown keys: {', '.join(unknown)} (metadata keys allowed: {known})")
+    for key in _COST_KEYS:
+        value = data.get(key, 0)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            problems.append(f"{key} must be a finite number >= 0, got {value!r}")
+    if problems:
+        raise ValueError(f"{source}: " + "; ".join(problems))
+    meta = {k: data[k] for k in METADATA_KEYS if k in data and k != "measured"}
+    measured = str(data.get("measured", "unknown"))
+    return Costs(**{k: float(data[k]) for k in _COST_KEYS}, measured=measured, meta=meta)

@@ -1,0 +1,129 @@
+"""What one simulation run is asked (`Scenario`) and what it answers (`Result`).
+
+Defaults are the node's own defaults where it has one (publish every 30 s, a peer
+forgotten after 90 s without an ad, 8 connections, tables of at most 1024 ads on
+connect, 60 s of allowed clock skew), so a run with defaults describes today's network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+DESIGNS = ("gossip", "directory")
+MIDWAY: Literal["midway"] = "midway"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One network and workload. Times in seconds, rates per hour or minute as named."""
+
+    design: str = "directory"  # "gossip" (every node gossips its ad) or "directory"
+    peers: int = 1000  # N: all nodes, directories and owners included
+    duration_s: float = 3600.0
+    seed: int = 1
+    warmup_s: float = 120.0  # CPU and byte figures count only after this
+    # capacity gossip (all ads in design gossip, the directories' ads in design directory)
+    publish_interval_s: float = 30.0
+    peer_ttl_s: float = 90.0
+    clock_skew_s: float = 60.0  # an ad older than peer_ttl_s + this is refused (the node's)
+    gossip_degree: int = 6
+    connections: int = 8  # connections a node keeps (a volunteer's directories among them)
+    max_table_ads: int = 1024  # ads a peer serves a joiner on connect
+    # design directory
+    directories: int | None = None  # M; None: max(1, N // 1000), at most 16
+    directory_peers: int = 2  # D: directories each volunteer registers with
+    register_interval_s: float = 30.0
+    registration_ttl_s: float = 90.0
+    queries: int | None = None  # Q: directories an owner queries; None: min(2, M)
+    max_rounds: int = 5  # query rounds before a placement is given up
+    # workload
+    k: int = 8  # peers a placement needs
+    fit_fraction: float = 1.0  # share of peers that fit the job
+    owners: int = 10
+    placements_per_owner_per_min: float = 1.0
+    # churn
+    churn_per_hour: float = 0.05  # share of volunteers replaced per hour (Poisson)
+    directory_churn: bool = False  # directories churn (and can be hit by the burst) too
+    burst_at_s: float | Literal["midway"] | None = MIDWAY  # None: no burst
+    burst_fraction: float = 0.2  # share of volunteers that leave at once (not replaced)
+    min_observed_s: float = 60.0  # per-node CPU figures only for nodes seen this long
+
+    def __post_init__(self) -> None:
+        if self.design not in DESIGNS:
+            raise ValueError(f"design must be one of {DESIGNS}, got {self.design!r}")
+        if self.peers < self.owners + self.n_directories + 2:
+            raise ValueError(f"{self.peers} peers leave no volunteers beside owners/directories")
+        if not 0 <= self.burst_fraction < 1 or not 0 < self.fit_fraction <= 1:
+            raise ValueError("burst_fraction must be in [0, 1) and fit_fraction in (0, 1]")
+        if self.duration_s <= self.warmup_s:
+            raise ValueError("duration_s must be longer than warmup_s")
+
+    @property
+    def n_directories(self) -> int:
+        """M: 0 in design gossip."""
+        if self.design != "directory":
+            return 0
+        if self.directories is not None:
+            return self.directories
+        return max(1, min(16, self.peers // 1000))
+
+    @property
+    def n_queries(self) -> int:
+        return self.queries if self.queries is not None else min(2, self.n_directories)
+
+    @property
+    def burst_time(self) -> float | None:
+        if self.burst_at_s == MIDWAY:
+            return self.duration_s / 2
+        return self.burst_at_s if self.burst_fraction > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a run measured. NaN where a figure does not apply (no directories in design
+    gossip) or nothing was observed (no peer died). CPU is ms per minute of simulated
+    time after warm-up, per node; % is of one core."""
+
+    design: str
+    peers: int
+    directories: int
+    simulated_s: float
+    volunteer_cpu_ms_per_min_mean: float
+    volunteer_cpu_ms_per_min_p95: float
+    volunteer_cpu_pct_mean: float
+    volunteer_cpu_pct_p95: float
+    directory_cpu_ms_per_min_mean: float
+    directory_cpu_ms_per_min_max: float
+    directory_cpu_pct_mean: float
+    directory_cpu_pct_max: float
+    owner_cpu_ms_per_min_mean: float
+    volunteer_bytes_per_min_mean: float  # in + out
+    directory_bytes_per_min_mean: float
+    placements: int
+    placements_failed: int  # fewer than K live peers after max_rounds
+    find_k_s_p50: float  # from the first query (or the table look-up) to K live peers
+    find_k_s_p95: float
+    find_k_s_max: float
+    query_rounds_mean: float  # 0 in design gossip: nothing is queried
+    drop_dead_s_p50: float  # death until the last holder forgets the peer
+    drop_dead_s_p95: float
+    drop_dead_s_max: float
+    drop_dead_node_mean_s: float  # death until forgotten, mean over every holder
+    dead_measured: int  # dead peers whose drop completed within the run
+    join_found_s_p50: float  # join until owners can find the joiner
+    join_found_s_p95: float
+    first_peer_s_p50: float  # join until the joiner itself is placed in the network
+    joins: int
+    deaths: int
+    offers_to_dead: int  # offers sent to a dead peer (design gossip; 0 by construction else)
+    dead_candidates_probed: int  # design directory: probes that timed out
+    events: int
+    wall_s: float
+    cpu_s: float  # process CPU time of the simulation
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
