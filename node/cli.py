@@ -59,7 +59,7 @@ def node_run(
         bool | None,
         typer.Option("--relay/--no-relay", help="relay for NATed peers when public [default on]"),
     ] = None,
-    directory: Annotated[
+    serve_directory: Annotated[
         bool | None,
         typer.Option(
             "--directory/--no-directory",
@@ -163,7 +163,7 @@ def node_run(
         "mdns": mdns,
         "reachability": reachability,
         "relay": relay,
-        "directory": directory,
+        "directory": serve_directory,
         "directory_peers": directory_peers,
         "gossip_max_peers": gossip_max_peers,
         "log_level": log_level,

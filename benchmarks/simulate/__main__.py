@@ -1,0 +1,135 @@
+"""Compare the designs at chosen network sizes and print one table.
+
+    .venv/bin/python -m benchmarks.simulate --peers 1000 10000 --design gossip directory \
+        [--minutes 60] [--churn 0.05] [--burst 0.2] [--owners 10] [--seed 1] \
+        [--costs PATH] [--json OUT]
+
+Figures use the costs in costs.json (or --costs); a file still marked "placeholder"
+is said so in the output, since its numbers were not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from benchmarks.simulate import Scenario, load_costs, simulate
+from benchmarks.simulate.costs import DEFAULT_PATH
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "simulate.json"
+# rows of the table: (label, Result field); the JSON has every field
+ROWS = [
+    ("directories", "directories"),
+    ("volunteer CPU ms/min mean", "volunteer_cpu_ms_per_min_mean"),
+    ("volunteer CPU ms/min p95", "volunteer_cpu_ms_per_min_p95"),
+    ("volunteer CPU % core mean", "volunteer_cpu_pct_mean"),
+    ("directory CPU ms/min mean", "directory_cpu_ms_per_min_mean"),
+    ("directory CPU ms/min max", "directory_cpu_ms_per_min_max"),
+    ("directory CPU % core max", "directory_cpu_pct_max"),
+    ("owner CPU ms/min mean", "owner_cpu_ms_per_min_mean"),
+    ("volunteer bytes/min", "volunteer_bytes_per_min_mean"),
+    ("directory bytes/min", "directory_bytes_per_min_mean"),
+    ("find K s p50", "find_k_s_p50"),
+    ("find K s p95", "find_k_s_p95"),
+    ("find K s max", "find_k_s_max"),
+    ("query rounds mean", "query_rounds_mean"),
+    ("placements (failed)", None),
+    ("drop dead s p50", "drop_dead_s_p50"),
+    ("drop dead s p95", "drop_dead_s_p95"),
+    ("drop dead s max", "drop_dead_s_max"),
+    ("drop dead s, node mean", "drop_dead_node_mean_s"),
+    ("joiner found s p50", "join_found_s_p50"),
+    ("joiner found s p95", "join_found_s_p95"),
+    ("joiner first peer s p50", "first_peer_s_p50"),
+    ("joins / deaths", None),
+    ("offers to dead", "offers_to_dead"),
+    ("dead candidates probed", "dead_candidates_probed"),
+    ("events", "events"),
+    ("CPU s of the run", "cpu_s"),
+]
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--design", nargs="+", default=["gossip", "directory"])
+    parser.add_argument("--minutes", type=float, default=60.0, help="simulated minutes")
+    parser.add_argument("--churn", type=float, default=0.05, help="share replaced per hour")
+    parser.add_argument("--burst", type=float, default=0.2, help="share leaving midway (0: none)")
+    parser.add_argument("--directory-churn", action="store_true", help="directories churn too")
+    parser.add_argument("--owners", type=int, default=10)
+    parser.add_argument("--k", type=int, default=8, help="peers per placement")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--costs", type=Path, default=DEFAULT_PATH)
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
+    return parser.parse_args()
+
+
+def main() -> None:
+    from benchmarks.harness import Result as Table  # rich table, as the other benchmarks
+    from benchmarks.harness import console
+
+    args = parse()
+    costs = load_costs(args.costs)
+    runs: list[dict[str, Any]] = []
+    for peers in args.peers:
+        for design in args.design:
+            scenario = Scenario(
+                design=design,
+                peers=peers,
+                duration_s=args.minutes * 60,
+                seed=args.seed,
+                churn_per_hour=args.churn,
+                burst_fraction=args.burst,
+                directory_churn=args.directory_churn,
+                owners=args.owners,
+                k=args.k,
+            )
+            console.log(f"{design}, {peers} peers, {args.minutes:g} min ...")
+            result = simulate(scenario, costs)
+            runs.append({"scenario": scenario.to_dict(), "result": result.to_dict()})
+    title = f"simulate (costs: {costs.measured})"
+    table = Table(
+        title, ["figure", *(f"{r['result']['design']} {r['result']['peers']}" for r in runs)]
+    )
+    for label, key in ROWS:
+        if key is not None:
+            table.add(label, *(r["result"][key] for r in runs))
+        elif label.startswith("placements"):
+            table.add(
+                label,
+                *(
+                    f"{r['result']['placements']} ({r['result']['placements_failed']})"
+                    for r in runs
+                ),
+            )
+        else:
+            table.add(label, *(f"{r['result']['joins']} / {r['result']['deaths']}" for r in runs))
+    table.show()
+    if costs.measured == "placeholder":
+        console.print("[yellow]costs.json holds placeholder figures, not measurements[/]")
+    out = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "costs": {**{k: v for k, v in vars(costs).items() if k != "meta"}, **costs.meta},
+        "runs": runs,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(_plain(out), indent=2, allow_nan=False))
+    console.log(f"written {args.json}")
+
+
+def _plain(value: Any) -> Any:
+    """NaN (a figure that does not apply) as null: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Turn a finished run's counters into a `Result`: per-node CPU and bytes per minute,
+percentiles of the latencies.
+
+Per-node CPU = idle + per-connection cost x open connections + every message it
+handled (explicit charges, plus ad_ms for each gossiped ad received, counted
+arithmetically), over the node's time alive after warm-up. Nodes seen for less than
+`min_observed_s` are left out of the per-node figures: a joiner's table fetch spread
+over a few seconds would read as an enormous rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from benchmarks.simulate.network import DIRECTORY, OWNER, Network
+from benchmarks.simulate.scenario import Result
+
+CORE_MS_PER_MIN = 60_000.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile; NaN for no values."""
+    return float(np.percentile(values, q)) if values else math.nan
+
+
+def mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
+    sc, c = net.sc, net.costs
+    cpu: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
+    traffic: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
+    for node in range(len(net.alive)):
+        span = min(net.died[node], sc.duration_s) - max(net.born[node], sc.warmup_s)
+        if span < sc.min_observed_s:
+            continue
+        minutes = span / 60
+        received = net.g_end[node] - net.g_start[node] - net.own_ads[node]
+        conn_minutes = sc.connections * minutes + net.conn_integral.get(node, 0.0) / 60
+        ms = (
+            c.idle_ms_per_min * minutes
+            + c.conn_ms_per_min * conn_minutes
+            + net.cpu[node]
+            + c.ad_ms * received
+        )
+        role = net.role[node]
+        cpu[role].append(ms / minutes)
+        traffic[role].append((net.nbytes[node] + c.ad_bytes * received) / minutes)
+    volunteer, directory = cpu[0], cpu[DIRECTORY]
+    return Result(
+        design=net.design,
+        peers=sc.peers,
+        directories=sc.n_directories,
+        simulated_s=sc.duration_s,
+        volunteer_cpu_ms_per_min_mean=mean(volunteer),
+        volunteer_cpu_ms_per_min_p95=pct(volunteer, 95),
+        volunteer_cpu_pct_mean=mean(volunteer) / CORE_MS_PER_MIN * 100,
+        volunteer_cpu_pct_p95=pct(volunteer, 95) / CORE_MS_PER_MIN * 100,
+        directory_cpu_ms_per_min_mean=mean(directory),
+        directory_cpu_ms_per_min_max=max(directory, default=math.nan),
+        directory_cpu_pct_mean=mean(directory) / CORE_MS_PER_MIN * 100,
+        directory_cpu_pct_max=max(directory, default=math.nan) / CORE_MS_PER_MIN * 100,
+        owner_cpu_ms_per_min_mean=mean(cpu[OWNER]),
+        volunteer_bytes_per_min_mean=mean(traffic[0]),
+        directory_bytes_per_min_mean=mean(traffic[DIRECTORY]),
+        placements=net.placements,
+        placements_failed=net.placements_failed,
+        find_k_s_p50=pct(net.find_k, 50),
+        find_k_s_p95=pct(net.find_k, 95),
+        find_k_s_max=max(net.find_k, default=math.nan),
+        query_rounds_mean=mean(net.rounds),
+        drop_dead_s_p50=pct(net.drop_dead, 50),
+        drop_dead_s_p95=pct(net.drop_dead, 95),
+        drop_dead_s_max=max(net.drop_dead, default=math.nan),
+        drop_dead_node_mean_s=mean(net.drop_dead_node_mean),
+        dead_measured=len(net.drop_dead),
+        join_found_s_p50=pct(net.join_found, 50),
+        join_found_s_p95=pct(net.join_found, 95),
+        first_peer_s_p50=pct(net.first_peer, 50),
+        joins=net.joins,
+        deaths=net.deaths,
+        offers_to_dead=net.offers_to_dead,
+        dead_candidates_probed=net.dead_candidates_probed,
+        events=net.engine.events,
+        wall_s=wall_s,
+        cpu_s=cpu_s,
+    )
