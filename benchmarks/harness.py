@@ -210,9 +210,10 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, n: int, timeout: float = 180.0) -> list[Node]:
-        """Start n nodes; returns once every API answers (`start_s` says how long that took)."""
-        t0, node0 = time.monotonic(), self.add()
+    def start(self, n: int, timeout: float = 180.0, first: Sequence[str] = ()) -> list[Node]:
+        """Start n nodes (node 0 with the extra flags `first`); returns once every API
+        answers (`start_s` says how long that took)."""
+        t0, node0 = time.monotonic(), self.add(first)
         self.bootstrap = wait_for(lambda: node0.get(STATUS)["addrs"][0], timeout, "node 0 API")
         for _ in range(n - 1):
             self.add()
@@ -221,7 +222,7 @@ class Cluster:
         self.start_s = time.monotonic() - t0
         return self.nodes
 
-    def add(self) -> Node:
+    def add(self, extra: Sequence[str] = ()) -> Node:
         """Start one more node (bootstrapping from node 0 once there is one)."""
         index = len(self.nodes)
         data_dir = self.root / f"n{index}"
@@ -233,7 +234,7 @@ class Cluster:
         listen, http = free_ports(2)
         cmd = [MESHMINER, "node", "run", "--no-mdns", "--data-dir", str(data_dir)]
         cmd += ["--listen", f"/ip4/127.0.0.1/tcp/{listen}", "--http", f"127.0.0.1:{http}"]
-        cmd += [*self.args, *(["--bootstrap", self.bootstrap] if self.bootstrap else [])]
+        cmd += [*self.args, *extra, *(["--bootstrap", self.bootstrap] if self.bootstrap else [])]
         with open(data_dir / "stderr.log", "wb") as log:
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=log, env=self.env, preexec_fn=_die_with_parent

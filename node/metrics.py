@@ -50,13 +50,14 @@ class NodeMetrics:
         )
         self.discovery_messages = Counter(
             "meshminer_discovery_messages",
-            "Capacity ads (kind=ad) and ad tables (kind=table) received (in) or published (out)",
+            "Discovery messages in and out by kind: ad (gossip), table (exchange on connect), "
+            "register (with a directory), query (of a directory), probe (before an offer)",
             ["direction", "kind"],
             registry=self.registry,
         )
         self.discovery_bytes = Counter(
             "meshminer_discovery_bytes",
-            "Bytes of capacity ads and ad tables, received (in) or published (out)",
+            "Bytes of discovery messages, received (in) or sent (out)",
             ["direction"],
             registry=self.registry,
         )

@@ -58,7 +58,6 @@ class PlacementMixin:
         c, owner = self.costs, placement.owner
         self.charge(owner, c.query_client_ms + c.ad_check_ms * len(got), c.ad_bytes * len(got))
         self.charge(d, c.query_server_ms + c.query_per_ad_ms * len(got), c.ad_bytes * len(got))
-        probe_s = self.connect_s + self.rtt_s
         for peer in got:
             if peer in placement.probed:
                 continue
@@ -67,6 +66,8 @@ class PlacementMixin:
             self.charge(owner, c.probe_client_ms, c.probe_bytes)
             if self.alive[peer]:
                 self.charge(peer, c.probe_server_ms, c.probe_bytes)
+                connected = self.rng.random() < self.sc.connected_share
+                probe_s = self.rtt_s + (0.0 if connected else self.connect_s)
                 self.engine.after(probe_s, self._probe_live, placement)
             else:
                 self.dead_candidates_probed += 1

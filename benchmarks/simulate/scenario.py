@@ -37,6 +37,9 @@ class Scenario:
     registration_ttl_s: float = 90.0
     queries: int | None = None  # Q: directories an owner queries; None: min(2, M)
     max_rounds: int = 5  # query rounds before a placement is given up
+    # share of probed candidates the owner is already connected to (a probe then needs no
+    # new connection); None: connections / peers, at most 1
+    probe_connected: float | None = None
     # workload
     k: int = 8  # peers a placement needs
     fit_fraction: float = 1.0  # share of peers that fit the job
@@ -73,10 +76,16 @@ class Scenario:
         return self.queries if self.queries is not None else min(2, self.n_directories)
 
     @property
+    def connected_share(self) -> float:
+        if self.probe_connected is not None:
+            return self.probe_connected
+        return min(1.0, self.connections / self.peers)
+
+    @property
     def burst_time(self) -> float | None:
-        if self.burst_at_s == MIDWAY:
-            return self.duration_s / 2
-        return self.burst_at_s if self.burst_fraction > 0 else None
+        if self.burst_fraction == 0 or self.burst_at_s is None:
+            return None
+        return self.duration_s / 2 if self.burst_at_s == MIDWAY else float(self.burst_at_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

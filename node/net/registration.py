@@ -124,15 +124,21 @@ class Registration:
             chosen = self.chosen(now)
             for gone in set(self._registered_at) - set(chosen):
                 del self._registered_at[gone]
-            due = [d for d in chosen if now - self._registered_at.get(d, -1e9) >= self.interval_s]
+            due = [d for d in chosen if self._next_due(d) <= now]
             if due:
                 ad = self._make_ad()
                 async with trio.open_nursery() as nursery:
                     for directory in due:
                         nursery.start_soon(self._register, directory, ad)
-            await trio.sleep(1.0)
+            # on time for the next one, and within a second for a newly chosen directory
+            wake = min((self._next_due(d) for d in self.chosen(time.monotonic())), default=1e18)
+            await trio.sleep(min(1.0, max(0.0, wake - time.monotonic())))
+
+    def _next_due(self, directory: str) -> float:
+        return self._registered_at.get(directory, -1e18) + self.interval_s
 
     async def _register(self, directory: str, ad: bytes) -> None:
+        sent_at = time.monotonic()
         try:
             self.cost.sent(ad, "register")
             raw = await self.host.request(
@@ -147,7 +153,7 @@ class Registration:
             return
         if directory not in self._registered_at:
             log.info("registered with directory %s (%d peers there)", directory, reply.registered)
-        self._registered_at[directory] = time.monotonic()
+        self._registered_at[directory] = sent_at
         self.registered[directory] = reply.registered
 
     def _open_reply(self, raw: bytes, directory: str) -> DirectoryReply:

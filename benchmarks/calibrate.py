@@ -1,0 +1,216 @@
+"""Measure, on real nodes, what each discovery message costs: the simulator's inputs.
+
+    .venv/bin/python -m benchmarks.calibrate [--window 30] [--out benchmarks/simulate/costs.json]
+
+Why: `benchmarks.simulate` answers for 10,000 peers only as well as its per-message
+costs are true. Each figure here comes from a real cluster on loopback, as the
+difference in process CPU (psutil) between a busy and a quiet window, divided by the
+messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_total`):
+
+1. one lone node, nothing to discover: `idle_ms_per_min`;
+2. 10 nodes that never publish (interval 3600 s): `conn_ms_per_min` per open connection;
+3. the same 10 publishing every 2 s: `ad_ms` per ad received (GossipSub included);
+4. a directory and 9 volunteers registering every second: `register_client_ms` and
+   `register_server_ms`; then, with one node running searches (`/api/v1/peers/find`)
+   back to back, `probe_client_ms` (its CPU per probe, its query included),
+   `probe_server_ms` and `query_server_ms`;
+5. in this process, a libp2p host of ours: `connect_ms` (a new connection: TCP, Noise,
+   Yamux, identify), `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a
+   port nobody listens on), and `ad_check_ms` (verifying one signed ad).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from benchmarks.discovery import STATUS, _discovery
+from benchmarks.gossip import cpu_window, settle
+from benchmarks.harness import Cluster, Node, console, free_ports, wait_for
+
+COSTS = Path(__file__).parent / "simulate" / "costs.json"
+MESSAGES = "meshminer_discovery_messages_total"
+
+
+def messages(node: Node, direction: str, kind: str) -> float:
+    key = f'{MESSAGES}{{direction="{direction}",kind="{kind}"}}'
+    return node.metrics().get(key, 0.0)
+
+
+def window(nodes: list[Node], seconds: float, counted: list[tuple[str, str]]) -> dict[str, Any]:
+    """CPU ms per minute of each node, and per minute of each counted message kind."""
+    before = [{c: messages(n, *c) for c in counted} for n in nodes]
+    w = cpu_window(nodes, seconds)
+    after = [{c: messages(n, *c) for c in counted} for n in nodes]
+    scale = 60 / w["wall_s"]
+    return {
+        "cpu": [c * scale * 1000 for c in w["cpu_s"]],
+        "counts": [
+            {c: (a[c] - b[c]) * scale for c in counted} for a, b in zip(after, before, strict=True)
+        ],
+        "others_cores": w["others_cores"],
+    }
+
+
+def lone(seconds: float) -> float:
+    with Cluster(["--publish-interval", "3600"]) as cluster:
+        nodes = cluster.start(1)
+        time.sleep(5)  # start-up work (capacity, first ad) is over
+        return window(nodes, seconds, [])["cpu"][0]
+
+
+def quiet_and_ads(seconds: float, idle: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with Cluster(["--publish-interval", "3600"]) as cluster:
+        nodes = cluster.start(10)
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= 9 for n in nodes), 120, "all listed")
+        settle(nodes)
+        conns = statistics.mean(n.get(STATUS)["connections"] for n in nodes)
+        quiet = statistics.mean(window(nodes, seconds, [])["cpu"])
+        out["conn_ms_per_min"] = max(0.0, (quiet - idle) / conns)
+    with Cluster(["--publish-interval", "2", "--peer-ttl", "6"]) as cluster:
+        nodes = cluster.start(10)
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= 9 for n in nodes), 120, "all listed")
+        settle(nodes)
+        w = window(nodes, seconds, [("in", "ad")])
+        ads = statistics.mean(c[("in", "ad")] for c in w["counts"])
+        out["ad_ms"] = (statistics.mean(w["cpu"]) - quiet) / ads
+    return out
+
+
+def directory_costs(seconds: float, idle: float, per_conn: float, ad_ms: float) -> dict[str, float]:
+    args = ["--publish-interval", "1", "--peer-ttl", "3", "--gossip-max-peers", "2"]
+    with Cluster(args) as cluster:
+        nodes = cluster.start(10, first=["--directory"])
+        directory, volunteers = nodes[0], nodes[1:]
+        wait_for(lambda: _discovery(directory).get("directory_holds") == 9, 120, "registered")
+        wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 60, "quiet")
+        time.sleep(8)  # the ads gossiped before the switch expire (TTL 3 s)
+        settle(nodes)
+        conns = [n.get(STATUS)["connections"] for n in nodes]
+        base = [idle + per_conn * c for c in conns]
+        counted = [("out", "register"), ("in", "register"), ("in", "ad"), ("out", "ad")]
+        w = window(nodes, seconds, counted)
+        ads = [c[("in", "ad")] * ad_ms for c in w["counts"]]
+        client = [
+            (cpu - b - a) / c[("out", "register")]
+            for cpu, b, a, c in zip(w["cpu"][1:], base[1:], ads[1:], w["counts"][1:], strict=True)
+        ]
+        server = (w["cpu"][0] - base[0] - w["counts"][0][("out", "ad")] * ad_ms) / w["counts"][0][
+            ("in", "register")
+        ]
+        # searches back to back from volunteer 1, in a thread-free loop over HTTP
+        owner = volunteers[0]
+        counted = [("out", "probe"), ("in", "query")]
+        before = [{c: messages(n, *c) for c in counted} for n in nodes]
+        t0, cpu0 = time.monotonic(), [n.cpu_s() for n in nodes]
+        while time.monotonic() - t0 < seconds:
+            owner.get("/api/v1/peers/find?k=8")
+        wall = time.monotonic() - t0
+        cpu = [(n.cpu_s() - c) * 60 / wall * 1000 for n, c in zip(nodes, cpu0, strict=True)]
+        after = [{c: messages(n, *c) for c in counted} for n in nodes]
+        sent = [
+            (a[("out", "probe")] - b[("out", "probe")]) * 60 / wall
+            for a, b in zip(after, before, strict=True)
+        ]
+        queries = (after[0][("in", "query")] - before[0][("in", "query")]) * 60 / wall
+        probes_made = sum(sent)  # each probe answered is one "out:probe" on the probed node
+        idle_w = w["cpu"]
+        served = [(cpu[i] - idle_w[i]) / sent[i] for i in range(2, len(nodes)) if sent[i] > 0]
+        return {
+            "register_client_ms": statistics.median(client),
+            "register_server_ms": server,
+            "probe_client_ms": (cpu[1] - idle_w[1]) / probes_made,
+            "probe_server_ms": statistics.median(served),
+            "query_server_ms": (cpu[0] - idle_w[0] - sent[0] * statistics.median(served)) / queries,
+        }
+
+
+def host_costs() -> dict[str, float]:
+    """Connect, probe round trip, dead dial and ad check, timed in this process."""
+    import trio
+    from nacl.signing import SigningKey
+
+    from node.identity import Identity
+    from node.net.gossip import check_ad
+    from node.net.host import HostError, MeshHost
+    from node.net.peers import PeerTable
+    from protocol import AD_LIMITS
+    from protocol.names import PROBE_PROTOCOL
+
+    out: dict[str, float] = {}
+    connects: list[float] = []
+    rtts: list[float] = []
+    ads: list[bytes] = []
+
+    async def session(addr: str, first: bool) -> None:
+        """A fresh host (no connection yet): one connect, then probes on it."""
+        (port,) = free_ports(1)
+        listen = f"/ip4/127.0.0.1/tcp/{port}"
+        async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
+            t0 = time.perf_counter()
+            peer = await host.connect(addr)
+            connects.append(time.perf_counter() - t0)
+            for _ in range(10):
+                t0 = time.perf_counter()
+                ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
+                rtts.append(time.perf_counter() - t0)
+            if first:
+                (dead,) = free_ports(1)
+                t0 = time.perf_counter()
+                with contextlib.suppress(HostError):
+                    await host.connect(f"/ip4/127.0.0.1/tcp/{dead}/p2p/{peer}")
+                out["dial_timeout_s"] = time.perf_counter() - t0
+
+    with Cluster(["--publish-interval", "3600"]) as cluster:
+        (node,) = cluster.start(1)
+        addr = node.get(STATUS)["addrs"][0]
+        for i in range(5):
+            trio.run(session, addr, i == 0)
+    out["connect_ms"] = statistics.median(connects) * 1000
+    out["rtt_ms"] = statistics.median(rtts) * 1000
+    table = PeerTable(sqlite_utils.Database(memory=True), 3600)  # empty: every check is whole
+    t0 = time.perf_counter()
+    for _ in range(200):
+        check_ad(ads[-1], None, table, 3600, time.time())
+    out["ad_check_ms"] = (time.perf_counter() - t0) / 200 * 1000
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, default=COSTS)
+    args = parser.parse_args()
+    costs: dict[str, Any] = {}
+    costs.update(host_costs())
+    console.print(costs)
+    costs["idle_ms_per_min"] = idle = lone(args.window)
+    costs.update(quiet_and_ads(args.window, idle))
+    console.print(costs)
+    costs.update(directory_costs(args.window, idle, costs["conn_ms_per_min"], costs["ad_ms"]))
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    merged = {**old, **{k: round(v, 4) for k, v in costs.items()}}
+    merged.update(
+        measured=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        commit=sha.stdout.strip(),
+        notes=f"benchmarks.calibrate on {platform.processor() or platform.machine()}, "
+        f"{len(__import__('os').sched_getaffinity(0))} cores, window {args.window:g} s",
+    )
+    args.out.write_text(json.dumps(merged, indent=2) + "\n")
+    console.print(merged)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Capacity discovery on real node processes, old design and new, beside the simulator.
+
+    .venv/bin/python -m benchmarks.discovery [--nodes 10 25 50] [--design gossip directory]
+
+Why: the simulator (`benchmarks.simulate`) is what says how discovery behaves at 1,000
+and 10,000 peers; these runs are what it must agree with where this machine can hold
+the network. For each size and design a cluster of real `meshminer node run`
+processes on loopback is measured, and the simulator is run with the same parameters:
+
+- *gossip* (the old all-ads design): every node publishes every P = max(5, N / 2) s
+  (so the machine-wide load stays inside 2 cores) and drops a peer 3P after its last ad.
+- *directory* (the new one): node 0 serves as a directory; every other node registers
+  its ad with it every R = 5 s (the peer TTL 15 s, a third of it) and, the network being
+  "large" (`--gossip-max-peers 2`), gossips nothing; only the directory's own ad is
+  gossiped, every 5 s.
+
+Figures:
+- CPU per volunteer: process CPU (psutil) per minute over `--window` s in which
+  nothing polls the nodes, the mean over the volunteers (not the directory).
+- time to find peers: *directory*: `GET /api/v1/peers/find?k=K` from several nodes in
+  turn (the node's own timing: query the directory, probe 2K candidates, K answers);
+  *gossip*: a node joins and we time from its API answering until it lists K peers.
+- time to drop a dead peer: a volunteer is SIGKILLed at a random moment; until the
+  directory no longer holds it (*directory*), or until 5 sampled nodes no longer list
+  it (*gossip*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import signal
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from benchmarks.gossip import cpu_window, settle
+from benchmarks.harness import Cluster, Node, Result, console, wait_for
+from benchmarks.simulate import Costs, Scenario, load_costs, simulate
+
+STATUS = "/api/v1/status"
+K = 8
+DIRECTORY_TTL_S = 15.0
+DROP_SAMPLE = 5
+
+
+@dataclass
+class Setup:
+    """One real network: its design and size and the parameters the simulator gets too."""
+
+    design: str  # "gossip" | "directory"
+    nodes: int
+
+    @property
+    def publish_interval_s(self) -> float:
+        return max(5.0, self.nodes / 2) if self.design == "gossip" else DIRECTORY_TTL_S / 3
+
+    @property
+    def ttl_s(self) -> float:
+        return 3 * self.publish_interval_s
+
+    @property
+    def register_interval_s(self) -> float:
+        return self.ttl_s / 3
+
+    @property
+    def k(self) -> int:
+        return min(K, self.nodes - 3)
+
+    def args(self) -> list[str]:
+        args = [
+            "--publish-interval",
+            f"{self.publish_interval_s:g}",
+            "--peer-ttl",
+            f"{self.ttl_s:g}",
+        ]
+        return args + (["--gossip-max-peers", "2"] if self.design == "directory" else [])
+
+
+@dataclass
+class Measured:
+    setup: Setup
+    cpu_ms_per_min: float  # volunteers' mean
+    directory_cpu_ms_per_min: float
+    connections: float  # volunteers' mean open connections
+    find_s: list[float] = field(default_factory=list)
+    drop_s: list[float] = field(default_factory=list)
+    others_cores: float = 0.0  # CPU the rest of the machine used meanwhile
+    start_s: float = 0.0
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "cpu_ms_per_min": self.cpu_ms_per_min,
+            "find_s": statistics.median(self.find_s) if self.find_s else float("nan"),
+            "drop_s": statistics.median(self.drop_s) if self.drop_s else float("nan"),
+        }
+
+
+def _discovery(node: Node) -> dict[str, Any]:
+    return node.get(STATUS)["discovery"]
+
+
+def _wait_steady(setup: Setup, nodes: list[Node]) -> None:
+    """Every node lists every other (gossip) or is registered and quiet (directory)."""
+    if setup.design == "gossip":
+        want = setup.nodes - 1
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= want for n in nodes), 180, "all listed")
+    else:
+        directory, volunteers = nodes[0], nodes[1:]
+        want = setup.nodes - 1
+        wait_for(lambda: _discovery(directory).get("directory_holds") == want, 180, "registered")
+        wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 120, "quiet")
+        # the ads gossiped before the switch expire from every table
+        wait_for(
+            lambda: all(len(n.get("/api/v1/peers")) <= 1 for n in volunteers[:DROP_SAMPLE]),
+            setup.ttl_s + 60,
+            "gossiped ads to expire",
+        )
+    settle(nodes)
+
+
+def _find(setup: Setup, cluster: Cluster, nodes: list[Node], count: int) -> list[float]:
+    times = []
+    if setup.design == "directory":
+        for owner in nodes[1 : 1 + count]:
+            found = owner.get(f"/api/v1/peers/find?k={setup.k}")
+            if len(found["peers"]) < setup.k:
+                raise RuntimeError(f"found {len(found['peers'])} of {setup.k}: {found}")
+            times.append(found["seconds"])
+        return times
+    for _ in range(count):
+        joiner = cluster.add()
+        wait_for(lambda j=joiner: j.get(STATUS), 60, "the joiner's API")
+        t0 = time.monotonic()
+        wait_for(lambda j=joiner: len(j.get("/api/v1/peers")) >= setup.k, 60, "K listed", 0.05)
+        times.append(time.monotonic() - t0)
+    return times
+
+
+def _drop(setup: Setup, nodes: list[Node], victims: list[Node]) -> list[float]:
+    """Kill `victims` at once, at a random moment; seconds until each is forgotten."""
+    time.sleep(random.Random(7).uniform(0, setup.register_interval_s))
+    alive = [n for n in nodes if n not in victims]
+    before = _discovery(nodes[0]).get("directory_holds", 0)
+    for victim in victims:
+        victim.proc.send_signal(signal.SIGKILL)
+    t0, times = time.monotonic(), []
+
+    def forgotten() -> bool:
+        if setup.design == "directory":  # the directory's count falls once per victim
+            gone = before - _discovery(nodes[0])["directory_holds"]
+        else:
+            listed = [{e["peer_id"] for e in n.get("/api/v1/peers")} for n in alive[:DROP_SAMPLE]]
+            gone = sum(all(v.peer_id not in ids for ids in listed) for v in victims)
+        times.extend([time.monotonic() - t0] * (gone - len(times)))
+        return len(times) >= len(victims)
+
+    wait_for(forgotten, setup.ttl_s + 30, "every dead peer to be forgotten", 0.1)
+    return times
+
+
+def measure(setup: Setup, window_s: float = 30.0, finds: int = 3, kills: int = 5) -> Measured:
+    """Start the network, let it settle, measure CPU, then finds, then deaths."""
+    first = ["--directory"] if setup.design == "directory" else []
+    with Cluster(setup.args()) as cluster:
+        nodes = cluster.start(setup.nodes, first=first)
+        _wait_steady(setup, nodes)
+        volunteers = nodes[1:] if setup.design == "directory" else nodes
+        connections = statistics.mean(n.get(STATUS)["connections"] for n in volunteers)
+        window = cpu_window(nodes, window_s)
+        per_min = [c * 60 / window["wall_s"] * 1000 for c in window["cpu_s"]]
+        measured = Measured(
+            setup,
+            cpu_ms_per_min=statistics.mean(per_min[1:] if setup.design == "directory" else per_min),
+            directory_cpu_ms_per_min=per_min[0] if setup.design == "directory" else 0.0,
+            connections=connections,
+            others_cores=window["others_cores"],
+            start_s=cluster.start_s,
+        )
+        measured.find_s = _find(setup, cluster, nodes, finds)
+        measured.drop_s = _drop(setup, nodes, nodes[setup.nodes - kills : setup.nodes])
+        return measured
+
+
+def scenario_for(measured: Measured, seed: int) -> Scenario:
+    """The simulator's twin of a measured network: same size, intervals, TTLs, K and
+    connections; as many deaths at once as were killed, and a little churn so that
+    joins are timed too."""
+    setup = measured.setup
+    kills = len(measured.drop_s) or 1
+    return Scenario(
+        design=setup.design,
+        peers=setup.nodes,
+        duration_s=3600.0,
+        seed=seed,
+        publish_interval_s=setup.publish_interval_s,
+        peer_ttl_s=setup.ttl_s,
+        connections=max(1, round(measured.connections)),
+        directories=1,
+        directory_peers=1,
+        register_interval_s=setup.register_interval_s,
+        registration_ttl_s=setup.ttl_s,
+        k=setup.k,
+        owners=1,
+        churn_per_hour=5 / setup.nodes,  # about five joins (and deaths) an hour
+        burst_fraction=kills / setup.nodes,
+    )
+
+
+def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, float]:
+    """The simulator's figures for the same network, the median over `seeds` runs."""
+    runs = [simulate(scenario_for(measured, seed), costs) for seed in range(1, seeds + 1)]
+    find = "find_k_s_p50" if measured.setup.design == "directory" else "first_peer_s_p50"
+    return {
+        "cpu_ms_per_min": statistics.median(r.volunteer_cpu_ms_per_min_mean for r in runs),
+        "find_s": statistics.median(getattr(r, find) for r in runs),
+        "drop_s": statistics.median(r.drop_dead_s_p50 for r in runs),
+    }
+
+
+def compare(measured: Measured, sim: dict[str, float]) -> dict[str, float]:
+    """sim / real for each figure: 1.0 is perfect agreement."""
+    real = measured.summary()
+    return {key: sim[key] / real[key] if real[key] else float("nan") for key in real}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 25, 50])
+    parser.add_argument("--design", nargs="+", default=["gossip", "directory"])
+    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--costs", default=None, help="the simulator's costs file")
+    args = parser.parse_args()
+    result = Result(
+        "discovery",
+        ["design", "nodes", "figure", "real", "simulated", "sim / real"],
+        meta={"date": datetime.datetime.now(datetime.UTC).isoformat(), "runs": []},
+    )
+    for design in args.design:
+        for n in args.nodes:
+            measured = measure(Setup(design, n), args.window)
+            sim = simulated(measured, load_costs(args.costs))
+            ratios = compare(measured, sim)
+            for key, real in measured.summary().items():
+                result.add(
+                    design, n, key, round(real, 3), round(sim[key], 3), round(ratios[key], 2)
+                )
+            result.meta["runs"].append({**asdict(measured), "simulated": sim, "ratios": ratios})
+            result.show()
+            result.save()
+    console.print(f"saved {result.save()}")
+
+
+if __name__ == "__main__":
+    main()
