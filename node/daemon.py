@@ -142,7 +142,7 @@ async def _serve(
         )
         gossip.gossip_own_ad = registration.gossip_own_ad
         if settings.directory:
-            node.directory = Directory(host, identity, gossip.cost, settings.ttl_s)
+            node.directory = Directory(host, identity, metrics, gossip.cost, settings.ttl_s)
         receipts = ReceiptGossip(host, audit, metrics)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)

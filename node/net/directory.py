@@ -22,6 +22,7 @@ import sqlite_utils
 import trio
 
 from node.identity import Identity
+from node.metrics import NodeMetrics
 from node.net.discovery_cost import DiscoveryCost
 from node.net.gossip import MAX_CLOCK_SKEW_S, DuplicateAd, check_ad
 from node.net.host import MeshHost
@@ -41,17 +42,18 @@ class Directory:
         self,
         host: MeshHost,
         identity: Identity,
+        metrics: NodeMetrics,
         cost: DiscoveryCost,
         ttl_s: float,
         max_registrations: int = MAX_REGISTRATIONS,
     ) -> None:
         self.host = host
         self.identity = identity
+        self.metrics = metrics
         self.cost = cost
         self.table = PeerTable(
             sqlite_utils.Database(memory=True), ttl_s, max_peers=max_registrations
         )
-        self.refused = 0
 
     def start(self) -> None:
         self.host.serve(REGISTER_PROTOCOL, self._register, max_request=AD_LIMITS.max_bytes)
@@ -78,7 +80,7 @@ class Directory:
             except DuplicateAd:
                 self.table.touch(peer)
             except ProtocolError as exc:
-                self.refused += 1
+                self.metrics.ads_rejected.labels(exc.reason).inc()
                 log.info("directory: registration from %s refused: %s", peer, exc)
                 raise  # the stream is closed: the peer's request fails
         return self._reply()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -91,12 +92,14 @@ class Registration:
     def network_size(self) -> int:
         """Peers in the network as the directories see it (0: no directory answered):
         each volunteer registers with `directory_peers` of the M directories, so one
-        holds about N x directory_peers / M."""
+        holds about N x directory_peers / M. The median of their counts: one lying
+        directory can neither silence a small network's gossip nor restart it in a
+        large one."""
         counts = [self.registered[d] for d in self.directories() if d in self.registered]
         if not counts:
             return 0
         known = len(self.directories())
-        return round(max(counts) * known / min(self.directory_peers, known))
+        return round(statistics.median(counts) * known / min(self.directory_peers, known))
 
     def gossip_own_ad(self) -> bool:
         """Whether this node's ad still goes to every node by gossip."""

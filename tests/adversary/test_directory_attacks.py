@@ -1,0 +1,172 @@
+"""Directories are strangers too, and so is whoever registers with one.
+
+A hostile peer registers garbage, others' ads, stale and replayed ones with a real
+directory: each is refused, and the directory keeps serving the honest volunteer.
+A hostile directory answers an owner's search with forged, altered, dead and impostor
+ads: the owner finds only peers whose own signed ad it verified and that answered a
+probe themselves, so no offer can go to a peer the directory made up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+from factories import capacity_ad, rejections
+from nacl.signing import SigningKey
+
+from node.identity import Identity
+from node.localnet import LocalNetwork, LocalNode, free_port
+from node.net.host import HostError, MeshHost
+from protocol import AD_LIMITS, encode, open_envelope, peer_id_from_public_key, seal
+from protocol.directory import DIRECTORY_LIMITS, DirectoryReply
+from protocol.names import (
+    ADS_PROTOCOL,
+    CAPACITY_TOPIC,
+    PROBE_PROTOCOL,
+    QUERY_PROTOCOL,
+    REGISTER_PROTOCOL,
+)
+from tests.adversary.rogue import api, until
+
+pytestmark = pytest.mark.slow
+
+LARGE = ["--gossip-max-peers", "2"]
+CLOSED = "/ip4/127.0.0.1/tcp"  # + a port nobody listens on
+
+
+def _identity() -> tuple[Identity, str]:
+    key = SigningKey.generate()
+    return Identity(key), peer_id_from_public_key(bytes(key.verify_key))
+
+
+async def _holds(directory: LocalNode) -> int:
+    return (await api(directory, "/api/v1/status"))["discovery"].get("directory_holds", 0)
+
+
+async def _register(host: MeshHost, directory: str, data: bytes) -> str:
+    """ "accepted (N held)" or why the directory closed the stream."""
+    try:
+        raw = await host.request(directory, REGISTER_PROTOCOL, data, DIRECTORY_LIMITS.max_bytes)
+    except HostError as exc:
+        return f"refused: {exc}"
+    reply = open_envelope(raw, DirectoryReply, expected_signer=directory, limits=DIRECTORY_LIMITS)
+    return f"accepted ({reply.message.registered} held)"
+
+
+def test_a_directory_refuses_bad_registrations_and_keeps_serving(
+    localnet: LocalNetwork,
+) -> None:
+    directory = localnet.add(["--directory"])
+    honest = localnet.add(LARGE)
+    me, my_id = _identity()
+
+    async def attack() -> None:
+        async with MeshHost.start(me, f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
+            with trio.fail_after(20):
+                while await _holds(directory) < 1:
+                    await trio.sleep(0.2)
+            dir_id = await host.connect(directory.multiaddr)
+            honest_id = await host.connect(honest.multiaddr)
+            honest_ad = await host.request(honest_id, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes)
+            attempts = {
+                "garbage": b"\x93\x01\x02",
+                "oversized": b"\x00" * (AD_LIMITS.max_bytes + 1),
+                "someone else's ad": honest_ad,  # valid, but not the registering peer's
+                "stale": seal(capacity_ad(my_id, 5, age_s=3600), me.signing_key),
+                "not its own peer id": seal(capacity_ad(honest_id, 6), me.signing_key),
+            }
+            for what, data in attempts.items():
+                outcome = await _register(host, dir_id, data)
+                assert outcome.startswith("refused"), (what, outcome)
+            # control: its own fresh ad is taken, then an older one is a replay
+            assert await _register(host, dir_id, seal(capacity_ad(my_id, 9), me.signing_key)) == (
+                "accepted (2 held)"
+            )
+            replay = await _register(host, dir_id, seal(capacity_ad(my_id, 8), me.signing_key))
+            assert replay.startswith("refused"), replay
+            # its ad claims a directory's role: registered as a peer, nothing more
+            fake = seal(capacity_ad(my_id, 10, directory=True), me.signing_key)
+            assert (await _register(host, dir_id, fake)).startswith("accepted")
+
+    trio.run(attack)
+    counted = rejections(directory.api, "meshminer_ads_rejected")
+    assert counted.get("signer_mismatch", 0) >= 1 and counted.get("stale", 0) >= 1
+    # the directory still holds the honest volunteer and answers an owner's search
+    owner = localnet.add(LARGE)
+    found = owner.get("/api/v1/peers/find?k=8")
+    assert honest.peer_id in {p["peer_id"] for p in found["peers"]}
+    assert my_id not in {p["peer_id"] for p in found["peers"]}  # it answers no probe
+
+
+def test_a_hostile_directory_cannot_make_an_owner_offer_to_a_peer_it_made_up(
+    localnet: LocalNetwork,
+) -> None:
+    honest = localnet.add(LARGE)
+    owner = localnet.add(LARGE)
+    me, my_id = _identity()
+    victim_key = SigningKey.generate()
+    victim_id = peer_id_from_public_key(bytes(victim_key.verify_key))
+    ghost_key = SigningKey.generate()
+    ghost_id = peer_id_from_public_key(bytes(ghost_key.verify_key))
+
+    async def hostile_directory() -> None:
+        listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+        async with MeshHost.start(me, listen) as host, trio.open_nursery() as nursery:
+            own_addr = host.addrs()[0]
+            ads = {
+                # a real peer's ad, altered: its signature no longer holds
+                "altered": bytearray(seal(capacity_ad(victim_id, 3), victim_key)),
+                # an identity nobody runs, its addresses on a closed port: a dead peer
+                "dead": seal(
+                    capacity_ad(ghost_id, 1, addrs=[f"{CLOSED}/{free_port()}/p2p/{ghost_id}"]),
+                    ghost_key,
+                ),
+                # an impostor: the victim's identity at this host's address (signed by us)
+                "impostor": seal(
+                    capacity_ad(victim_id, 4, addrs=[own_addr.replace(my_id, victim_id)]),
+                    me.signing_key,
+                ),
+                "garbage": b"\xc1" * 40,
+            }
+            ads["altered"][-3] ^= 1
+
+            def own_ad() -> bytes:
+                ad = capacity_ad(my_id, int(time.time()), addrs=host.addrs(), directory=True)
+                return seal(ad, me.signing_key)
+
+            async def answer_query(peer: str, request: bytes) -> bytes:
+                reply = DirectoryReply(10**9, 90.0, [bytes(a) for a in ads.values()])
+                return seal(reply, me.signing_key)
+
+            async def table(peer: str, request: bytes) -> bytes:
+                return encode([own_ad()])
+
+            host.serve(ADS_PROTOCOL, table, max_request=64)
+            host.serve(QUERY_PROTOCOL, answer_query, max_request=1024)
+
+            async def swallow(peer: str, request: bytes) -> bytes:
+                return b""  # takes registrations and answers nonsense
+
+            host.serve(REGISTER_PROTOCOL, swallow, max_request=8192)
+            await host.subscribe(CAPACITY_TOPIC, lambda sender, data: True)
+            await host.connect(owner.multiaddr)
+
+            async def publish() -> None:
+                while True:
+                    await host.publish(CAPACITY_TOPIC, own_ad())
+                    await trio.sleep(0.5)
+
+            nursery.start_soon(publish)
+            await until(lambda: my_id in owner.peer_ids(), 15, "the owner to list the directory")
+            found = await api(owner, "/api/v1/peers/find?k=8")
+            ids = {p["peer_id"] for p in found["peers"]}
+            assert ids <= {honest.peer_id, my_id}, found  # nothing the directory made up
+            assert victim_id not in owner.peer_ids() and ghost_id not in owner.peer_ids()
+            nursery.cancel_scope.cancel()
+
+    trio.run(hostile_directory)
+    counted = rejections(owner.api, "meshminer_ads_rejected")
+    assert counted.get("bad_signature", 0) + counted.get("malformed", 0) >= 2, counted
+    assert owner.get("/api/v1/status")["peer_id"] == owner.peer_id  # alive and answering
