@@ -33,8 +33,10 @@ import random
 import signal
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import sqlite_utils
 
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, Result, console, wait_for
@@ -218,6 +220,46 @@ def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, flo
         "find_s": statistics.median(getattr(r, find) for r in runs),
         "drop_s": statistics.median(r.drop_dead_s_p50 for r in runs),
     }
+
+
+#: costs that are CPU time here (on loopback a connect and a round trip are CPU too)
+CPU_COSTS = (
+    "idle_ms_per_min",
+    "conn_ms_per_min",
+    "ad_ms",
+    "table_ad_check_ms",
+    "register_client_ms",
+    "register_server_ms",
+    "query_client_ms",
+    "query_server_ms",
+    "query_per_ad_ms",
+    "ad_check_ms",
+    "probe_client_ms",
+    "probe_server_ms",
+    "rtt_ms",
+    "connect_ms",
+)
+
+
+def for_this_machine(costs: Costs) -> tuple[Costs, float]:
+    """`costs` (measured on some machine) scaled to this one by how long checking a
+    signed ad takes here, and the factor: a test on another machine then compares the
+    simulator with that machine's nodes, not with ours."""
+    from nacl.signing import SigningKey
+
+    from node.net.gossip import check_ad
+    from node.net.peers import PeerTable
+    from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key, seal
+
+    key = SigningKey.generate()
+    peer = peer_id_from_public_key(bytes(key.verify_key))
+    ad = CapacityAd(peer, [], [GpuInfo("cpu", "cpu")], 1.0, "2", "", Policy(), 0, 1, time.time())
+    raw, table = seal(ad, key), PeerTable(sqlite_utils.Database(memory=True), 3600)
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        check_ad(raw, None, table, 3600, time.time())
+    factor = (time.perf_counter() - t0) / 2000 * 1000 / costs.ad_check_ms
+    return replace(costs, **{k: getattr(costs, k) * factor for k in CPU_COSTS}), factor
 
 
 def compare(measured: Measured, sim: dict[str, float]) -> dict[str, float]:
