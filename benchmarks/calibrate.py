@@ -8,17 +8,22 @@ difference in process CPU (psutil) between a busy and a quiet window, divided by
 messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_total`):
 
 1. one lone node, nothing to discover: `idle_ms_per_min`;
-2. 10 nodes that never publish (interval 3600 s): `conn_ms_per_min` per open connection;
-3. the same 10 publishing every 2 s: `ad_ms` per ad received (GossipSub included);
-4. a directory and 9 volunteers registering every second: `register_client_ms` and
+2. 6 nodes that never publish (interval 3600 s): `conn_ms_per_min` per open connection;
+3. 6 publishing every 3 s: `ad_ms` per ad received (GossipSub included);
+4. a directory and 5 volunteers registering every second: `register_client_ms` and
    `register_server_ms`; then, with one node running searches (`/api/v1/peers/find`)
    back to back, `probe_client_ms` (its CPU per probe) and `probe_server_ms`. A query
    is taken to cost what a registration costs on each side (one signed request, one
    signed answer): after its first search an owner has enough candidates in hand and
    asks the directory too rarely to measure;
-5. in this process, a libp2p host of ours: `connect_ms` (a new connection: TCP, Noise,
-   Yamux, identify), `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a
-   port nobody listens on), and `ad_check_ms` (verifying one signed ad).
+5. in this process, a libp2p host of ours: `connect_ms` (a request to a peer not yet
+   connected: py-libp2p's dial returns ~250 ms after it starts), `join_connect_ms` (dial
+   start until the connection carries streams, as a joiner's table fetch sees it),
+   `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a port nobody listens
+   on), and `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
+
+The clusters are 6 nodes, so that the simulator's check against 10, 25 and 50 nodes
+(`benchmarks.discovery`) is not a check against its own calibration.
 """
 
 from __future__ import annotations
@@ -34,14 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
-from benchmarks.discovery import STATUS, _discovery
+from benchmarks.discovery import STATUS, _discovery, check_and_store_ms
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, console, free_ports, wait_for
 
 COSTS = Path(__file__).parent / "simulate" / "costs.json"
 MESSAGES = "meshminer_discovery_messages_total"
+SIZE = 6  # nodes per calibration cluster: not the sizes the simulator is checked at
 
 
 def messages(node: Node, direction: str, kind: str) -> float:
@@ -74,15 +78,15 @@ def lone(seconds: float) -> float:
 def quiet_and_ads(seconds: float, idle: float) -> dict[str, float]:
     out: dict[str, float] = {}
     with Cluster(["--publish-interval", "3600"]) as cluster:
-        nodes = cluster.start(10)
-        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= 9 for n in nodes), 120, "all listed")
+        nodes = cluster.start(SIZE)
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= SIZE - 1 for n in nodes), 120, "all")
         settle(nodes)
         conns = statistics.mean(n.get(STATUS)["connections"] for n in nodes)
         quiet = statistics.mean(window(nodes, seconds, [])["cpu"])
         out["conn_ms_per_min"] = max(0.0, (quiet - idle) / conns)
-    with Cluster(["--publish-interval", "2", "--peer-ttl", "6"]) as cluster:
-        nodes = cluster.start(10)
-        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= 9 for n in nodes), 120, "all listed")
+    with Cluster(["--publish-interval", "3", "--peer-ttl", "9"]) as cluster:
+        nodes = cluster.start(SIZE)
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= SIZE - 1 for n in nodes), 120, "all")
         settle(nodes)
         w = window(nodes, seconds, [("in", "ad")])
         ads = statistics.mean(c[("in", "ad")] for c in w["counts"])
@@ -93,9 +97,10 @@ def quiet_and_ads(seconds: float, idle: float) -> dict[str, float]:
 def directory_costs(seconds: float, idle: float, per_conn: float, ad_ms: float) -> dict[str, float]:
     args = ["--publish-interval", "1", "--peer-ttl", "3", "--gossip-max-peers", "2"]
     with Cluster(args) as cluster:
-        nodes = cluster.start(10, first=["--directory"])
+        nodes = cluster.start(SIZE, first=["--directory"])
         directory, volunteers = nodes[0], nodes[1:]
-        wait_for(lambda: _discovery(directory).get("directory_holds") == 9, 120, "registered")
+        want = SIZE - 1
+        wait_for(lambda: _discovery(directory).get("directory_holds") == want, 120, "registered")
         wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 60, "quiet")
         time.sleep(8)  # the ads gossiped before the switch expire (TTL 3 s)
         settle(nodes)
@@ -147,9 +152,7 @@ def host_costs() -> dict[str, float]:
     from nacl.signing import SigningKey
 
     from node.identity import Identity
-    from node.net.gossip import check_ad
     from node.net.host import HostError, MeshHost
-    from node.net.peers import PeerTable
     from protocol import AD_LIMITS
     from protocol.names import PROBE_PROTOCOL
 
@@ -158,14 +161,22 @@ def host_costs() -> dict[str, float]:
     rtts: list[float] = []
     ads: list[bytes] = []
 
+    joins: list[float] = []
+
     async def session(addr: str, first: bool) -> None:
         """A fresh host (no connection yet): one connect, then probes on it."""
         (port,) = free_ports(1)
         listen = f"/ip4/127.0.0.1/tcp/{port}"
         async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
             t0 = time.perf_counter()
-            peer = await host.connect(addr)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(host.connect, addr)
+                async for event, _ in host.connection_events:
+                    if event == "connected":  # streams may open from here on
+                        joins.append(time.perf_counter() - t0)
+                        break
             connects.append(time.perf_counter() - t0)
+            peer = addr.rsplit("/p2p/", 1)[1]
             for _ in range(10):
                 t0 = time.perf_counter()
                 ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
@@ -183,12 +194,9 @@ def host_costs() -> dict[str, float]:
         for i in range(5):
             trio.run(session, addr, i == 0)
     out["connect_ms"] = statistics.median(connects) * 1000
+    out["join_connect_ms"] = statistics.median(joins) * 1000
     out["rtt_ms"] = statistics.median(rtts) * 1000
-    table = PeerTable(sqlite_utils.Database(memory=True), 3600)  # empty: every check is whole
-    t0 = time.perf_counter()
-    for _ in range(200):
-        check_ad(ads[-1], None, table, 3600, time.time())
-    out["ad_check_ms"] = out["table_ad_check_ms"] = (time.perf_counter() - t0) / 200 * 1000
+    out["ad_check_ms"] = out["table_ad_check_ms"] = check_and_store_ms()
     # bytes on the wire, framing aside: one ad each way (a probe, a registration)
     out["ad_bytes"] = out["probe_bytes"] = out["register_bytes"] = len(ads[-1])
     return out
@@ -196,7 +204,7 @@ def host_costs() -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--window", type=float, default=45.0)
     parser.add_argument("--out", type=Path, default=COSTS)
     args = parser.parse_args()
     costs: dict[str, Any] = {}

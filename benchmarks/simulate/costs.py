@@ -39,7 +39,8 @@ class Costs:
     probe_server_ms: float  # probed peer's CPU per probe
     probe_bytes: float  # bytes per probe, each way
     rtt_ms: float  # round trip between two connected nodes
-    connect_ms: float  # opening a new connection (dial, security, muxer)
+    connect_ms: float  # a request to a peer not yet connected: the dial until it returns
+    join_connect_ms: float  # dial start until the new connection carries streams
     dial_timeout_s: float  # how long a request to a dead peer takes to fail
     gossip_hop_ms: float  # latency of one gossip hop
     sweep_s: float  # period of the expiry sweeps (peer table, registrations)

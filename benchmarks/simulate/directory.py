@@ -120,7 +120,7 @@ class DirectoryNetwork(PlacementMixin, Network):
         check_s = self.costs.table_ad_check_ms * len(self.known) / 1000
         if self.role[node] != DIRECTORY:
             self.joining.add(node)
-        self.engine.after(self.connect_s + self.rtt_s + check_s, self._fetched, node)
+        self.engine.after(self.join_connect_s + self.rtt_s + check_s, self._fetched, node)
 
     def _fetched(self, node: int) -> None:
         if not self.alive[node]:

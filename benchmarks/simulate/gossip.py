@@ -42,7 +42,7 @@ class GossipNetwork(Network):
 
     def on_join(self, node: int) -> None:
         fetch_s = self.rtt_s + self.costs.table_ad_check_ms * self._table_ads() / 1000
-        self.engine.after(self.connect_s + fetch_s, self._fetched, node)
+        self.engine.after(self.join_connect_s + fetch_s, self._fetched, node)
 
     def on_leave(self, node: int) -> None:
         self.dead.append(node)

@@ -58,10 +58,13 @@ class Network:
         sc = self.sc = scenario
         self.costs = costs
         self.rng = random.Random(scenario.seed)
+        # its own stream, so that probing does not shift churn, phases and choices
+        self.probe_rng = random.Random(scenario.seed + 10**6)
         self.engine = Engine()
         hops = max(1, math.ceil(math.log(sc.peers) / math.log(sc.gossip_degree)))
         self.gossip_latency_s = hops * costs.gossip_hop_ms / 1000
         self.connect_s = costs.connect_ms / 1000
+        self.join_connect_s = costs.join_connect_ms / 1000
         self.rtt_s = costs.rtt_ms / 1000
         self.warmup_s = sc.warmup_s
         # per node

@@ -56,8 +56,12 @@ class PlacementMixin:
             self._query_failed(arg)
             return
         c, owner = self.costs, placement.owner
-        self.charge(owner, c.query_client_ms + c.ad_check_ms * len(got), c.ad_bytes * len(got))
+        checking_ms = c.query_client_ms + c.ad_check_ms * len(got)
+        self.charge(owner, checking_ms, c.ad_bytes * len(got))
         self.charge(d, c.query_server_ms + c.query_per_ad_ms * len(got), c.ad_bytes * len(got))
+        # the owner is one thread: it checks the answer, then each probe's answer in turn
+        start_s = checking_ms / 1000
+        answered = 0
         for peer in got:
             if peer in placement.probed:
                 continue
@@ -66,8 +70,10 @@ class PlacementMixin:
             self.charge(owner, c.probe_client_ms, c.probe_bytes)
             if self.alive[peer]:
                 self.charge(peer, c.probe_server_ms, c.probe_bytes)
-                connected = self.rng.random() < self.sc.connected_share
+                connected = self.probe_rng.random() < self.sc.connected_share
+                answered += 1
                 probe_s = self.rtt_s + (0.0 if connected else self.connect_s)
+                probe_s += start_s + answered * c.probe_client_ms / 1000
                 self.engine.after(probe_s, self._probe_live, placement)
             else:
                 self.dead_candidates_probed += 1
