@@ -282,7 +282,7 @@ def check_and_store_ms(count: int = 200) -> float:
         table = PeerTable(open_node_db(Path(tmp)), 3600)
         t0 = time.perf_counter()
         for raw in envelopes:
-            ad, env = check_ad(raw, None, table, 3600, time.time())
+            ad, env = check_ad(raw, None, table, time.time())
             table.accept(ad, env)
         return (time.perf_counter() - t0) / count * 1000
 

@@ -231,11 +231,19 @@ def show_status(s: dict[str, Any]) -> None:
         table.add_row(f"sandbox: {name.replace('_', ' ')}", state)
     table.add_row("peers", f"{s['peers']} known, {s['connections']} connected")
     d = s.get("discovery") or {}
-    if d:
+    if "window_s" in d:
         table.add_row(
             "discovery",
             f"{d['ads_in']:g} ads/min in, {d['ads_out']:g} out, "
             f"{d['check_cpu_ms']:g} ms CPU/min checking them; node CPU {d['node_cpu_pct']:g}%",
+        )
+    if d.get("directories") or "directory_holds" in d:
+        mode = "its ad gossiped" if d.get("gossips_own_ad", True) else "its ad to directories only"
+        held = f"; a directory holding {d['directory_holds']}" if "directory_holds" in d else ""
+        table.add_row(
+            "directories",
+            f"{d.get('directories', 0)} known, registered with {len(d.get('registered_with', []))}"
+            f"; ~{d.get('network_size', 0)} peers, {mode}{held}",
         )
     table.add_row("uptime", f"{s['uptime_s']:.0f} s")
     table.add_row("version", s["version"])

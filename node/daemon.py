@@ -141,8 +141,12 @@ async def _serve(
             is_directory=settings.directory,
         )
         gossip.gossip_own_ad = registration.gossip_own_ad
+        gossip.slow_refresh = registration.slow_refresh
         if settings.directory:
-            node.directory = Directory(host, identity, metrics, gossip.cost, settings.ttl_s)
+            node.directory = directory = Directory(
+                host, identity, metrics, gossip.cost, settings.ttl_s
+            )
+            registration.own_count = lambda: len(directory.table)
         receipts = ReceiptGossip(host, audit, metrics)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)

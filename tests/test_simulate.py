@@ -138,9 +138,7 @@ def test_after_a_burst_dead_candidates_are_probed_and_k_live_still_found() -> No
 
 
 def test_gossip_joiner_copies_keep_dead_peers_longer_but_bounded() -> None:
-    sc = Scenario(
-        design="gossip", peers=300, duration_s=900, churn_per_hour=3.0, burst_at_s=None
-    )
+    sc = Scenario(design="gossip", peers=300, duration_s=900, churn_per_hour=3.0, burst_at_s=None)
     result = simulate(sc, COSTS)
     assert result.dead_measured > 100
     assert result.drop_dead_s_p50 >= sc.peer_ttl_s - sc.publish_interval_s
@@ -163,7 +161,8 @@ def test_directory_deaths_move_their_volunteers() -> None:
     network = DirectoryNetwork(sc, COSTS)
     network.run()
     dead = [d for d in network.directory_ids if not network.alive[d]]
-    new = [d for d in network.directory_ids if network.born[d] > 0 and network.alive[d]]
+    settled = sc.duration_s - 2 * sc.register_interval_s  # joined in time to be chosen
+    new = [d for d in network.directory_ids if 0 < network.born[d] < settled and network.alive[d]]
     assert dead and new and all(network.reg[d] for d in new)  # the newcomers took some
     volunteers = [
         v

@@ -39,6 +39,12 @@ class DirectoryNetwork(PlacementMixin, Network):
     def publishes(self, role: int) -> bool:
         return role == DIRECTORY
 
+    @property
+    def ad_interval_s(self) -> float:
+        """Directories refresh their ads `DIRECTORY_TTL_FACTOR` times more slowly in a
+        large network (node.net.peers): only they gossip, and only to be known."""
+        return self.sc.publish_interval_s * self.sc.directory_ad_factor
+
     def on_add(self, node: int) -> None:
         if len(self.alive) == 1:  # first node: create the per-node lists
             self.choice: list[tuple[int, ...]] = []
@@ -100,7 +106,8 @@ class DirectoryNetwork(PlacementMixin, Network):
 
     def _bump(self, _: object) -> None:
         """A directory's ad first reached, or expired from, every node's table."""
-        now, ttl, sweep = self.engine.now, self.sc.peer_ttl_s, self.costs.sweep_s
+        now, sweep = self.engine.now, self.costs.sweep_s
+        ttl = self.sc.peer_ttl_s * self.sc.directory_ad_factor  # a directory entry's TTL
         self.epoch += 1
         self.known = [
             d
@@ -148,7 +155,8 @@ class DirectoryNetwork(PlacementMixin, Network):
             self._unhold(v, node, now)
         del self.expiry[node]
         if self.first_ad[node] <= now:
-            expires = sweep_after(float(self.last_ad[node]), self.sc.peer_ttl_s, self.costs.sweep_s)
+            ttl = self.sc.peer_ttl_s * self.sc.directory_ad_factor
+            expires = sweep_after(float(self.last_ad[node]), ttl, self.costs.sweep_s)
             self.engine.at(expires, self._bump)
 
     def _unhold(self, volunteer: int, directory: int, now: float) -> None:

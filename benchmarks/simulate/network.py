@@ -111,6 +111,11 @@ class Network:
         """Whether nodes of this role gossip their ad."""
         raise NotImplementedError
 
+    @property
+    def ad_interval_s(self) -> float:
+        """How often a node that gossips its ad publishes it."""
+        return self.sc.publish_interval_s
+
     def on_add(self, node: int) -> None:
         """A node was created (at the start or joining): extend per-node state."""
 
@@ -139,7 +144,7 @@ class Network:
         sc, rng, engine = self.sc, self.rng, self.engine
         m = sc.n_directories
         roles = [DIRECTORY] * m + [OWNER] * sc.owners + [VOLUNTEER] * (sc.peers - m - sc.owners)
-        interval = sc.publish_interval_s
+        interval = self.ad_interval_s
         for role in roles:
             node = self._add(role, 0.0)
             if self.publishes(role):  # steady state: published one interval ago at its phase
@@ -245,7 +250,7 @@ class Network:
         if self.first_ad[node] == INF:
             self.first_ad[node] = delivered
             self.on_first_ad(node, delivered)
-        self.engine.at(now + self.sc.publish_interval_s, self._publish, node)
+        self.engine.at(now + self.ad_interval_s, self._publish, node)
 
     def _place_tick(self, owner: int) -> None:
         if self.engine.now >= self.warmup_s:

@@ -33,6 +33,7 @@ class Scenario:
     # design directory
     directories: int | None = None  # M; None: max(1, N // 1000), at most 16
     directory_peers: int = 2  # D: directories each volunteer registers with
+    directory_ad_factor: float = 10.0  # directories gossip every publish_interval_s x this
     register_interval_s: float = 30.0
     registration_ttl_s: float = 90.0
     queries: int | None = None  # Q: directories an owner queries; None: min(2, M)

@@ -24,7 +24,7 @@ import trio
 from node.identity import Identity
 from node.metrics import NodeMetrics
 from node.net.discovery_cost import DiscoveryCost
-from node.net.gossip import MAX_CLOCK_SKEW_S, DuplicateAd, check_ad
+from node.net.gossip import DuplicateAd, check_ad
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.work.scheduler import unfit_reason
@@ -72,10 +72,9 @@ class Directory:
 
     async def _register(self, peer: str, request: bytes) -> bytes:
         self.cost.received(request, "register")
-        max_age = self.table.ttl_s + MAX_CLOCK_SKEW_S
         with self.cost.checking():
             try:
-                ad, raw = check_ad(request, peer, self.table, max_age, time.time())
+                ad, raw = check_ad(request, peer, self.table, time.time())
                 self.table.accept(ad, raw)
             except DuplicateAd:
                 self.table.touch(peer)

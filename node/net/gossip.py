@@ -20,7 +20,7 @@ import trio
 from node.metrics import NodeMetrics
 from node.net.discovery_cost import DiscoveryCost
 from node.net.host import HostError, MeshHost
-from node.net.peers import PeerTable
+from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
 from protocol import (
     AD_LIMITS,
     CapacityAd,
@@ -73,15 +73,17 @@ REJECT_REASONS = (
 
 
 def check_ad(
-    data: bytes, sender: str | None, peers: PeerTable, max_age_s: float, now: float
+    data: bytes, sender: str | None, peers: PeerTable, now: float
 ) -> tuple[CapacityAd, bytes]:
-    """Verify an ad envelope; `sender` is the gossip origin (None for relayed tables)."""
+    """Verify an ad envelope; `sender` is the gossip origin (None for relayed tables).
+    An ad may be as old as its TTL in `peers` (`PeerTable.ttl_for`) plus clock skew."""
     if len(data) > AD_LIMITS.max_bytes:
         raise TooLarge(f"ad of {len(data)} bytes exceeds {AD_LIMITS.max_bytes}")
     signed = open_envelope(data, CapacityAd, expected_signer=sender, limits=AD_LIMITS)
     ad = signed.message
     if ad.peer_id != signed.signer:
         raise PeerMismatch(f"ad for {ad.peer_id[:60]} is signed by {signed.signer}")
+    max_age_s = peers.ttl_for(ad) + MAX_CLOCK_SKEW_S
     if ad.timestamp < now - max_age_s or ad.timestamp > now + MAX_CLOCK_SKEW_S:
         raise StaleMessage(f"ad from {ad.peer_id} is dated {now - ad.timestamp:+.0f} s ago")
     current = peers.get(ad.peer_id)
@@ -114,12 +116,10 @@ class CapacityGossip:
         self._own_ad_at = time.monotonic()
         # False once directories say the network is large (node.net.registration)
         self.gossip_own_ad: Callable[[], bool] = lambda: True
+        # True for a directory in a large network: it refreshes its ad more slowly
+        self.slow_refresh: Callable[[], bool] = lambda: False
         for reason in REJECT_REASONS:  # export every series from the start, at 0
             metrics.ads_rejected.labels(reason)
-
-    @property
-    def max_age_s(self) -> float:
-        return self.peers.ttl_s + MAX_CLOCK_SKEW_S
 
     def changed(self) -> None:
         """The local ad changed (policy, load, capacity): publish it now."""
@@ -146,7 +146,7 @@ class CapacityGossip:
         self.cost.received(data)
         try:
             with self.cost.checking():
-                check_ad(data, sender, self.peers, self.max_age_s, time.time())
+                check_ad(data, sender, self.peers, time.time())
         except DuplicateAd:
             return True  # let GossipSub forward it; the table already has it
         except ReplayedMessage:
@@ -167,7 +167,7 @@ class CapacityGossip:
             with self.cost.checking():
                 try:
                     # checked again: another ad from the same peer may have landed since
-                    ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
+                    ad, raw = check_ad(data, sender, self.peers, time.time())
                 except ProtocolError:
                     continue
                 self._ingest(ad, raw, via="gossip")
@@ -197,7 +197,7 @@ class CapacityGossip:
         now holds this very ad or a newer one of the peer."""
         with self.cost.checking():
             try:
-                ad, raw = check_ad(data, sender, self.peers, self.max_age_s, time.time())
+                ad, raw = check_ad(data, sender, self.peers, time.time())
             except (DuplicateAd, ReplayedMessage):
                 if sender is not None:
                     self.peers.touch(sender, via)
@@ -257,7 +257,7 @@ class CapacityGossip:
             if not isinstance(item, bytes):
                 continue
             try:
-                ad, env = check_ad(item, None, self.peers, self.max_age_s, now)
+                ad, env = check_ad(item, None, self.peers, now)
             except ProtocolError as exc:
                 # relayed tables hold older copies of ads we may have: not an attack
                 if not isinstance(exc, ReplayedMessage | DuplicateAd):
@@ -269,7 +269,8 @@ class CapacityGossip:
 
     async def _publish_loop(self) -> None:
         while True:
-            with trio.move_on_after(self.publish_interval_s):
+            factor = DIRECTORY_TTL_FACTOR if self.slow_refresh() else 1
+            with trio.move_on_after(self.publish_interval_s * factor):
                 await self._wake.wait()
             self._wake = trio.Event()
             self._refresh_own_ad()

@@ -27,6 +27,9 @@ from protocol.schema import to_plain
 log = logging.getLogger(__name__)
 
 MAX_PEERS = 4096
+#: a directory's ad lasts this many times the TTL: in a large network directories are
+#: the only nodes that gossip, and they do it this much more slowly (node.net.gossip)
+DIRECTORY_TTL_FACTOR = 10
 
 
 @dataclass
@@ -138,10 +141,16 @@ class PeerTable:
         self._db["peers"].delete_where("peer_id = ?", [victim.ad.peer_id])
         self.evicted += 1
 
+    def ttl_for(self, ad: CapacityAd) -> float:
+        """How long an ad lasts without a newer one."""
+        return self.ttl_s * (DIRECTORY_TTL_FACTOR if ad.directory else 1)
+
     def expire(self) -> list[str]:
-        """Drop peers not heard from within the TTL; returns their ids."""
-        cutoff = self._clock() - self.ttl_s
-        gone = [pid for pid, e in self._entries.items() if e.refreshed_at < cutoff]
+        """Drop peers not heard from within their TTL; returns their ids."""
+        now = self._clock()
+        gone = [
+            pid for pid, e in self._entries.items() if e.refreshed_at < now - self.ttl_for(e.ad)
+        ]
         for pid in gone:
             del self._entries[pid]
             self._db["peers"].delete_where("peer_id = ?", [pid])

@@ -61,6 +61,7 @@ class Registration:
         interval_s: float,
         gossip_max_peers: int,
         is_directory: bool,
+        own_count: Callable[[], int] = lambda: 0,
     ) -> None:
         self.host = host
         self.identity = identity
@@ -71,6 +72,7 @@ class Registration:
         self.interval_s = interval_s
         self.gossip_max_peers = gossip_max_peers
         self.is_directory = is_directory
+        self.own_count = own_count  # a directory's own registrations
         self.registered: dict[str, int] = {}  # directory -> peers it held at our last call
         self._registered_at: dict[str, float] = {}
         self._failed_until: dict[str, float] = {}
@@ -101,11 +103,19 @@ class Registration:
         known = len(self.directories())
         return round(statistics.median(counts) * known / min(self.directory_peers, known))
 
+    def large(self) -> bool:
+        """The directories count `gossip_max_peers` or more (a directory counts its own)."""
+        return max(self.network_size(), self.own_count()) >= self.gossip_max_peers
+
     def gossip_own_ad(self) -> bool:
         """Whether this node's ad still goes to every node by gossip."""
         if self.is_directory or self.directory_peers == 0:
             return True
-        return self.network_size() < self.gossip_max_peers
+        return not self.large()
+
+    def slow_refresh(self) -> bool:
+        """A directory in a large network: the only gossip left, so it goes slowly."""
+        return self.is_directory and self.large()
 
     def status(self) -> dict[str, object]:
         return {

@@ -1,0 +1,68 @@
+"""Directories without a network: which ones a node registers with, how it reads the
+network's size from their counts, and how long a directory's own ad lasts."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from factories import capacity_ad, peer_id_of
+from nacl.signing import SigningKey
+
+from node.net.gossip import check_ad
+from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
+from node.net.registration import Registration, rendezvous_order
+from node.store import open_node_db
+from protocol import StaleMessage, seal
+
+
+def test_rendezvous_spreads_volunteers_evenly_and_a_leaving_directory_moves_only_its_own() -> None:
+    directories = [f"dir{i}" for i in range(5)]
+    volunteers = [f"vol{i}" for i in range(5000)]
+    first = {v: rendezvous_order(v, directories)[:2] for v in volunteers}
+    load = Counter(d for chosen in first.values() for d in chosen)
+    assert max(load.values()) < 1.1 * min(load.values())  # 2000 each, give or take
+    after = {v: rendezvous_order(v, directories[1:])[:2] for v in volunteers}
+    moved = [v for v in volunteers if first[v] != after[v]]
+    assert moved == [v for v in volunteers if "dir0" in first[v]]  # only dir0's volunteers
+
+
+def _registration(peers: PeerTable, counts: dict[str, int], own: int = 0) -> Registration:
+    reg = Registration.__new__(Registration)  # no host: only the bookkeeping is tested
+    reg.identity = type("I", (), {"peer_id": "me"})()
+    reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
+    reg.is_directory, reg.own_count, reg.registered = False, lambda: own, counts
+    return reg
+
+
+def test_the_size_estimate_is_the_median_so_one_lying_directory_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
+    keys = [SigningKey.generate() for _ in range(3)]
+    for key in keys:
+        ad = capacity_ad(peer_id_of(key), 1, directory=True)
+        peers.accept(ad, seal(ad, key))
+    ids = [peer_id_of(k) for k in keys]
+    reg = _registration(peers, {ids[0]: 40, ids[1]: 44, ids[2]: 10**9})  # the third lies
+    # each holds about N x 2 / 3: N is about 44 x 3 / 2
+    assert reg.network_size() == 66 and reg.gossip_own_ad()
+    reg.registered = {ids[0]: 70, ids[1]: 80, ids[2]: 0}  # a liar the other way
+    assert reg.network_size() == 105 and not reg.gossip_own_ad()
+    reg.is_directory = True  # a directory always gossips, slowly once the network is large
+    assert reg.gossip_own_ad() and reg.slow_refresh()
+
+
+def test_a_directorys_ad_lasts_longer_and_may_be_that_much_older(tmp_path: Path) -> None:
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=10)
+    key, other = SigningKey.generate(), SigningKey.generate()
+    old = 5 * 10 + 60  # older than a peer's TTL + clock skew, within a directory's
+    directory = seal(capacity_ad(peer_id_of(key), 1, directory=True, age_s=old), key)
+    ad, _ = check_ad(directory, None, peers, time.time())
+    assert peers.ttl_for(ad) == 10 * DIRECTORY_TTL_FACTOR
+    with pytest.raises(StaleMessage):
+        check_ad(
+            seal(capacity_ad(peer_id_of(other), 1, age_s=old), other), None, peers, time.time()
+        )
