@@ -8,8 +8,11 @@ difference in process CPU (psutil) between a busy and a quiet window, divided by
 messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_total`):
 
 1. one lone node, nothing to discover: `idle_ms_per_min`;
-2. 6 nodes that never publish (interval 3600 s): `conn_ms_per_min` per open connection;
-3. 6 publishing every 3 s: `ad_ms` per ad received (GossipSub included);
+2. 10 nodes that never publish (interval 3600 s): `conn_ms_per_min` per open connection;
+   then three nodes join it one by one, and each one's log says how soon after "up"
+   it took in its first peer: `join_connect_ms` is that less a round trip and the
+   table's checks;
+3. 10 publishing every 3 s: `ad_ms` per ad received (GossipSub included);
 4. a directory and 5 volunteers registering every second: `register_client_ms` and
    `register_server_ms`; then, with one node running searches (`/api/v1/peers/find`)
    back to back, `probe_client_ms` (its CPU per probe) and `probe_server_ms`. A query
@@ -17,13 +20,13 @@ messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_tot
    signed answer): after its first search an owner has enough candidates in hand and
    asks the directory too rarely to measure;
 5. in this process, a libp2p host of ours: `connect_ms` (a request to a peer not yet
-   connected: py-libp2p's dial returns ~250 ms after it starts), `join_connect_ms` (dial
-   start until the connection carries streams, as a joiner's table fetch sees it),
-   `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a port nobody listens
-   on), and `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
+   connected: py-libp2p's dial returns ~250 ms after it starts), `rtt_ms` (a probe on
+   an open one), `dial_timeout_s` (a dial to a port nobody listens on), and
+   `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
 
-The clusters are 6 nodes, so that the simulator's check against 10, 25 and 50 nodes
-(`benchmarks.discovery`) is not a check against its own calibration.
+The directory cluster is 6 nodes and the gossip ones publish every 3 s, so that the
+simulator's check against 10, 25 and 50 nodes (`benchmarks.discovery`, every 5 s and
+more) is not a check against its own calibration.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.discovery import STATUS, _discovery, check_and_store_ms
+from benchmarks.discovery import STATUS, _discovery, check_and_store_ms, joined_after_up
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, console, free_ports, wait_for
 
 COSTS = Path(__file__).parent / "simulate" / "costs.json"
 MESSAGES = "meshminer_discovery_messages_total"
-SIZE = 6  # nodes per calibration cluster: not the sizes the simulator is checked at
+SIZE = 6  # nodes in the directory cluster: not a size the simulator is checked at
+GOSSIP_SIZE = 10  # gossip costs depend on the mesh, full from about 10 nodes on
 
 
 def messages(node: Node, direction: str, kind: str) -> float:
@@ -76,22 +80,35 @@ def lone(seconds: float) -> float:
 
 
 def quiet_and_ads(seconds: float, idle: float) -> dict[str, float]:
+    """Connections and ads at GOSSIP_SIZE nodes (GossipSub's mesh is full there), and how
+    soon a joining node takes in its first peer (its log: "up" to "peer joined")."""
     out: dict[str, float] = {}
     with Cluster(["--publish-interval", "3600"]) as cluster:
-        nodes = cluster.start(SIZE)
-        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= SIZE - 1 for n in nodes), 120, "all")
+        nodes = cluster.start(GOSSIP_SIZE)
+        _all_listed(nodes)
         settle(nodes)
         conns = statistics.mean(n.get(STATUS)["connections"] for n in nodes)
         quiet = statistics.mean(window(nodes, seconds, [])["cpu"])
         out["conn_ms_per_min"] = max(0.0, (quiet - idle) / conns)
+        firsts = []
+        for _ in range(3):
+            joiner = cluster.add()
+            wait_for(lambda j=joiner: len(j.get("/api/v1/peers")) >= GOSSIP_SIZE, 60, "joined")
+            firsts.append(joined_after_up(joiner, 1))
+        out["join_s"] = statistics.median(firsts)
     with Cluster(["--publish-interval", "3", "--peer-ttl", "9"]) as cluster:
-        nodes = cluster.start(SIZE)
-        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= SIZE - 1 for n in nodes), 120, "all")
+        nodes = cluster.start(GOSSIP_SIZE)
+        _all_listed(nodes)
         settle(nodes)
         w = window(nodes, seconds, [("in", "ad")])
         ads = statistics.mean(c[("in", "ad")] for c in w["counts"])
         out["ad_ms"] = (statistics.mean(w["cpu"]) - quiet) / ads
     return out
+
+
+def _all_listed(nodes: list[Node]) -> None:
+    want = len(nodes) - 1
+    wait_for(lambda: all(len(n.get("/api/v1/peers")) >= want for n in nodes), 120, "all listed")
 
 
 def directory_costs(seconds: float, idle: float, per_conn: float, ad_ms: float) -> dict[str, float]:
@@ -102,7 +119,9 @@ def directory_costs(seconds: float, idle: float, per_conn: float, ad_ms: float) 
         want = SIZE - 1
         wait_for(lambda: _discovery(directory).get("directory_holds") == want, 120, "registered")
         wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 60, "quiet")
-        time.sleep(8)  # the ads gossiped before the switch expire (TTL 3 s)
+        wait_for(  # the ads gossiped before the switch expire (TTL 3 s)
+            lambda: all(len(n.get("/api/v1/peers")) <= 1 for n in volunteers), 60, "expired"
+        )
         settle(nodes)
         conns = [n.get(STATUS)["connections"] for n in nodes]
         base = [idle + per_conn * c for c in conns]
@@ -161,22 +180,14 @@ def host_costs() -> dict[str, float]:
     rtts: list[float] = []
     ads: list[bytes] = []
 
-    joins: list[float] = []
-
     async def session(addr: str, first: bool) -> None:
         """A fresh host (no connection yet): one connect, then probes on it."""
         (port,) = free_ports(1)
         listen = f"/ip4/127.0.0.1/tcp/{port}"
         async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
             t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(host.connect, addr)
-                async for event, _ in host.connection_events:
-                    if event == "connected":  # streams may open from here on
-                        joins.append(time.perf_counter() - t0)
-                        break
+            peer = await host.connect(addr)
             connects.append(time.perf_counter() - t0)
-            peer = addr.rsplit("/p2p/", 1)[1]
             for _ in range(10):
                 t0 = time.perf_counter()
                 ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
@@ -194,7 +205,6 @@ def host_costs() -> dict[str, float]:
         for i in range(5):
             trio.run(session, addr, i == 0)
     out["connect_ms"] = statistics.median(connects) * 1000
-    out["join_connect_ms"] = statistics.median(joins) * 1000
     out["rtt_ms"] = statistics.median(rtts) * 1000
     out["ad_check_ms"] = out["table_ad_check_ms"] = check_and_store_ms()
     # bytes on the wire, framing aside: one ad each way (a probe, a registration)
@@ -211,7 +221,12 @@ def main() -> None:
     costs.update(host_costs())
     console.print(costs)
     costs["idle_ms_per_min"] = idle = lone(args.window)
-    costs.update(quiet_and_ads(args.window, idle))
+    gossip = quiet_and_ads(args.window, idle)
+    # a joiner's first peer comes a connection, a round trip and a table's checks after "up"
+    join_s = gossip.pop("join_s")
+    checks = (GOSSIP_SIZE - 1) * costs["table_ad_check_ms"] / 1000
+    costs["join_connect_ms"] = max(0.0, join_s - costs["rtt_ms"] / 1000 - checks) * 1000
+    costs.update(gossip)
     console.print(costs)
     costs.update(directory_costs(args.window, idle, costs["conn_ms_per_min"], costs["ad_ms"]))
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)

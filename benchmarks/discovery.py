@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import random
 import signal
 import statistics
@@ -136,11 +137,11 @@ def _find(setup: Setup, cluster: Cluster, nodes: list[Node], count: int) -> list
     for _ in range(count):
         joiner = cluster.add()
         wait_for(lambda j=joiner: len(j.get("/api/v1/peers")) >= setup.k, 60, "K listed")
-        times.append(_joined_after_up(joiner, setup.k))
+        times.append(joined_after_up(joiner, setup.k))
     return times
 
 
-def _joined_after_up(node: Node, k: int) -> float:
+def joined_after_up(node: Node, k: int) -> float:
     """Seconds from the node's "up" log line (it starts dialling then) to the log line
     of the k-th peer it took in, by the log's own clock."""
     stamps: list[datetime.datetime] = []
@@ -225,6 +226,7 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
         k=setup.k,
         owners=1,
         churn_per_hour=5 / setup.nodes,  # about five joins (and deaths) an hour
+        shared_cores=len(os.sched_getaffinity(0)),  # every node runs on this machine
         burst_fraction=kills / setup.nodes,
     )
 

@@ -114,10 +114,11 @@ def test_find_k_without_dead_peers_is_one_query_and_one_probe() -> None:
     result = simulate(sc, COSTS)
     c, k = COSTS, sc.k
     # the query's round trip, checking its 2K ads, then the probes (a new connection
-    # each) whose answers the owner takes in one after another: the K-th decides
+    # each, the peer's own work) whose answers the owner takes in one after another:
+    # the K-th decides
     checking = c.query_client_ms + 2 * k * c.ad_check_ms
     expected = (c.rtt_ms + c.query_server_ms + checking + c.connect_ms + c.rtt_ms) / 1000
-    expected += k * c.probe_client_ms / 1000
+    expected += (k * c.probe_client_ms + c.probe_server_ms) / 1000
     assert result.find_k_s_p50 == pytest.approx(expected)
     assert result.find_k_s_max == pytest.approx(expected)
     assert result.query_rounds_mean == 1 and result.dead_candidates_probed == 0

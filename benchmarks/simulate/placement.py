@@ -74,6 +74,9 @@ class PlacementMixin:
                 answered += 1
                 probe_s = self.rtt_s + (0.0 if connected else self.connect_s)
                 probe_s += start_s + answered * c.probe_client_ms / 1000
+                # the peer's own work: at once, or in turn when N nodes share a few cores
+                shared = self.sc.shared_cores
+                probe_s += c.probe_server_ms / 1000 * (answered / shared if shared else 1)
                 self.engine.after(probe_s, self._probe_live, placement)
             else:
                 self.dead_candidates_probed += 1

@@ -41,6 +41,9 @@ class Scenario:
     # share of probed candidates the owner is already connected to (a probe then needs no
     # new connection); None: connections / peers, at most 1
     probe_connected: float | None = None
+    # the cores all nodes share (a test machine running every node): probed peers then
+    # answer in turn; None: each node has its own machine
+    shared_cores: int | None = None
     # workload
     k: int = 8  # peers a placement needs
     fit_fraction: float = 1.0  # share of peers that fit the job
