@@ -317,14 +317,16 @@ def main() -> None:
     )
     for design in args.design:
         for n in args.nodes:
+            costs, factor = for_this_machine(load_costs(args.costs))
             measured = measure(Setup(design, n), args.window)
-            sim = simulated(measured, load_costs(args.costs))
+            sim = simulated(measured, costs)
             ratios = compare(measured, sim)
             for key, real in measured.summary().items():
                 result.add(
                     design, n, key, round(real, 3), round(sim[key], 3), round(ratios[key], 2)
                 )
-            result.meta["runs"].append({**asdict(measured), "simulated": sim, "ratios": ratios})
+            run = {**asdict(measured), "simulated": sim, "ratios": ratios, "machine": factor}
+            result.meta["runs"].append(run)
             result.show()
             result.save()
     console.print(f"saved {result.save()}")
