@@ -20,7 +20,7 @@ Figures:
 - time to find peers: *directory*: `GET /api/v1/peers/find?k=K` from several nodes in
   turn (the node's own timing: query the directory, probe 2K candidates, K answers);
   *gossip*: a node joins, and its log says how long after it started dialling ("up")
-  it took in its K-th peer.
+  it had taken in every peer (the first table it fetches holds them all).
 - time to drop a dead peer: a volunteer is SIGKILLed at a random moment; until the
   directory no longer holds it (*directory*), or until 5 sampled nodes no longer list
   it (*gossip*).
@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import sqlite_utils
 
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, Result, console, wait_for
@@ -135,15 +137,24 @@ def _find(setup: Setup, cluster: Cluster, nodes: list[Node], count: int) -> list
             times.append(found["seconds"])
         return times
     for _ in range(count):
+        others = len(cluster.nodes)
         joiner = cluster.add()
-        wait_for(lambda j=joiner: len(j.get("/api/v1/peers")) >= setup.k, 60, "K listed")
-        times.append(joined_after_up(joiner, setup.k))
+        wait_for(lambda j=joiner, n=others: len(j.get("/api/v1/peers")) >= n, 60, "all listed")
+        times.append(joined_after_up(joiner, others))  # its first table holds them all
     return times
 
 
 def joined_after_up(node: Node, k: int) -> float:
     """Seconds from the node's "up" log line (it starts dialling then) to the log line
     of the k-th peer it took in, by the log's own clock."""
+    times = joined_times(node)
+    if len(times) < k:
+        raise RuntimeError(f"node {node.index}: fewer than {k} peers joined in its log")
+    return times[k - 1]
+
+
+def joined_times(node: Node) -> list[float]:
+    """Seconds after the node's "up" log line at which it logged each peer joining."""
     stamps: list[datetime.datetime] = []
     up = None
     for line in (node.data_dir / "stderr.log").read_text(errors="replace").splitlines():
@@ -151,9 +162,9 @@ def joined_after_up(node: Node, k: int) -> float:
             up = _stamp(line)
         elif "peer joined:" in line and up is not None:
             stamps.append(_stamp(line))
-    if up is None or len(stamps) < k:
-        raise RuntimeError(f"node {node.index}: no 'up' line or fewer than {k} peers joined")
-    return (stamps[k - 1] - up).total_seconds()
+    if up is None:
+        raise RuntimeError(f"node {node.index}: no 'up' line in its log")
+    return [(stamp - up).total_seconds() for stamp in stamps]
 
 
 def _stamp(line: str) -> datetime.datetime:
@@ -289,11 +300,37 @@ def check_and_store_ms(count: int = 200) -> float:
         return (time.perf_counter() - t0) / count * 1000
 
 
+def check_ms(count: int = 2000) -> float:
+    """The machine's speed, for scaling costs: checking one signed ad (an Ed25519
+    verification and the decoding), in memory, the median of three rounds."""
+    from nacl.signing import SigningKey
+
+    from node.net.gossip import check_ad
+    from node.net.peers import PeerTable
+    from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key, seal
+
+    key = SigningKey.generate()
+    peer = peer_id_from_public_key(bytes(key.verify_key))
+    ad = CapacityAd(peer, [], [GpuInfo("cpu", "cpu")], 1.0, "2", "", Policy(), 0, 1, time.time())
+    raw, table = seal(ad, key), PeerTable(sqlite_utils.Database(memory=True), 3600)
+    rounds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(count):
+            check_ad(raw, None, table, time.time())
+        rounds.append((time.perf_counter() - t0) / count * 1000)
+    return statistics.median(rounds)
+
+
 def for_this_machine(costs: Costs) -> tuple[Costs, float]:
-    """`costs` (measured on some machine) scaled to this one by how long checking and
-    storing a signed ad takes here, and the factor: a test on another machine then
-    compares the simulator with that machine's nodes, not with ours."""
-    factor = statistics.median(check_and_store_ms() for _ in range(3)) / costs.ad_check_ms
+    """`costs` scaled to this machine as it runs now, by how long checking a signed ad
+    takes here against when the costs were measured (`machine.check_ms` in costs.json):
+    a test on another machine, or this one under a neighbour's load, then compares the
+    simulator with the nodes it is looking at."""
+    reference = costs.meta.get("machine", {}).get("check_ms")
+    if not reference:
+        return costs, 1.0
+    factor = check_ms() / reference
     return replace(costs, **{k: getattr(costs, k) * factor for k in CPU_COSTS}), factor
 
 
