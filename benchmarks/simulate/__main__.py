@@ -11,6 +11,7 @@ is said so in the output, since its numbers were not measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -65,6 +66,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=8, help="peers per placement")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--costs", type=Path, default=DEFAULT_PATH)
+    parser.add_argument(
+        "--dial-timeout",
+        type=float,
+        default=3.0,
+        help="seconds a probe of a dead peer takes to fail: the node's probe timeout, as "
+        "on the Internet (on loopback a dead port refuses at once: costs.json)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
     return parser.parse_args()
 
@@ -74,7 +82,7 @@ def main() -> None:
     from benchmarks.harness import console
 
     args = parse()
-    costs = load_costs(args.costs)
+    costs = dataclasses.replace(load_costs(args.costs), dial_timeout_s=args.dial_timeout)
     runs: list[dict[str, Any]] = []
     for peers in args.peers:
         for design in args.design:
