@@ -47,7 +47,6 @@ from benchmarks.discovery import (
     STATUS,
     _discovery,
     check_and_store_ms,
-    check_ms,
     joined_times,
 )
 from benchmarks.gossip import cpu_window, settle
@@ -246,7 +245,6 @@ def main() -> None:
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     merged = {**old, **{k: round(v, 4) for k, v in costs.items()}}
     merged.update(
-        machine={"check_ms": round(check_ms(), 4)},  # benchmarks.discovery.for_this_machine
         measured=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         commit=sha.stdout.strip(),
         notes=f"benchmarks.calibrate on {platform.processor() or platform.machine()}, "

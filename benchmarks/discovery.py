@@ -36,11 +36,9 @@ import signal
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import sqlite_utils
 
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, Result, console, wait_for
@@ -253,26 +251,6 @@ def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, flo
     }
 
 
-#: costs that are CPU time here (on loopback a connect and a round trip are CPU too)
-CPU_COSTS = (
-    "idle_ms_per_min",
-    "conn_ms_per_min",
-    "ad_ms",
-    "table_ad_check_ms",
-    "register_client_ms",
-    "register_server_ms",
-    "query_client_ms",
-    "query_server_ms",
-    "query_per_ad_ms",
-    "ad_check_ms",
-    "probe_client_ms",
-    "probe_server_ms",
-    "rtt_ms",
-    "connect_ms",
-    "join_connect_ms",
-)
-
-
 def check_and_store_ms(count: int = 200) -> float:
     """Checking a signed ad and storing it in a peer table written through to SQLite
     on disk, as an owner does with each ad a directory or a table hands it."""
@@ -302,34 +280,6 @@ def _signed_ad() -> bytes:
     return seal(ad, key)
 
 
-def check_ms(count: int = 2000) -> float:
-    """The machine's speed, for scaling costs: checking one signed ad (an Ed25519
-    verification and the decoding), in memory, the median of three rounds."""
-    from node.net.gossip import check_ad
-    from node.net.peers import PeerTable
-
-    raw, table = _signed_ad(), PeerTable(sqlite_utils.Database(memory=True), 3600)
-    rounds = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(count):
-            check_ad(raw, None, table, time.time())
-        rounds.append((time.perf_counter() - t0) / count * 1000)
-    return statistics.median(rounds)
-
-
-def for_this_machine(costs: Costs) -> tuple[Costs, float]:
-    """`costs` scaled to this machine as it runs now, by how long checking a signed ad
-    takes here against when the costs were measured (`machine.check_ms` in costs.json):
-    a test on another machine, or this one under a neighbour's load, then compares the
-    simulator with the nodes it is looking at."""
-    reference = costs.meta.get("machine", {}).get("check_ms")
-    if not reference:
-        return costs, 1.0
-    factor = check_ms() / reference
-    return replace(costs, **{k: getattr(costs, k) * factor for k in CPU_COSTS}), factor
-
-
 def compare(measured: Measured, sim: dict[str, float]) -> dict[str, float]:
     """sim / real for each figure: 1.0 is perfect agreement."""
     real = measured.summary()
@@ -350,15 +300,14 @@ def main() -> None:
     )
     for design in args.design:
         for n in args.nodes:
-            costs, factor = for_this_machine(load_costs(args.costs))
             measured = measure(Setup(design, n), args.window)
-            sim = simulated(measured, costs)
+            sim = simulated(measured, load_costs(args.costs))
             ratios = compare(measured, sim)
             for key, real in measured.summary().items():
                 result.add(
                     design, n, key, round(real, 3), round(sim[key], 3), round(ratios[key], 2)
                 )
-            run = {**asdict(measured), "simulated": sim, "ratios": ratios, "machine": factor}
+            run = {**asdict(measured), "simulated": sim, "ratios": ratios}
             result.meta["runs"].append(run)
             result.show()
             result.save()

@@ -92,13 +92,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports below the kernel's ephemeral range: a port from bind(0)
-    can be taken by some outbound connection's local end before the node binds it."""
+def free_ports(n: int, taken: set[int] | None = None) -> list[int]:
+    """n distinct free TCP ports below the kernel's ephemeral range (a port from bind(0)
+    can be taken by some outbound connection's local end before the node binds it), none
+    in `taken` (ports handed out before that their node may not have bound yet)."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports: list[int] = []
     while len(ports) < n:
         port = random.randrange(10000, low)
+        if taken is not None and port in taken:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
@@ -202,6 +205,7 @@ class Cluster:
         self.nodes: list[Node] = []
         self.bootstrap = ""
         self.killed: list[int] = []  # nodes that ignored SIGTERM for 5 s (a finding)
+        self.ports: set[int] = set()  # handed to this cluster's nodes
         self.start_s = 0.0
 
     def __enter__(self) -> Cluster:
@@ -231,7 +235,8 @@ class Cluster:
             # reuse node 0's cached TFLOP/s: N startup matmul benchmarks on 2 cores measure
             # nothing gossip-related and would delay and skew the start
             shutil.copy(self.nodes[0].data_dir / "capacity.json", data_dir)
-        listen, http = free_ports(2)
+        listen, http = free_ports(2, self.ports)
+        self.ports |= {listen, http}
         cmd = [MESHMINER, "node", "run", "--no-mdns", "--data-dir", str(data_dir)]
         cmd += ["--listen", f"/ip4/127.0.0.1/tcp/{listen}", "--http", f"127.0.0.1:{http}"]
         cmd += [*self.args, *extra, *(["--bootstrap", self.bootstrap] if self.bootstrap else [])]

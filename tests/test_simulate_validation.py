@@ -1,6 +1,6 @@
 """The simulator against a real network: a 10-node cluster of real node processes,
 in the old design and the new, and the simulator given the same parameters and the
-costs `benchmarks.calibrate` measured (scaled to this machine). CPU per volunteer, time
+costs `benchmarks.calibrate` measured on this kind of machine. CPU per volunteer, time
 to find peers and time to drop a dead one must agree within 25%.
 
 The 25- and 50-node runs are `python -m benchmarks.discovery` (docs/performance.md):
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.discovery import Setup, compare, for_this_machine, measure, simulated
+from benchmarks.discovery import Setup, compare, measure, simulated
 from benchmarks.simulate import load_costs
 
 pytestmark = pytest.mark.slow
@@ -21,11 +21,10 @@ TOLERANCE = 0.25
 
 @pytest.mark.parametrize("design", ["directory", "gossip"])
 def test_the_simulator_agrees_with_ten_real_nodes(design: str) -> None:
-    costs, factor = for_this_machine(load_costs())
     measured = measure(Setup(design, 10), window_s=20.0, finds=3, kills=3)
-    sim = simulated(measured, costs)
+    sim = simulated(measured, load_costs())
     ratios = compare(measured, sim)
     report = {k: (round(measured.summary()[k], 3), round(sim[k], 3)) for k in ratios}
-    print(f"{design}: machine factor {factor:.2f}; real vs simulated: {report}")
+    print(f"{design}: real vs simulated: {report}")
     for figure, ratio in ratios.items():
         assert abs(ratio - 1) <= TOLERANCE, f"{figure}: sim / real = {ratio:.2f} ({report})"

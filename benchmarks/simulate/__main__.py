@@ -63,6 +63,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--burst", type=float, default=0.2, help="share leaving midway (0: none)")
     parser.add_argument("--directory-churn", action="store_true", help="directories churn too")
     parser.add_argument("--owners", type=int, default=10)
+    parser.add_argument(
+        "--directories", type=int, default=None, help="M (default: one per 1,000 peers, <= 16)"
+    )
     parser.add_argument("--k", type=int, default=8, help="peers per placement")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--costs", type=Path, default=DEFAULT_PATH)
@@ -96,6 +99,7 @@ def main() -> None:
                 directory_churn=args.directory_churn,
                 owners=args.owners,
                 k=args.k,
+                directories=args.directories,
             )
             console.log(f"{design}, {peers} peers, {args.minutes:g} min ...")
             result = simulate(scenario, costs)
