@@ -123,8 +123,9 @@ class PeerFinder:
             return 0
         self._asked[key] = now
         ads = await self.registration.query(requirements, 2 * want + len(excluded))
-        for raw in ads:
-            self.gossip.ingest_checked(raw, None, "directory")
+        with self.peers.batch():
+            for raw in ads:
+                self.gossip.ingest_checked(raw, None, "directory")
         return len(ads)
 
     def needs_probe(self, entry: PeerEntry) -> bool:

@@ -248,7 +248,7 @@ class CapacityGossip:
         except (HostError, ProtocolError) as exc:
             log.debug("ad exchange with %s failed: %s", peer, exc)
             return
-        with self.cost.checking():
+        with self.cost.checking(), self.peers.batch():
             self._ingest_table(table)
 
     def _ingest_table(self, table: list) -> None:
