@@ -37,8 +37,11 @@ install-test: $(VENV)/.installed-test
 demo: $(VENV)/.installed
 	$(BIN)/meshminer demo $(DEMO_ARGS)
 
+# Two workers for the suite; then, alone, the tests that measure CPU or time (`solo`).
+# pytest exits 5 when a selection holds no such test.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 -m "not solo" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

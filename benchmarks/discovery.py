@@ -56,9 +56,12 @@ class Setup:
 
     design: str  # "gossip" | "directory"
     nodes: int
+    interval_s: float | None = None  # None: max(5, N / 2) for gossip, 5 for directory
 
     @property
     def publish_interval_s(self) -> float:
+        if self.interval_s is not None:
+            return self.interval_s
         return max(5.0, self.nodes / 2) if self.design == "gossip" else DIRECTORY_TTL_S / 3
 
     @property

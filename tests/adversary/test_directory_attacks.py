@@ -17,7 +17,7 @@ from factories import capacity_ad, rejections
 from nacl.signing import SigningKey
 
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port
+from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.net.host import HostError, MeshHost
 from protocol import AD_LIMITS, encode, open_envelope, peer_id_from_public_key, seal
 from protocol.directory import DIRECTORY_LIMITS, DirectoryReply
@@ -95,6 +95,7 @@ def test_a_directory_refuses_bad_registrations_and_keeps_serving(
     assert counted.get("signer_mismatch", 0) >= 1 and counted.get("stale", 0) >= 1
     # the directory still holds the honest volunteer and answers an owner's search
     owner = localnet.add(LARGE)
+    wait_for(lambda: directory.peer_id in owner.peer_ids(), 20, "the owner to know the directory")
     found = owner.get("/api/v1/peers/find?k=8")
     assert honest.peer_id in {p["peer_id"] for p in found["peers"]}
     assert my_id not in {p["peer_id"] for p in found["peers"]}  # it answers no probe
