@@ -38,10 +38,12 @@ demo: $(VENV)/.installed
 	$(BIN)/meshminer demo $(DEMO_ARGS)
 
 # Two workers for the suite; then, alone, the tests that measure CPU or time (`solo`).
-# pytest exits 5 when a selection holds no such test.
+# MARK narrows both (make test MARK="not slow"); pytest exits 5 when nothing is selected.
+MARK ?=
+AND_MARK := $(if $(MARK), and ($(MARK)))
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n 2 -m "not solo" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -n 2 -m "not solo$(AND_MARK)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "solo$(AND_MARK)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
