@@ -21,9 +21,10 @@ Figures:
   turn (the node's own timing: query the directory, probe 2K candidates, K answers);
   *gossip*: a node joins, and its log says how long after it started dialling ("up")
   it had taken in every peer (the first table it fetches holds them all).
-- time to drop a dead peer: a volunteer is SIGKILLed at a random moment; until the
-  directory no longer holds it (*directory*), or until 5 sampled nodes no longer list
-  it (*gossip*).
+- time to drop a dead peer: volunteers are SIGKILLed, each at its own random moment
+  within one refresh (they started together, so their refresh phases are alike);
+  until the directory no longer holds it (`/api/v1/directory`), or until 5 sampled
+  nodes no longer list it (*gossip*).
 """
 
 from __future__ import annotations
@@ -173,25 +174,32 @@ def _stamp(line: str) -> datetime.datetime:
 
 
 def _drop(setup: Setup, nodes: list[Node], victims: list[Node]) -> list[float]:
-    """Kill `victims` at once, at a random moment; seconds until each is forgotten."""
-    time.sleep(random.Random(7).uniform(0, setup.register_interval_s))
+    """Kill each victim at its own random moment within one refresh; seconds from each
+    death until the directory (or 5 sampled nodes) forgot that victim."""
+    rng = random.Random(7)
     alive = [n for n in nodes if n not in victims]
-    before = _discovery(nodes[0]).get("directory_holds", 0)
-    for victim in victims:
+    offsets = sorted(rng.uniform(0, setup.register_interval_s) for _ in victims)
+    t0, died, gone = time.monotonic(), {}, {}
+    for victim, offset in zip(victims, offsets, strict=True):
+        wait_for(lambda o=offset: time.monotonic() - t0 >= o, offset + 5, "the moment", 0.02)
         victim.proc.send_signal(signal.SIGKILL)
-    t0, times = time.monotonic(), []
+        died[victim.peer_id] = time.monotonic()
+
+    def holders() -> list[set[str]]:
+        if setup.design == "directory":
+            return [{e["peer_id"] for e in nodes[0].get("/api/v1/directory")}]
+        return [{e["peer_id"] for e in n.get("/api/v1/peers")} for n in alive[:DROP_SAMPLE]]
 
     def forgotten() -> bool:
-        if setup.design == "directory":  # the directory's count falls once per victim
-            gone = before - _discovery(nodes[0])["directory_holds"]
-        else:
-            listed = [{e["peer_id"] for e in n.get("/api/v1/peers")} for n in alive[:DROP_SAMPLE]]
-            gone = sum(all(v.peer_id not in ids for ids in listed) for v in victims)
-        times.extend([time.monotonic() - t0] * (gone - len(times)))
-        return len(times) >= len(victims)
+        held = holders()
+        now = time.monotonic()
+        for peer in died.keys() - gone.keys():
+            if all(peer not in ids for ids in held):
+                gone[peer] = now - died[peer]
+        return len(gone) == len(died)
 
     wait_for(forgotten, setup.ttl_s + 30, "every dead peer to be forgotten", 0.1)
-    return times
+    return sorted(gone.values())
 
 
 def measure(setup: Setup, window_s: float = 30.0, finds: int = 3, kills: int = 5) -> Measured:

@@ -173,6 +173,12 @@ class Node:
             for entry in self.peer_table.entries()
         ]
 
+    def registrations(self) -> list[dict[str, Any]]:
+        """On a directory: the ads volunteers registered here (404 elsewhere)."""
+        if self.directory is None:
+            raise LookupError("this node is not a directory (start it with --directory)")
+        return [entry.to_json() for entry in self.directory.table.entries()]
+
     async def find_peers(self, query: dict[str, str]) -> dict[str, Any]:
         """Up to k peers that fit the requirements and answered a probe just now
         (`GET /api/v1/peers/find`); raises ValueError on a bad query."""

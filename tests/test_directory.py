@@ -49,6 +49,10 @@ def test_volunteers_register_with_a_directory_and_owners_find_probe_and_place_th
         lambda: (d := _discovery(volunteers[0]))["network_size"] == 4 and d, 10, "size 4"
     )
     assert status["registered_with"] == [directory.peer_id]
+    held = {e["peer_id"] for e in directory.get("/api/v1/directory")}
+    assert held == ids | {owner.peer_id}
+    with pytest.raises(ApiError, match="404 this node is not a directory"):
+        owner.get("/api/v1/directory")
     assert _discovery(directory)["gossips_own_ad"] is True  # a directory stays visible
     # their copies in each other's tables expire: the owner knows only the directory now
     wait_for(

@@ -171,6 +171,12 @@ def make_app(
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from exc
 
+    async def registrations(request: web.Request) -> web.Response:
+        try:
+            return web.json_response(await bridge.call(node.registrations))
+        except LookupError as exc:
+            raise web.HTTPNotFound(text=str(exc)) from exc
+
     async def reputation(request: web.Request) -> web.Response:
         return web.json_response(await bridge.call(node.reputation))
 
@@ -212,6 +218,7 @@ def make_app(
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/peers", peers)
     app.router.add_get("/api/v1/peers/find", find_peers)
+    app.router.add_get("/api/v1/directory", registrations)
     app.router.add_get("/api/v1/reputation", reputation)
     app.router.add_post("/api/v1/capacity/refresh", refresh_capacity)
     app.router.add_put("/api/v1/policy", set_policy)
