@@ -3,6 +3,7 @@ network's size from their counts, and how long a directory's own ad lasts."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
+from node.net.finder import parse_find_query
 from node.net.gossip import check_ad
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
 from node.net.registration import Registration, rendezvous_order
@@ -66,3 +68,27 @@ def test_a_directorys_ad_lasts_longer_and_may_be_that_much_older(tmp_path: Path)
         check_ad(
             seal(capacity_ad(peer_id_of(other), 1, age_s=old), other), None, peers, time.time()
         )
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({"k": "0"}, "k must be 1..64"),
+        ({"k": "2.5"}, "k must be a whole number"),
+        ({"k": "eight"}, "k must be a number, not 'eight'"),
+        ({"max_hours": "nan"}, "max_hours must be"),
+        ({"min_gpu_memory_gb": "-1"}, "min_gpu_memory_gb must be 0..1e+06"),
+        ({"gpu": "lots"}, "gpu must be one of preferred, required, none"),
+        ({"k": "3", "colour": "blue"}, "unknown parameter 'colour'"),
+    ],
+)
+def test_a_bad_find_query_is_refused_naming_the_parameter(query: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_find_query(query)
+
+
+def test_a_find_query_defaults_to_eight_peers_for_a_one_hour_job() -> None:
+    assert parse_find_query({}) == (
+        8,
+        {"gpu": "preferred", "min_gpu_memory_gb": 0.0, "max_hours": 1.0},
+    )
