@@ -22,7 +22,13 @@ TOLERANCE = 0.25
 # being left out: volunteers that register with a directory spend up to 1.7x the CPU
 # the simulator counts for them (10 and 25 nodes; docs/performance.md, "The simulator
 # against real networks"). Narrow it to the tolerance once the model accounts for it.
-KNOWN_GAPS = {("directory", "cpu_ms_per_min"): (0.5, 1 + TOLERANCE)}
+# The same for an owner's search there: 67-177 ms real against 71 simulated at 10
+# nodes, 242 against 83 at 25 (each probed peer seals a fresh ad, a SQLite commit whose
+# fsync wait is not in the model, and at 25 most probes need a new connection).
+KNOWN_GAPS = {
+    ("directory", "cpu_ms_per_min"): (0.5, 1 + TOLERANCE),
+    ("directory", "find_s"): (0.3, 1 + TOLERANCE),
+}
 
 
 # publish (gossip) or register (directory) every few seconds: not the calibration's rates
