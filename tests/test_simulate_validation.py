@@ -25,9 +25,12 @@ TOLERANCE = 0.25
 # The same for an owner's search there: 67-177 ms real against 71 simulated at 10
 # nodes, 242 against 83 at 25 (each probed peer seals a fresh ad, a SQLite commit whose
 # fsync wait is not in the model, and at 25 most probes need a new connection).
+# And a joiner's first table in the gossip design: 47-168 ms real against 40 simulated
+# over five runs (the joiner's own start-up competes for the 2 cores with 10 nodes).
 KNOWN_GAPS = {
     ("directory", "cpu_ms_per_min"): (0.5, 1 + TOLERANCE),
     ("directory", "find_s"): (0.3, 1 + TOLERANCE),
+    ("gossip", "find_s"): (0.2, 1 + TOLERANCE),
 }
 
 
