@@ -160,8 +160,12 @@ class PeerFinder:
             return False
         if self.needs_probe(entry) and not await self.probe(peer_id):
             return False
+        return self._fits_now(peer_id, requirements) is not None
+
+    def _fits_now(self, peer_id: str, requirements: dict[str, Any]) -> PeerEntry | None:
+        """The peer's entry if its current ad can take a job with `requirements`."""
         entry = self.peers.get(peer_id)
-        return entry is not None and unfit_reason(entry.ad, requirements) is None
+        return entry if entry is not None and unfit_reason(entry.ad, requirements) is None else None
 
     async def _probe_into(
         self,
@@ -176,8 +180,8 @@ class PeerFinder:
         if not await self.probe(peer_id):
             found.dead += 1
             return
-        entry = self.peers.get(peer_id)
-        if entry is not None and unfit_reason(entry.ad, requirements) is None:
+        entry = self._fits_now(peer_id, requirements)
+        if entry is not None:
             live[peer_id] = entry
             if len(live) >= k:
                 done.cancel()  # k answered: the slower ones are not waited for
