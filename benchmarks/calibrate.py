@@ -50,7 +50,8 @@ from benchmarks.discovery import (
     joined_times,
 )
 from benchmarks.gossip import cpu_window, settle
-from benchmarks.harness import Cluster, Node, console, free_ports, wait_for
+from benchmarks.harness import Cluster, Node, console, wait_for
+from node.localnet import free_port
 
 COSTS = Path(__file__).parent / "simulate" / "costs.json"
 MESSAGES = "meshminer_discovery_messages_total"
@@ -193,7 +194,7 @@ def host_costs() -> dict[str, float]:
 
     async def session(addr: str, first: bool) -> None:
         """A fresh host (no connection yet): one connect, then probes on it."""
-        (port,) = free_ports(1)
+        port = free_port()
         listen = f"/ip4/127.0.0.1/tcp/{port}"
         async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
             t0 = time.perf_counter()
@@ -204,7 +205,7 @@ def host_costs() -> dict[str, float]:
                 ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
                 rtts.append(time.perf_counter() - t0)
             if first:
-                (dead,) = free_ports(1)
+                dead = free_port()
                 t0 = time.perf_counter()
                 with contextlib.suppress(HostError):
                     await host.connect(f"/ip4/127.0.0.1/tcp/{dead}/p2p/{peer}")

@@ -11,10 +11,8 @@ import ctypes
 import json
 import math
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,8 @@ import httpx
 import psutil
 from rich.console import Console
 from rich.table import Table
+
+from node.localnet import free_port
 
 RESULTS_DIR = Path(__file__).parent / "results"
 MESHMINER = str(Path(sys.executable).with_name("meshminer"))
@@ -90,26 +90,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = (len(ordered) - 1) * q / 100
     low, high = math.floor(pos), math.ceil(pos)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def free_ports(n: int, taken: set[int] | None = None) -> list[int]:
-    """n distinct free TCP ports below the kernel's ephemeral range (a port from bind(0)
-    can be taken by some outbound connection's local end before the node binds it), none
-    in `taken` (ports handed out before that their node may not have bound yet)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports: list[int] = []
-    while len(ports) < n:
-        port = random.randrange(10000, low)
-        if taken is not None and port in taken:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def wait_for(cond: Callable[[], T | None], timeout: float, what: str, every: float = 0.25) -> T:
@@ -205,7 +185,6 @@ class Cluster:
         self.nodes: list[Node] = []
         self.bootstrap = ""
         self.killed: list[int] = []  # nodes that ignored SIGTERM for 5 s (a finding)
-        self.ports: set[int] = set()  # handed to this cluster's nodes
         self.start_s = 0.0
 
     def __enter__(self) -> Cluster:
@@ -235,8 +214,7 @@ class Cluster:
             # reuse node 0's cached TFLOP/s: N startup matmul benchmarks on 2 cores measure
             # nothing gossip-related and would delay and skew the start
             shutil.copy(self.nodes[0].data_dir / "capacity.json", data_dir)
-        listen, http = free_ports(2, self.ports)
-        self.ports |= {listen, http}
+        listen, http = free_port(), free_port()
         cmd = [MESHMINER, "node", "run", "--no-mdns", "--data-dir", str(data_dir)]
         cmd += ["--listen", f"/ip4/127.0.0.1/tcp/{listen}", "--http", f"127.0.0.1:{http}"]
         cmd += [*self.args, *extra, *(["--bootstrap", self.bootstrap] if self.bootstrap else [])]

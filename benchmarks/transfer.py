@@ -53,6 +53,7 @@ from nacl.signing import SigningKey
 
 from benchmarks.harness import Result, console
 from node.identity import Identity
+from node.localnet import free_port
 from node.work.blobs import BlobStore
 from node.work.transfer import (
     CHUNK_SIZE,
@@ -281,12 +282,6 @@ def libp2p_client(conn: Connection, cfg: dict[str, Any]) -> None:
                 conn.send({"seconds": seconds, "client_cpu_s": cpu, "ok": ok})
 
     trio.run(main)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- orchestration ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ spawn a thread per core spin against each other, and a round of an elastic job t
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,10 +32,45 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _measured: dict[str, bytes] = {}
 
 
+def _port_slice() -> range:
+    """Ports below the kernel's ephemeral range, one slice per pytest-xdist worker.
+
+    A port from bind(0) is an ephemeral one: an outbound connection's local end can take it
+    between our probe and the node's bind ("address already in use" under parallel tests).
+    The kernel never hands out ports below the range, so only callers of `free_port` compete
+    for them, and parallel test workers draw from disjoint slices.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first = min(10000, low // 2)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker) if worker.isdigit() else 0
+    size = (low - first) // max(workers, 1)
+    return range(first + index * size, first + (index + 1) * size)
+
+
+_next_port: list[int] = []  # this process's cursor in its slice, so no port is handed out twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now and that this process has not handed out
+    before (until it has cycled through its whole slice of thousands of ports)."""
+    ports = _port_slice()
+    if not _next_port:
+        _next_port.append(random.randrange(len(ports)))
+    for _ in range(len(ports)):
+        port = ports[_next_port[0] % len(ports)]
+        _next_port[0] += 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {ports.start}-{ports.stop - 1}")
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
