@@ -177,11 +177,7 @@ def test_hours_that_exclude_now_pause_the_running_unit_and_clearing_them_resumes
         15,
         "the worker's ad to say why it does not train",
     )
-    # the step now, not the one in the first "paused" report: under load a report sent
-    # just before the runner stopped can land after it
-    step = _job(owner, job_id)["progress"]["step"]
-    time.sleep(2)  # (measuring that nothing moves: there is no event to wait on)
-    assert _job(owner, job_id)["progress"]["step"] <= step + 100  # one report in flight
+    step = _step_at_rest(owner, job_id)
     out = _cli("node", "prefs", "hours=", "--api", worker.api)
     assert out.returncode == 0, out.stderr
     job = wait_for(
@@ -192,6 +188,21 @@ def test_hours_that_exclude_now_pause_the_running_unit_and_clearing_them_resumes
     assert job["state"] == "running" and job["attempts"] == 1
     assert any(e["note"].endswith("training again") for e in job["timeline"])
     request_json(owner.api, "POST", f"/api/v1/jobs/{job_id}/cancel")
+
+
+def _step_at_rest(owner: LocalNode, job_id: str, timeout: float = 20) -> int:
+    """The job's step once two readings 2 s apart agree. A training runner moves it by
+    hundreds a second, reported every second; a stopped one stops it, once the reports
+    already on their way (more of them the busier the machine) have landed."""
+    last: list[int] = []
+
+    def at_rest() -> int | None:
+        step = _job(owner, job_id)["progress"]["step"]
+        still = bool(last) and last[-1] == step
+        last.append(step)
+        return step if still else None
+
+    return wait_for(at_rest, timeout, "the unit's step to stop moving", interval=2.0)
 
 
 def test_owner_restarted_mid_job_reattaches_to_the_training_worker(
