@@ -2,12 +2,15 @@
 
 GPUs come from NVML (nvidia-ml-py) when present, else from torch; a node without a
 GPU advertises its CPU. Throughput is measured, not looked up: a short matmul loop
-at startup gives TFLOP/s, cached in the data dir (keyed by hardware and torch
-version) so restarts are quick, and re-measured when the user asks.
+at first start gives TFLOP/s, cached in the data dir with what else needs torch to
+learn (keyed by hardware and torch build), so a restart neither measures nor imports
+torch, and re-measured when the user asks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -46,12 +49,6 @@ def determinism_class(gpus: list[GpuInfo]) -> str:
     else:
         parts += [torch.backends.cpu.get_cpu_capability(), f"threads {torch.get_num_threads()}"]
     return " | ".join(parts)[:200]
-
-
-def discover_gpus() -> list[GpuInfo]:
-    """The accelerators on this machine, or the CPU as the single device."""
-    gpus = _nvml_gpus() or _torch_gpus()
-    return gpus or [_cpu_info()]
 
 
 def _nvml_gpus() -> list[GpuInfo]:
@@ -153,25 +150,71 @@ def _sync(device: str) -> None:
 
 
 def local_capacity(data_dir: Path, refresh: bool = False) -> LocalCapacity:
-    """Devices and throughput, using the cached benchmark unless `refresh`."""
+    """Devices and throughput, from the data dir's cache unless `refresh` or the machine
+    changed. A cache hit does not import torch: that is 1.7 s of CPU, more than half of
+    what a node's start costs."""
+    cache = data_dir / CACHE_FILE
+    nvml_gpus = _nvml_gpus()
+    fingerprint = machine_fingerprint(nvml_gpus)
+    if not refresh and fingerprint is not None:
+        cached = _read_cache(cache, fingerprint, nvml_gpus or [_cpu_info()])
+        if cached is not None:
+            return cached
     import torch
 
-    gpus = discover_gpus()
-    cuda_version = torch.version.cuda or ""
-    fingerprint = json.dumps([[g.name for g in gpus], torch.__version__, cuda_version])
-    cache = data_dir / CACHE_FILE
-    tflops = None if refresh else _cached_tflops(cache, fingerprint)
-    if tflops is None:
-        device = "cuda" if gpus[0].kind == "cuda" else "cpu"
-        tflops = measure_tflops(device)
-        log.info("measured %.3f TFLOP/s on %s (%s)", tflops, gpus[0].name, device)
+    gpus = nvml_gpus or _torch_gpus() or [_cpu_info()]
+    device = "cuda" if gpus[0].kind == "cuda" else "cpu"
+    tflops = measure_tflops(device)
+    log.info("measured %.3f TFLOP/s on %s (%s)", tflops, gpus[0].name, device)
+    capacity = LocalCapacity(
+        gpus, tflops, torch.__version__, torch.version.cuda or "", determinism_class(gpus)
+    )
+    if fingerprint is not None:
         cache.write_text(
-            json.dumps({"fingerprint": fingerprint, "tflops": tflops, "measured_at": time.time()})
+            json.dumps(
+                {
+                    "fingerprint": fingerprint,
+                    "tflops": tflops,
+                    "torch_version": capacity.torch_version,
+                    "cuda_version": capacity.cuda_version,
+                    "determinism": capacity.determinism,
+                    "measured_at": time.time(),
+                }
+            )
         )
-    return LocalCapacity(gpus, tflops, torch.__version__, cuda_version, determinism_class(gpus))
+    return capacity
 
 
-def _cached_tflops(cache: Path, fingerprint: str) -> float | None:
+def machine_fingerprint(nvml_gpus: list[GpuInfo]) -> str | None:
+    """What the cached figures depend on, read without importing torch: the GPUs NVML
+    sees, torch's build, the CPU and the thread settings. None where only torch can
+    tell whether there is a GPU (a GPU driver is loaded but NVML cannot be asked)."""
+    if not nvml_gpus and any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/kfd")):
+        return None
+    try:
+        torch_build = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY")}
+    cores = [os.cpu_count(), len(os.sched_getaffinity(0))]
+    return json.dumps([[g.name for g in nvml_gpus], torch_build, _cpu_model(), cores, threads])
+
+
+def _cpu_model() -> str:
+    """The CPU's model and instruction-set flags, which pick torch's CPU kernels."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(
+        line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line
+    )
+    model = fields.get("model name", "").strip()
+    flags = fields.get("flags", "").strip()
+    return f"{platform.machine()} {model} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def _read_cache(cache: Path, fingerprint: str, gpus: list[GpuInfo]) -> LocalCapacity | None:
     try:
         data = json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -179,4 +222,9 @@ def _cached_tflops(cache: Path, fingerprint: str) -> float | None:
     if not isinstance(data, dict) or data.get("fingerprint") != fingerprint:
         return None
     tflops = data.get("tflops")
-    return float(tflops) if isinstance(tflops, int | float) and tflops >= 0 else None
+    texts = [data.get(k) for k in ("torch_version", "cuda_version", "determinism")]
+    if not isinstance(tflops, int | float) or not tflops >= 0:
+        return None
+    if not all(isinstance(t, str) and len(t) <= 200 for t in texts):
+        return None
+    return LocalCapacity(gpus, float(tflops), *texts)

@@ -1,0 +1,84 @@
+"""The capacity cache: a node's first start measures and imports torch; a restart on the
+same machine reads the cache and does neither; a changed machine or a bad cache file
+means measuring again, never an error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.capacity import CACHE_FILE, LocalCapacity, local_capacity
+
+READ_IN_A_FRESH_INTERPRETER = """
+import json, sys
+from pathlib import Path
+from node.capacity import local_capacity
+c = local_capacity(Path(sys.argv[1]))
+print(json.dumps({"torch_imported": "torch" in sys.modules, "tflops": c.tflops,
+                  "torch_version": c.torch_version, "cuda_version": c.cuda_version,
+                  "determinism": c.determinism, "device": c.gpus[0].kind}))
+"""
+
+
+def _fresh_read(data_dir: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", READ_IN_A_FRESH_INTERPRETER, str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LocalCapacity]:
+    data_dir = tmp_path_factory.mktemp("capacity")
+    return data_dir, local_capacity(data_dir)
+
+
+def test_a_restart_reads_the_cache_without_importing_torch(
+    measured: tuple[Path, LocalCapacity],
+) -> None:
+    data_dir, first = measured
+    assert first.tflops > 0 and first.torch_version and first.determinism
+    again = _fresh_read(data_dir)
+    assert again == {
+        "torch_imported": False,
+        "tflops": first.tflops,
+        "torch_version": first.torch_version,
+        "cuda_version": first.cuda_version,
+        "determinism": first.determinism,
+        "device": first.gpus[0].kind,
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: {**d, "fingerprint": "another machine"},
+        lambda d: {**d, "tflops": "fast"},
+        lambda d: {**d, "determinism": "x" * 201},
+        lambda d: [d],
+    ],
+    ids=["other machine", "not a number", "too long", "not an object"],
+)
+def test_a_cache_that_does_not_fit_is_measured_again(
+    measured: tuple[Path, LocalCapacity], tmp_path: Path, change
+) -> None:
+    cached = json.loads((measured[0] / CACHE_FILE).read_text())
+    (tmp_path / CACHE_FILE).write_text(json.dumps(change(cached)))
+    result = _fresh_read(tmp_path)
+    assert result["torch_imported"] and result["tflops"] > 0
+    rewritten = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert rewritten["fingerprint"] == cached["fingerprint"]
+    assert rewritten["measured_at"] > cached["measured_at"]
+
+
+def test_garbage_in_the_cache_file_is_measured_over(tmp_path: Path) -> None:
+    (tmp_path / CACHE_FILE).write_bytes(b"\xff\x00{not json")
+    assert local_capacity(tmp_path).tflops > 0
+    assert json.loads((tmp_path / CACHE_FILE).read_text())["tflops"] > 0
