@@ -31,3 +31,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (in their own order), so that two workers do not end with one
+    running a long test while the other sits idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
