@@ -50,6 +50,21 @@ def test_silent_peers_expire_after_the_ttl(tmp_path: Path) -> None:
     assert [e.ad.peer_id for e in table.entries()] == [peer_id_of(chatty)]
 
 
+def test_a_peers_class_outlives_its_expired_entry_within_a_bound(tmp_path: Path) -> None:
+    """A spot check of a result whose worker's ad lapsed compares within its class."""
+    clock = Clock()
+    table = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=clock, max_peers=2)
+    keys = [SigningKey.generate() for _ in range(6)]
+    for i, key in enumerate(keys):
+        ad = capacity_ad(peer_id_of(key), 1, determinism=f"class {i}")
+        table.accept(ad, seal(ad, key))
+    clock.now += 11
+    assert len(table.expire()) == 2 and not table.entries()
+    assert table.determinism_of(peer_id_of(keys[-1])) == "class 5"
+    assert table.determinism_of(peer_id_of(keys[0])) == ""  # beyond 2 x max_peers
+    assert table.determinism_of("never heard of") == ""
+
+
 def test_restart_restores_entries_marked_stale_until_heard_from(tmp_path: Path) -> None:
     clock = Clock()
     key = SigningKey.generate()

@@ -81,6 +81,7 @@ class PeerTable:
         self.evicted = 0
         self._clock = clock
         self._entries: dict[str, PeerEntry] = {}
+        self._classes: dict[str, str] = {}  # peer -> determinism class, outliving its entry
         self._pending: dict[str, dict] | None = None  # rows to write at the end of a batch
         self._restore()
 
@@ -106,6 +107,13 @@ class PeerTable:
     def get(self, peer_id: str) -> PeerEntry | None:
         return self._entries.get(peer_id)
 
+    def determinism_of(self, peer_id: str) -> str:
+        """The determinism class `peer_id` last declared, also after its entry expired
+        (under load a worker's ad can lapse while its result is being checked); "" for
+        a peer never heard from."""
+        entry = self._entries.get(peer_id)
+        return entry.ad.determinism if entry is not None else self._classes.get(peer_id, "")
+
     def accept(self, ad: CapacityAd, envelope: bytes, via: str = "gossip") -> str | None:
         """Store a verified ad if it is newer; returns "joined", "updated" or None."""
         current = self._entries.get(ad.peer_id)
@@ -118,6 +126,10 @@ class PeerTable:
         self._entries[ad.peer_id] = PeerEntry(
             ad, envelope, last_seen=now, refreshed_at=now, joined_at=joined, via=via
         )
+        self._classes.pop(ad.peer_id, None)
+        self._classes[ad.peer_id] = ad.determinism
+        if len(self._classes) > 2 * self.max_peers:
+            del self._classes[next(iter(self._classes))]
         row = {"peer_id": ad.peer_id, "seq": ad.seq, "envelope": envelope, "last_seen": now}
         if self._pending is not None:
             self._pending[ad.peer_id] = row

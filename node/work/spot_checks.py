@@ -128,7 +128,7 @@ class SpotChecks:
         chosen = choose_segments(len(steps) - 1, budget, streak, rng)
         reported = _reported_segments(sub, steps, chosen, rng)
         chosen = sorted({*chosen, *reported})
-        cross = self._class_of(sub.peer) != self.ctx.own_ad().determinism
+        cross = self.ctx.peers.determinism_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
         table = replay_table(steps, chosen, cps, cross)
         for segment, i in zip(table["segments"], chosen, strict=True):
@@ -268,10 +268,6 @@ class SpotChecks:
                 if sha in self._fetched:
                     self._fetched.discard(sha)
                     self.ctx.blobs.remove(sha)
-
-    def _class_of(self, peer: str) -> str:
-        entry = self.ctx.peers.get(peer)
-        return entry.ad.determinism if entry is not None else ""
 
 
 def _claimed(result: Result, index: int) -> str:
