@@ -34,6 +34,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first (in their own order), so that two workers do not end with one
-    running a long test while the other sits idle."""
+    """Slow tests first (in their own order), so that the run does not end with one
+    worker in a long test while the other sits idle. (`make test` hands tests out with
+    `--dist worksteal`: under xdist's default, one worker's first batch would hold
+    every slow test and the other could take none of them.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
