@@ -176,7 +176,7 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         policy = {"load_limit_pct": 20}
         request_json(symmetric.api, "PUT", "/api/v1/policy", policy, token=symmetric.token)
         unchecked = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
-        spec = digits_toml("relay-stops", steps=4000, hidden=(32,), lr=3e-3, gpu="none",
+        spec = digits_toml("relay-stops", steps=2000, hidden=(32,), lr=3e-3, gpu="none",
                            extra=unchecked)  # fmt: skip
         job_id = owner.submit_spec(spec)
         try:
