@@ -110,15 +110,17 @@ def _discovery(node: Node) -> dict[str, Any]:
     return node.get(STATUS)["discovery"]
 
 
-def _wait_steady(setup: Setup, nodes: list[Node]) -> None:
+def _wait_steady(setup: Setup, nodes: list[Node], timeout: float) -> None:
     """Every node lists every other (gossip) or is registered and quiet (directory)."""
     if setup.design == "gossip":
         want = setup.nodes - 1
-        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= want for n in nodes), 180, "all listed")
+        wait_for(lambda: all(len(n.get("/api/v1/peers")) >= want for n in nodes), timeout,
+                 "all listed")  # fmt: skip
     else:
         directory, volunteers = nodes[0], nodes[1:]
         want = setup.nodes - 1
-        wait_for(lambda: _discovery(directory).get("directory_holds") == want, 180, "registered")
+        wait_for(lambda: _discovery(directory).get("directory_holds") == want, timeout,
+                 "registered")  # fmt: skip
         wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 120, "quiet")
         # the ads gossiped before the switch expire from every table
         wait_for(
@@ -202,12 +204,18 @@ def _drop(setup: Setup, nodes: list[Node], victims: list[Node]) -> list[float]:
     return sorted(gone.values())
 
 
-def measure(setup: Setup, window_s: float = 30.0, finds: int = 3, kills: int = 5) -> Measured:
+def measure(
+    setup: Setup,
+    window_s: float = 30.0,
+    finds: int = 3,
+    kills: int = 5,
+    settle_s: float = 180.0,
+) -> Measured:
     """Start the network, let it settle, measure CPU, then finds, then deaths."""
     first = ["--directory"] if setup.design == "directory" else []
     with Cluster(setup.args()) as cluster:
         nodes = cluster.start(setup.nodes, first=first)
-        _wait_steady(setup, nodes)
+        _wait_steady(setup, nodes, settle_s)
         volunteers = nodes[1:] if setup.design == "directory" else nodes
         connections = statistics.mean(n.get(STATUS)["connections"] for n in volunteers)
         window = cpu_window(nodes, window_s)
@@ -304,6 +312,10 @@ def main() -> None:
     parser.add_argument("--design", nargs="+", default=["gossip", "directory"])
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--costs", default=None, help="the simulator's costs file")
+    parser.add_argument(
+        "--interval", type=float, default=None, help="publish (gossip) or register interval, s"
+    )
+    parser.add_argument("--settle", type=float, default=180.0, help="s for a network to settle")
     args = parser.parse_args()
     result = Result(
         "discovery",
@@ -312,7 +324,13 @@ def main() -> None:
     )
     for design in args.design:
         for n in args.nodes:
-            measured = measure(Setup(design, n), args.window)
+            try:
+                setup = Setup(design, n, args.interval)
+                measured = measure(setup, args.window, settle_s=args.settle)
+            except TimeoutError as exc:  # a network this machine cannot hold: say so, go on
+                result.add(design, n, "did not settle", str(exc), "", "")
+                result.show()
+                continue
             sim = simulated(measured, load_costs(args.costs))
             ratios = compare(measured, sim)
             for key, real in measured.summary().items():
