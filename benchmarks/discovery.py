@@ -49,6 +49,7 @@ STATUS = "/api/v1/status"
 K = 8
 DIRECTORY_TTL_S = 15.0
 DROP_SAMPLE = 5
+WAVE = 10  # nodes started at once
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Measured:
     find_s: list[float] = field(default_factory=list)
     drop_s: list[float] = field(default_factory=list)
     others_cores: float = 0.0  # CPU the rest of the machine used meanwhile
+    probe_connected: float | None = None  # share of probes that found a connection open
     start_s: float = 0.0
 
     def summary(self) -> dict[str, float]:
@@ -108,6 +110,25 @@ class Measured:
 
 def _discovery(node: Node) -> dict[str, Any]:
     return node.get(STATUS)["discovery"]
+
+
+def _start_in_waves(
+    setup: Setup, cluster: Cluster, first: list[str], timeout: float, wave: int = WAVE
+) -> list[Node]:
+    """`wave` nodes at a time, each wave registered (directory) before the next: 50
+    nodes started at once on 2 cores gossip their ads until they learn the network is
+    large, and that start-up storm kept a 50-node network from settling in 180 s."""
+    nodes = cluster.start(min(wave, setup.nodes), timeout, first)
+    while len(nodes) < setup.nodes:
+        for _ in range(min(wave, setup.nodes - len(nodes))):
+            cluster.add()
+        for node in nodes[-wave:]:
+            node.peer_id = wait_for(lambda n=node: n.get(STATUS)["peer_id"], timeout, "APIs")
+        if setup.design == "directory":
+            want = len(nodes) - 1
+            wait_for(lambda w=want: _discovery(nodes[0]).get("directory_holds") == w, timeout,
+                     "a wave registered")  # fmt: skip
+    return nodes
 
 
 def _wait_steady(setup: Setup, nodes: list[Node], timeout: float) -> None:
@@ -131,21 +152,29 @@ def _wait_steady(setup: Setup, nodes: list[Node], timeout: float) -> None:
     settle(nodes)
 
 
-def _find(setup: Setup, cluster: Cluster, nodes: list[Node], count: int) -> list[float]:
+def _find(
+    setup: Setup, cluster: Cluster, nodes: list[Node], count: int
+) -> tuple[list[float], float | None]:
+    """Seconds each search took, and (directory) the share of its probes that went over
+    a connection already open: what the simulator is told, since which candidates an
+    owner happens to be connected to is not something it models."""
     times = []
     if setup.design == "directory":
+        probed = connected = 0
         for owner in nodes[1 : 1 + count]:
             found = owner.get(f"/api/v1/peers/find?k={setup.k}")
             if len(found["peers"]) < setup.k:
                 raise RuntimeError(f"found {len(found['peers'])} of {setup.k}: {found}")
             times.append(found["seconds"])
-        return times
+            probed += found["probed"]
+            connected += found["connected"]
+        return times, connected / probed if probed else None
     for _ in range(count):
         others = len(cluster.nodes)
         joiner = cluster.add()
         wait_for(lambda j=joiner, n=others: len(j.get("/api/v1/peers")) >= n, 60, "all listed")
         times.append(joined_after_up(joiner, others))  # its first table holds them all
-    return times
+    return times, None
 
 
 def joined_after_up(node: Node, k: int) -> float:
@@ -214,7 +243,7 @@ def measure(
     """Start the network, let it settle, measure CPU, then finds, then deaths."""
     first = ["--directory"] if setup.design == "directory" else []
     with Cluster(setup.args()) as cluster:
-        nodes = cluster.start(setup.nodes, first=first)
+        nodes = _start_in_waves(setup, cluster, first, settle_s)
         _wait_steady(setup, nodes, settle_s)
         volunteers = nodes[1:] if setup.design == "directory" else nodes
         connections = statistics.mean(n.get(STATUS)["connections"] for n in volunteers)
@@ -228,7 +257,7 @@ def measure(
             others_cores=window["others_cores"],
             start_s=cluster.start_s,
         )
-        measured.find_s = _find(setup, cluster, nodes, finds)
+        measured.find_s, measured.probe_connected = _find(setup, cluster, nodes, finds)
         measured.drop_s = _drop(setup, nodes, nodes[setup.nodes - kills : setup.nodes])
         return measured
 
@@ -247,6 +276,7 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
         publish_interval_s=setup.publish_interval_s,
         peer_ttl_s=setup.ttl_s,
         connections=max(1, round(measured.connections)),
+        probe_connected=measured.probe_connected,
         directories=1,
         directory_peers=1,
         register_interval_s=setup.register_interval_s,

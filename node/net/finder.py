@@ -74,6 +74,7 @@ class Found:
     peers: list[PeerEntry]
     candidates: int = 0  # fitting peers it considered
     probed: int = 0
+    connected: int = 0  # probed over a connection already open (the rest dialled first)
     dead: int = 0  # probed and did not answer
     from_directories: int = 0  # ads the directories returned
     seconds: float = 0.0
@@ -84,6 +85,7 @@ class Found:
             "peers": [e.to_json() for e in self.peers],
             "candidates": self.candidates,
             "probed": self.probed,
+            "connected": self.connected,
             "dead": self.dead,
             "from_directories": self.from_directories,
             "seconds": round(self.seconds, 3),
@@ -177,6 +179,7 @@ class PeerFinder:
         done: trio.CancelScope,
     ) -> None:
         found.probed += 1
+        found.connected += peer_id in self.host.connected_peers()
         if not await self.probe(peer_id):
             found.dead += 1
             return
