@@ -46,6 +46,11 @@ def lock_data_dir(data_dir: Path) -> IO[bytes]:
 def open_node_db(data_dir: Path) -> sqlite_utils.Database:
     db = sqlite_utils.Database(data_dir / NODE_DB)
     db.enable_wal()
+    # As for the ledger (docs/ledger.md): a commit reaches the WAL without an fsync, so a
+    # crash of the process loses nothing and a power cut only the last commits. With
+    # SQLite's default (FULL) every ad taken in or sealed waited on the disk inside the
+    # event loop: 4 ms at the median, 20 at p90, 270 at worst on the test VM.
+    db.execute("PRAGMA synchronous=NORMAL")
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
     db["peers"].create(
         {"peer_id": str, "seq": int, "envelope": bytes, "last_seen": float},
