@@ -36,7 +36,22 @@ def _registration(peers: PeerTable, counts: dict[str, int], own: int = 0) -> Reg
     reg.identity = type("I", (), {"peer_id": "me"})()
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
     reg.is_directory, reg.own_count, reg.registered = False, lambda: own, counts
+    reg._failed_until, reg._failures = {}, {}
     return reg
+
+
+def test_a_directory_that_failed_is_skipped_briefly_then_for_longer(tmp_path: Path) -> None:
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
+    key = SigningKey.generate()
+    ad = capacity_ad(peer_id_of(key), 1, directory=True)
+    peers.accept(ad, seal(ad, key))
+    directory = peer_id_of(key)
+    reg = _registration(peers, {})
+    assert [reg.failed(directory) for _ in range(7)] == [5, 10, 20, 40, 80, 120, 120]
+    now = time.monotonic()
+    assert reg.chosen(now) == [] and reg.chosen(now + 121) == [directory]
+    reg._failures.clear()  # what an answer does
+    assert reg.failed(directory) == 5
 
 
 def test_the_size_estimate_is_the_median_so_one_lying_directory_changes_nothing(

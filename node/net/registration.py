@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 QUERY_DIRECTORIES = 2  # an owner asks this many at once: one may hide peers, or be gone
 REQUEST_TIMEOUT_S = 5.0
-FAILED_PAUSE_S = 120.0  # a directory that did not answer is skipped this long
+RETRY_FIRST_S = 5.0  # a directory that did not answer is skipped this long, doubling
+FAILED_PAUSE_S = 120.0  # up to this
 
 
 def rendezvous_order(own: str, candidates: list[str]) -> list[str]:
@@ -76,6 +77,7 @@ class Registration:
         self.registered: dict[str, int] = {}  # directory -> peers it held at our last call
         self._registered_at: dict[str, float] = {}
         self._failed_until: dict[str, float] = {}
+        self._failures: dict[str, int] = {}  # directory -> failures in a row
 
     # -- what the node knows -------------------------------------------------------
 
@@ -147,6 +149,18 @@ class Registration:
             wake = min((self._next_due(d) for d in self.chosen(time.monotonic())), default=1e18)
             await trio.sleep(min(1.0, max(0.0, wake - time.monotonic())))
 
+    def failed(self, directory: str) -> float:
+        """Skip `directory` for a while, and return how long: 5 s after one failure,
+        doubling up to 120 s. A directory slow for a moment (its machine busy) is asked
+        again soon: with a fixed 120 s pause, every volunteer of a 50-node network
+        whose directory stalled once was registered nowhere, and unfindable, for two
+        minutes. A dead one is asked rarely."""
+        failures = self._failures.get(directory, 0) + 1
+        self._failures[directory] = failures
+        pause = min(FAILED_PAUSE_S, RETRY_FIRST_S * 2 ** (failures - 1))
+        self._failed_until[directory] = time.monotonic() + pause
+        return pause
+
     def _next_due(self, directory: str) -> float:
         return self._registered_at.get(directory, -1e18) + self.interval_s
 
@@ -160,10 +174,12 @@ class Registration:
             with self.cost.checking():
                 reply = self._open_reply(raw, directory)
         except (HostError, ProtocolError) as exc:
-            self._failed_until[directory] = time.monotonic() + FAILED_PAUSE_S
             self._registered_at.pop(directory, None)
-            log.info("registering with directory %s failed: %s", directory, exc)
+            pause = self.failed(directory)
+            log.info("registering with directory %s failed (again in %g s): %s",
+                     directory, pause, exc)  # fmt: skip
             return
+        self._failures.pop(directory, None)
         if directory not in self._registered_at:
             log.info("registered with directory %s (%d peers there)", directory, reply.registered)
         self._registered_at[directory] = sent_at
@@ -206,9 +222,11 @@ class Registration:
                 with self.cost.checking():
                     reply = self._open_reply(raw, directory)
             except (HostError, ProtocolError) as exc:
-                self._failed_until[directory] = time.monotonic() + FAILED_PAUSE_S
-                log.info("query to directory %s failed: %s", directory, exc)
+                pause = self.failed(directory)
+                log.info("query to directory %s failed (again in %g s): %s",
+                         directory, pause, exc)  # fmt: skip
                 return
+            self._failures.pop(directory, None)
             self.registered[directory] = reply.registered
             found.extend(reply.ads)
 
