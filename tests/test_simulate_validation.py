@@ -21,13 +21,13 @@ TOLERANCE = 0.25
 # held to the spread measured between runs of this very configuration rather than to
 # the tolerance (docs/performance.md, "The simulator against real networks"), since
 # on this shared 2-core VM one configuration's real figures move that much from run to
-# run: the directory volunteers' CPU (sim / real 0.61-1.27 over the runs so far), the
-# owner's search (0.34-1.43: 61-177 ms real, a few probes each) and, in the gossip
+# run: the directory volunteers' CPU (sim / real 0.61-1.47 over the runs so far), the
+# owner's search (0.34-1.51: 49-177 ms real, a few probes each) and, in the gossip
 # design, a joiner's first table (0.33-0.95: 42-131 ms real, its own start-up sharing
 # the 2 cores with 10 nodes). Narrow them once the real figures hold still.
 KNOWN_GAPS = {
-    ("directory", "cpu_ms_per_min"): (0.5, 1.5),
-    ("directory", "find_s"): (0.3, 1.5),
+    ("directory", "cpu_ms_per_min"): (0.5, 1.6),
+    ("directory", "find_s"): (0.3, 1.6),
     ("gossip", "find_s"): (0.2, 1 + TOLERANCE),
 }
 
