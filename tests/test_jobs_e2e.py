@@ -311,7 +311,10 @@ def test_a_worker_with_room_trains_two_units_at_once(
     owner = localnet.add(["--not-accepting"])
     worker = localnet.add(["--max-units", "2"])
     localnet.wait_all_see_each_other(timeout=20)
-    ids = [_submit(owner, _spec(tmp_path, steps=2500, name=f"j{i}.toml")) for i in range(3)]
+    # long enough that both still train when the owner hears of the second: with 2,500
+    # steps a loaded machine's first unit had finished (its room going to the third)
+    # before the owner listed two jobs running
+    ids = [_submit(owner, _spec(tmp_path, steps=6000, name=f"j{i}.toml")) for i in range(3)]
     wait_for(
         lambda: (
             sum(_job(owner, i)["state"] == "running" for i in ids) == 2
