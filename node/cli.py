@@ -90,6 +90,16 @@ def node_run(
     target_peers: Annotated[
         int | None, typer.Option(help="connections to keep open [default 8]")
     ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="above this many connections, close idle ones [default 4 x target peers]"
+        ),
+    ] = None,
+    connection_idle: Annotated[
+        float | None,
+        typer.Option(help="seconds without a new stream before a connection is idle [default 60]"),
+    ] = None,
     accepting: Annotated[
         bool | None,
         typer.Option("--accepting/--not-accepting", help="accept work from peers [default yes]"),
@@ -171,6 +181,8 @@ def node_run(
         "peer_ttl_s": peer_ttl,
         "gossip_rate_limit": gossip_rate_limit,
         "target_peers": target_peers,
+        "max_connections": max_connections,
+        "connection_idle_s": connection_idle,
         "accepting": accepting,
         "load_limit_pct": load_limit,
         "max_job_hours": max_job_hours,

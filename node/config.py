@@ -112,6 +112,20 @@ class Settings:
         default=8,
         metadata=_meta("connect to peers learned from ads until this many are connected"),
     )
+    max_connections: int = field(
+        default=0,
+        metadata=_meta(
+            "above this many open connections, close the idle ones down to target_peers; "
+            "0 = 4 x target_peers (at least 16)"
+        ),
+    )
+    connection_idle_s: float = field(
+        default=0.0,
+        metadata=_meta(
+            "seconds without a new stream before a connection counts as idle; "
+            "0 = 2 x the registration interval (at least 60)"
+        ),
+    )
     lease_s: float = field(
         default=15.0,
         metadata=_meta("seconds a worker may go without a heartbeat before its unit is re-offered"),
@@ -214,6 +228,12 @@ class Settings:
         _check_range("peer_ttl_s", self.peer_ttl_s >= 0, "must be >= 0")
         _check_range("gossip_rate_limit", self.gossip_rate_limit > 0, "must be > 0")
         _check_range("target_peers", self.target_peers >= 0, "must be >= 0")
+        _check_range(
+            "max_connections",
+            self.max_connections == 0 or self.max_connections >= self.target_peers,
+            "must be 0 or at least target_peers",
+        )
+        _check_range("connection_idle_s", self.connection_idle_s >= 0, "must be >= 0")
         _check_range("directory_peers", 0 <= self.directory_peers <= 8, "must be 0..8")
         _check_range(
             "register_interval_s",

@@ -24,6 +24,7 @@ from node.identity import Identity, load_or_create_api_token
 from node.idle import IdleSensor, process_cpu_s
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
+from node.net.connections import ConnectionLimits, trim_connections
 from node.net.directory import Directory
 from node.net.discovery import keep_connected
 from node.net.evidence_gossip import EvidenceGossip
@@ -225,6 +226,19 @@ async def _serve(
                 )
                 nursery.start_soon(watch_peers, peers, events)
                 nursery.start_soon(keep_connected, host, settings.bootstrap, settings.target_peers)
+                limits = ConnectionLimits.for_node(
+                    settings.target_peers,
+                    settings.register_every_s,
+                    settings.max_connections,
+                    settings.connection_idle_s,
+                )
+                nursery.start_soon(
+                    trim_connections,
+                    host,
+                    limits,
+                    metrics,
+                    lambda: set(registration.directories()),
+                )
                 nursery.start_soon(
                     keep_reachable, host, settings.bootstrap, peers.relays, node.gossip.changed
                 )

@@ -36,6 +36,11 @@ class NodeMetrics:
         self.connections = Gauge(
             "meshminer_connections", "Open libp2p connections", registry=self.registry
         )
+        self.connections_trimmed = Counter(
+            "meshminer_connections_trimmed",
+            "Idle connections closed because more than the high water mark were open",
+            registry=self.registry,
+        )
         self.receipts_rejected = Counter(
             "meshminer_receipts_rejected",
             "Gossiped receipts rejected before delivery, by reason",

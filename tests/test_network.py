@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -95,3 +96,34 @@ def test_mdns_finds_lan_peers_without_bootstrap(localnet: LocalNetwork) -> None:
     localnet.add(["--mdns"], bootstrap=False)
     localnet.add(["--mdns"], bootstrap=False)
     localnet.wait_all_see_each_other(timeout=30)
+
+
+def _metric(node, name: str) -> float:  # noqa: ANN001
+    with urllib.request.urlopen(f"{node.api}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(f"{name} "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in {node.name}'s /metrics")
+
+
+def test_a_node_with_too_many_connections_closes_the_idle_ones(localnet: LocalNetwork) -> None:
+    hub = localnet.add(["--target-peers", "1", "--max-connections", "2", "--connection-idle", "1"])
+    others = localnet.add_many(4, ["--target-peers", "3"])  # each dials the hub, its bootstrap
+    localnet.wait_all_see_each_other(timeout=30)
+    wait_for(
+        lambda: _metric(hub, "meshminer_connections_trimmed_total") >= 2,
+        30,
+        "the hub to close idle connections",
+    )
+    # the others find their three connections among themselves, not by dialling the hub
+    # back (a peer that closed on them waits a minute)
+    wait_for(
+        lambda: (
+            hub.get("/api/v1/status")["connections"] <= 2
+            and all(n.get("/api/v1/status")["connections"] >= 3 for n in others)
+        ),
+        30,
+        "the hub to keep at most 2 connections and every other node 3",
+    )
+    # gossip still carries every ad over what is left, the hub's own included
+    localnet.wait_all_see_each_other(timeout=15)

@@ -56,23 +56,30 @@ class HostError(Exception):
 
 
 class _ConnectionWatcher(INotifee):
-    """Forwards connection events into a trio channel (notifees must not block)."""
+    """Forwards connection events into a trio channel (notifees must not block), and
+    notes when each peer last opened a stream (`MeshHost.connection_idle_s`)."""
 
-    def __init__(self, send: trio.MemorySendChannel[tuple[str, str]]) -> None:
+    def __init__(
+        self, send: trio.MemorySendChannel[tuple[str, str]], last_stream: dict[str, float]
+    ) -> None:
         self._send = send
+        self._last_stream = last_stream
 
     def _emit(self, event: str, conn: INetConn) -> None:
         with suppress(trio.WouldBlock, trio.ClosedResourceError, AttributeError):
             self._send.send_nowait((event, conn.muxed_conn.peer_id.to_base58()))
 
     async def connected(self, network, conn) -> None:  # type: ignore[override]
+        with suppress(AttributeError):
+            self._last_stream[conn.muxed_conn.peer_id.to_base58()] = trio.current_time()
         self._emit("connected", conn)
 
     async def disconnected(self, network, conn) -> None:  # type: ignore[override]
         self._emit("disconnected", conn)
 
     async def opened_stream(self, network, stream) -> None:  # type: ignore[override]
-        pass
+        with suppress(AttributeError):
+            self._last_stream[stream.muxed_conn.peer_id.to_base58()] = trio.current_time()
 
     async def closed_stream(self, network, stream) -> None:  # type: ignore[override]
         pass
@@ -115,7 +122,9 @@ class MeshHost:
         )
         self._pubsub = Pubsub(self._host, self._gossipsub, strict_signing=True)
         self._events_send, self.connection_events = trio.open_memory_channel[tuple[str, str]](256)
-        self._host.get_network().register_notifee(_ConnectionWatcher(self._events_send))
+        self._last_stream: dict[str, float] = {}  # peer -> when it last opened a stream
+        watcher = _ConnectionWatcher(self._events_send, self._last_stream)
+        self._host.get_network().register_notifee(watcher)
         self.peer_id = identity.peer_id
         self._subscriptions: dict[str, object] = {}
         self.relay = Relay(self._host, relay)
@@ -144,7 +153,14 @@ class MeshHost:
                 mesh.relay.running(),
             ):
                 await mesh._pubsub.wait_until_ready()
-                yield mesh
+                try:
+                    yield mesh
+                finally:
+                    # connections go before Pubsub stops: a message arriving while it
+                    # stops made the library raise "Nursery is closed to new arrivals"
+                    # out of trio.run, and the node exited with code 1
+                    with trio.CancelScope(shield=True), trio.move_on_after(3):
+                        await mesh._close()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(3):
                 await mesh._close()
@@ -181,6 +197,31 @@ class MeshHost:
 
     def connected_peers(self) -> set[str]:
         return {p.to_base58() for p in self._host.get_connected_peers()}
+
+    def connection_idle_s(self) -> dict[str, float]:
+        """Each connected peer: seconds since it last opened a stream (either way) or
+        connected; 0 while a stream other than GossipSub's is open (a circuit, a
+        transfer, a request in flight)."""
+        now = trio.current_time()
+        network = self._host.get_network()
+        idle = {}
+        for pid in self._host.get_connected_peers():
+            peer = pid.to_base58()
+            streams = (s for c in network.get_connections(pid) for s in c.get_streams())
+            if any(s.get_protocol() not in GOSSIPSUB_PROTOCOLS for s in streams):
+                idle[peer] = 0.0
+            else:
+                idle[peer] = now - self._last_stream.get(peer, now)
+        for gone in self._last_stream.keys() - idle.keys():
+            del self._last_stream[gone]
+        return idle
+
+    async def disconnect(self, peer_id: str) -> None:
+        """Close every connection to `peer_id` (best effort: it may be closing already)."""
+        try:
+            await self._host.disconnect(ID.from_base58(peer_id))
+        except Exception as exc:
+            log.debug("disconnect %s: %s", peer_id, exc)
 
     def known_dialable_peers(self) -> dict[str, list[str]]:
         """Peers in the peerstore with addresses (filled by mDNS and by `remember`)."""
