@@ -92,9 +92,7 @@ def node_run(
     ] = None,
     max_connections: Annotated[
         int | None,
-        typer.Option(
-            help="above this many connections, close idle ones [default 4 x target peers]"
-        ),
+        typer.Option(help="above this many connections, close idle ones [default 16]"),
     ] = None,
     connection_idle: Annotated[
         float | None,

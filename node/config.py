@@ -116,7 +116,7 @@ class Settings:
         default=0,
         metadata=_meta(
             "above this many open connections, close the idle ones down to target_peers; "
-            "0 = 4 x target_peers (at least 16)"
+            "0 = 2 x target_peers (at least 16)"
         ),
     )
     connection_idle_s: float = field(

@@ -25,7 +25,7 @@ def test_protected_and_recently_used_connections_stay_even_if_the_mark_is_missed
 
 
 def test_defaults_follow_target_peers_and_the_registration_interval() -> None:
-    assert ConnectionLimits.for_node(8, 30.0) == ConnectionLimits(8, 32, 60.0)
-    assert ConnectionLimits.for_node(2, 30.0) == ConnectionLimits(2, 16, 60.0)
+    assert ConnectionLimits.for_node(8, 30.0) == ConnectionLimits(8, 16, 60.0)
+    assert ConnectionLimits.for_node(12, 30.0) == ConnectionLimits(12, 24, 60.0)
     assert ConnectionLimits.for_node(8, 100.0).idle_s == 200.0
     assert ConnectionLimits.for_node(8, 30.0, high=3, idle_s=1.0) == ConnectionLimits(3, 3, 1.0)

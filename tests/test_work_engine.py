@@ -107,6 +107,19 @@ def test_lease_renewal_never_passes_the_deadline(ctx: WorkContext) -> None:
     assert ctx.jobs.renew_lease(unit.unit_id, time.time() + 1) is None
 
 
+def test_a_heartbeat_during_the_result_check_does_not_shorten_its_allowance(
+    ctx: WorkContext,
+) -> None:
+    job = ctx.jobs.create("j", {}, "auto", {}, [])
+    unit = ctx.jobs.add_unit(job.id, WORKER, 5, deadline=time.time() + 3600)
+    checking_until = time.time() + 900
+    ctx.jobs.unit_transition(
+        unit.unit_id, ("offered",), state="verifying", lease_expires=checking_until
+    )
+    renewed = ctx.jobs.renew_lease(unit.unit_id, time.time() + 15)  # a late heartbeat
+    assert renewed is not None and renewed.lease_expires == pytest.approx(checking_until)
+
+
 def test_cancel_during_the_offer_stays_cancelled(ctx: WorkContext) -> None:
     life, _ = _lifecycle(ctx)
     job, unit = _job_with_unit(ctx)

@@ -30,7 +30,7 @@ from node.net.host import MeshHost
 log = logging.getLogger(__name__)
 
 TRIM_EVERY_S = 10.0
-HIGH_PER_LOW = 4
+HIGH_PER_LOW = 2
 MIN_HIGH = 16
 MIN_IDLE_S = 60.0
 
@@ -46,7 +46,7 @@ class ConnectionLimits:
         cls, target_peers: int, register_interval_s: float, high: int = 0, idle_s: float = 0.0
     ) -> ConnectionLimits:
         """`target_peers` is how many connections discovery dials, so it is the low mark
-        (at most `high`); `high` and `idle_s` of 0 mean the defaults: four times the low
+        (at most `high`); `high` and `idle_s` of 0 mean the defaults: twice the low
         mark (at least 16), and two registration intervals (at least 60 s)."""
         high = high or max(HIGH_PER_LOW * target_peers, MIN_HIGH)
         idle_s = idle_s or max(MIN_IDLE_S, 2 * register_interval_s)

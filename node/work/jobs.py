@@ -330,10 +330,12 @@ class JobStore:
         return self.unit(unit_id)
 
     def renew_lease(self, unit_id: str, until: float) -> Unit | None:
-        """Extend a live unit's lease to `until`, never past its deadline."""
+        """Extend a live unit's lease to `until`, never past its deadline, and never
+        shorten it: a heartbeat that arrives while the unit's result is checked must not
+        cut the check's allowance (`RESULT_FETCH_S`) down to one lease."""
         with self._tx():
             cursor = self._db.execute(
-                "UPDATE units SET lease_expires = MIN(?, deadline) "
+                "UPDATE units SET lease_expires = MAX(lease_expires, MIN(?, deadline)) "
                 "WHERE unit_id = ? AND state in ('offered', 'running', 'verifying')",
                 [until, unit_id],
             )
