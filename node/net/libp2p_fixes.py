@@ -1,4 +1,5 @@
-"""Fixes for py-libp2p 0.8.1 bugs that NAT traversal runs into (docs/nat.md).
+"""Fixes for py-libp2p 0.8.1 bugs that NAT traversal runs into (docs/nat.md), and for
+a default that a large network cannot afford.
 
 Applied once, before any host exists (`apply`). Each says what is broken, where, and
 what we do instead; remove one when the library's release fixes it.
@@ -22,6 +23,7 @@ def apply() -> None:
         return
     _wake_readers_of_reset_yamux_streams()
     _autonat_dials_back_on_a_new_connection()
+    _no_auto_connector_dials()
     _APPLIED = True
 
 
@@ -65,3 +67,19 @@ def _autonat_dials_back_on_a_new_connection() -> None:
         return None
 
     AutoNATService._try_dial = try_dial  # type: ignore[method-assign]
+
+
+def _no_auto_connector_dials() -> None:
+    """The swarm's `AutoConnector` (auto_connector.py:262) dials peers from the
+    peerstore until (low + high watermark) / 2 = 200 connections are open, every 30 s
+    and after every disconnect. Every ad and table puts its peer in the peerstore, so
+    every node of a 30- or 50-node network was connected to every other, at 18 ms of
+    CPU a connection a minute, whatever `target_peers` said. `node/net/discovery.py`
+    dials (to `target_peers`, with its own backoff and relays) and
+    `node/net/connections.py` closes idle connections; the library dials nothing."""
+    from libp2p.network.auto_connector import AutoConnector
+
+    async def maybe_connect(self: Any) -> None:
+        return None
+
+    AutoConnector.maybe_connect = maybe_connect  # type: ignore[method-assign]
