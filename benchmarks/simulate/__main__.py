@@ -67,6 +67,12 @@ def parse() -> argparse.Namespace:
         "--directories", type=int, default=None, help="M (default: one per 1,000 peers, <= 16)"
     )
     parser.add_argument("--k", type=int, default=8, help="peers per placement")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=8,
+        help="connections a node keeps (target_peers; 50 real nodes kept 10 on average)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--costs", type=Path, default=DEFAULT_PATH)
     parser.add_argument(
@@ -99,6 +105,7 @@ def main() -> None:
                 directory_churn=args.directory_churn,
                 owners=args.owners,
                 k=args.k,
+                connections=args.connections,
                 directories=args.directories,
             )
             console.log(f"{design}, {peers} peers, {args.minutes:g} min ...")
