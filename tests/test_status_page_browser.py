@@ -334,6 +334,9 @@ def test_the_page_reconnects_after_a_node_restart(browser: Any, network: list[Lo
     from playwright.sync_api import expect
 
     node = network[1]
+    # a unit still training here (an earlier test's job) is handed back for up to 3 s
+    # at shutdown, which is not what this test times
+    wait_for(lambda: node.get("/api/v1/status")["load"] == 0, 60, "node2's units to end")
     page = _new_page(browser)
     page.goto(node.api + "/")
     _live(page)
