@@ -21,7 +21,9 @@ messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_tot
    signed answer): after its first search an owner has enough candidates in hand and
    asks the directory too rarely to measure;
 5. in this process, a libp2p host of ours: `connect_ms` (a request to a peer not yet
-   connected: py-libp2p's dial returns ~250 ms after it starts), `rtt_ms` (a probe on
+   connected: py-libp2p's dial returns ~250 ms after it starts), `dial_ms` (this
+   process's CPU during that dial: the handshakes an owner does in turn when it probes
+   many peers it is not connected to), `rtt_ms` (a probe on
    an open one), `dial_timeout_s` (a dial to a port nobody listens on), and
    `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
 
@@ -189,6 +191,7 @@ def host_costs() -> dict[str, float]:
 
     out: dict[str, float] = {}
     connects: list[float] = []
+    dial_cpu: list[float] = []
     rtts: list[float] = []
     ads: list[bytes] = []
 
@@ -197,9 +200,10 @@ def host_costs() -> dict[str, float]:
         port = free_port()
         listen = f"/ip4/127.0.0.1/tcp/{port}"
         async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             peer = await host.connect(addr)
             connects.append(time.perf_counter() - t0)
+            dial_cpu.append(time.process_time() - cpu0)
             for _ in range(10):
                 t0 = time.perf_counter()
                 ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
@@ -217,6 +221,7 @@ def host_costs() -> dict[str, float]:
         for i in range(5):
             trio.run(session, addr, i == 0)
     out["connect_ms"] = statistics.median(connects) * 1000
+    out["dial_ms"] = statistics.median(dial_cpu) * 1000
     out["rtt_ms"] = statistics.median(rtts) * 1000
     store = statistics.median(check_and_store_ms() for _ in range(5))
     out["ad_check_ms"] = store

@@ -25,7 +25,8 @@ COSTS = costs_from_dict(
         "register_bytes": 1000, "query_client_ms": 2.0, "query_server_ms": 2.0,
         "query_per_ad_ms": 0.05, "ad_check_ms": 1.0, "probe_client_ms": 2.0,
         "probe_server_ms": 2.0, "probe_bytes": 1000, "rtt_ms": 3.0, "connect_ms": 280,
-        "join_connect_ms": 60, "dial_timeout_s": 2.0, "gossip_hop_ms": 5.0, "sweep_s": 1.0,
+        "dial_ms": 30, "join_connect_ms": 60, "dial_timeout_s": 2.0, "gossip_hop_ms": 5.0,
+        "sweep_s": 1.0,
     }
 )  # fmt: skip
 QUIET = {"churn_per_hour": 0.0, "burst_at_s": None}  # no one leaves
@@ -114,11 +115,11 @@ def test_find_k_without_dead_peers_is_one_query_and_one_probe() -> None:
     result = simulate(sc, COSTS)
     c, k = COSTS, sc.k
     # the query's round trip, checking its 2K ads, then the probes (a new connection
-    # each, the peer's own work) whose answers the owner takes in one after another:
-    # the K-th decides
+    # each, whose handshakes the owner does in turn; the peer's own work) whose answers
+    # the owner takes in one after another: the K-th decides
     checking = c.query_client_ms + 2 * k * c.ad_check_ms
     expected = (c.rtt_ms + c.query_server_ms + checking + c.connect_ms + c.rtt_ms) / 1000
-    expected += (k * c.probe_client_ms + c.probe_server_ms) / 1000
+    expected += (k * c.probe_client_ms + k * c.dial_ms + c.probe_server_ms) / 1000
     assert result.find_k_s_p50 == pytest.approx(expected)
     assert result.find_k_s_max == pytest.approx(expected)
     assert result.query_rounds_mean == 1 and result.dead_candidates_probed == 0

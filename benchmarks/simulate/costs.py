@@ -40,6 +40,7 @@ class Costs:
     probe_bytes: float  # bytes per probe, each way
     rtt_ms: float  # round trip between two connected nodes
     connect_ms: float  # a request to a peer not yet connected: the dial until it returns
+    dial_ms: float  # CPU of dialling one new connection (Noise, yamux, identify), each end
     join_connect_ms: float  # dial start until the new connection carries streams
     dial_timeout_s: float  # how long a request to a dead peer takes to fail
     gossip_hop_ms: float  # latency of one gossip hop

@@ -61,7 +61,7 @@ class PlacementMixin:
         self.charge(d, c.query_server_ms + c.query_per_ad_ms * len(got), c.ad_bytes * len(got))
         # the owner is one thread: it checks the answer, then each probe's answer in turn
         start_s = checking_ms / 1000
-        answered = 0
+        answered = dialled = 0
         for peer in got:
             if peer in placement.probed:
                 continue
@@ -72,8 +72,12 @@ class PlacementMixin:
                 self.charge(peer, c.probe_server_ms, c.probe_bytes)
                 connected = self.probe_rng.random() < self.sc.connected_share
                 answered += 1
-                probe_s = self.rtt_s + (0.0 if connected else self.connect_s)
-                probe_s += start_s + answered * c.probe_client_ms / 1000
+                probe_s = self.rtt_s + start_s + answered * c.probe_client_ms / 1000
+                if not connected:  # a new connection: the handshakes queue on the owner
+                    dialled += 1
+                    self.charge(owner, c.dial_ms, 0)
+                    self.charge(peer, c.dial_ms, 0)
+                    probe_s += self.connect_s + dialled * c.dial_ms / 1000
                 # the peer's own work: at once, or in turn when N nodes share a few cores
                 shared = self.sc.shared_cores
                 probe_s += c.probe_server_ms / 1000 * (answered / shared if shared else 1)
