@@ -127,3 +127,31 @@ def test_a_node_with_too_many_connections_closes_the_idle_ones(localnet: LocalNe
     )
     # gossip still carries every ad over what is left, the hub's own included
     localnet.wait_all_see_each_other(timeout=15)
+
+
+def test_a_restarted_bootstrap_node_dials_the_peers_it_knew(localnet: LocalNetwork) -> None:
+    nodes = localnet.start(4)
+    localnet.wait_all_see_each_other(timeout=20)
+    hub = nodes[0]  # everybody's bootstrap; it has none of its own
+    # every node's dialler has seen its connection to the hub (it looks every 2 s)
+    wait_for(
+        lambda: (
+            all(n.get("/api/v1/status")["uptime_s"] > 5 for n in nodes)
+            and hub.get("/api/v1/status")["connections"] == 3
+        ),
+        20,
+        "a settled network",
+    )
+    assert hub.stop(signal.SIGTERM) == 0
+    hub.start()
+    # the others still hold connections among themselves, so they wait a minute before
+    # redialling it; the hub dials them from the peer table it kept
+    wait_for(lambda: hub.get("/api/v1/status")["connections"] >= 3, 20, "the hub to reconnect")
+
+    def hub_fresh_everywhere() -> bool:
+        listed = [
+            [p for p in n.get("/api/v1/peers") if p["peer_id"] == hub.peer_id] for n in nodes[1:]
+        ]
+        return all(entry and not entry[0]["stale"] for entry in listed)
+
+    wait_for(hub_fresh_everywhere, 15, "every node to hear the restarted hub's ads")

@@ -126,7 +126,12 @@ class CapacityGossip:
         self._wake.set()
 
     async def start(self) -> None:
-        """Register the ad exchange and the validated subscription (before any dial)."""
+        """Register the ad exchange and the validated subscription (before any dial).
+        The peers restored from `node.db` go into the peerstore, so that a restarted
+        node dials the peers it knew: a bootstrap node has no bootstrap of its own, and
+        its peers wait a minute before redialling a connection they lost."""
+        for entry in self.peers.entries():
+            self.host.remember(entry.ad.peer_id, entry.ad.addrs)
         self.host.serve(ADS_PROTOCOL, self._serve_table, max_request=64)
         self.host.serve(PROBE_PROTOCOL, self._serve_probe, max_request=64)
         await self.host.subscribe(CAPACITY_TOPIC, self._validate_gossip)
