@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class Placement:
     """One owner's search for K live peers."""
 
-    __slots__ = ("owner", "start", "round", "probed", "live", "outstanding")
+    __slots__ = ("owner", "start", "round", "probed", "live", "outstanding", "dialled")
 
     def __init__(self, owner: int, start: float) -> None:
         self.owner = owner
@@ -27,6 +27,9 @@ class Placement:
         self.probed: set[int] = set()
         self.live = 0
         self.outstanding = 0  # queries and probes not yet answered or timed out
+        # new connections so far: their handshakes share the owner's one thread, whichever
+        # directory's answer named the peer
+        self.dialled = 0
 
 
 class PlacementMixin:
@@ -61,7 +64,7 @@ class PlacementMixin:
         self.charge(d, c.query_server_ms + c.query_per_ad_ms * len(got), c.ad_bytes * len(got))
         # the owner is one thread: it checks the answer, then each probe's answer in turn
         start_s = checking_ms / 1000
-        answered = dialled = 0
+        answered = 0
         for peer in got:
             if peer in placement.probed:
                 continue
@@ -74,10 +77,10 @@ class PlacementMixin:
                 answered += 1
                 probe_s = self.rtt_s + start_s + answered * c.probe_client_ms / 1000
                 if not connected:  # a new connection: the handshakes queue on the owner
-                    dialled += 1
+                    placement.dialled += 1
                     self.charge(owner, c.dial_ms, 0)
                     self.charge(peer, c.dial_ms, 0)
-                    probe_s += self.connect_s + dialled * c.dial_ms / 1000
+                    probe_s += self.connect_s + placement.dialled * c.dial_ms / 1000
                 # the peer's own work: at once, or in turn when N nodes share a few cores
                 shared = self.sc.shared_cores
                 probe_s += c.probe_server_ms / 1000 * (answered / shared if shared else 1)
