@@ -1,12 +1,12 @@
 """Keeping open connections few: above a high water mark, the connections idle longest
 are closed until a low water mark remains.
 
-Every open connection costs a node CPU whether or not it carries anything (18 ms a
+Every open connection costs a node CPU whether or not it carries anything (10-21 ms a
 minute measured: the muxer's keep-alives, GossipSub's heartbeats), and connections
 come from many places besides our own dials: peers bootstrapping through us, owners'
-probes, reachability dial-backs, table exchanges. Without a limit a long-lived
-volunteer ends up connected to every peer it ever spoke with (every node of a 50-node
-test network had 49). The limits are go-libp2p's connection manager's idea: nothing
+probes, reachability dial-backs. Without a limit a long-lived volunteer ends up
+connected to every peer it ever spoke with, and a bootstrap node to every joiner of
+its network. The limits are go-libp2p's connection manager's idea: nothing
 happens up to `high`, so small networks (the demo, a LAN, the tests) never lose a
 connection, and trimming down to `low` leaves room to grow before the next trim.
 

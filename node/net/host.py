@@ -159,13 +159,16 @@ class MeshHost:
                     # connections go before Pubsub stops: a message arriving while it
                     # stops made the library raise "Nursery is closed to new arrivals"
                     # out of trio.run, and the node exited with code 1
-                    with trio.CancelScope(shield=True), trio.move_on_after(3):
-                        await mesh._close()
+                    await mesh._close()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(3):
-                await mesh._close()
+            await mesh._close()  # also when starting failed; a second call does nothing
 
     async def _close(self) -> None:
+        """Close the host (its connections, then its listener), shielded, at most 3 s."""
+        with trio.CancelScope(shield=True), trio.move_on_after(3):
+            await self._close_host()
+
+    async def _close_host(self) -> None:
         try:
             await self._host.close()
         except Exception as exc:  # closing must never mask the reason we are leaving
