@@ -6,7 +6,9 @@ lost bootstrap connection is not redialled. A bootstrap node with every joiner o
 large network connected closes the idle ones (`node/net/connections.py`), and peers
 that dialled it straight back would undo that every few seconds. For the same reason a
 peer whose connection closed is not redialled for `LOST_WAIT_S` (a dead one would not
-answer anyway), while this node still has other connections.
+answer anyway), while this node still has other connections; except a peer behind a
+NAT, whose relayed connection is redialled at once, as before (a relayed connection
+drops more often, and work to and from such a peer needs it).
 
 py-libp2p's mDNS only fills the peerstore; connecting is up to us, and every
 `connect()` costs >= 250 ms, so dials are few and failures back off.
@@ -91,7 +93,8 @@ async def _fill_from_peerstore(host: MeshHost, target_peers: int) -> None:
             connected = host.connected_peers()
             now = time.monotonic()
             for lost in before - connected:
-                retry_at[lost] = (now + LOST_WAIT_S, BACKOFF_START_S)
+                if not host.behind_nat(lost):  # a relayed connection is mended at once
+                    retry_at[lost] = (now + LOST_WAIT_S, BACKOFF_START_S)
             before = connected
             for peer_id in host.known_dialable_peers():
                 if len(connected) + len(dialling) >= target_peers or len(dialling) >= MAX_DIALS:

@@ -201,6 +201,10 @@ class MeshHost:
     def connected_peers(self) -> set[str]:
         return {p.to_base58() for p in self._host.get_connected_peers()}
 
+    def behind_nat(self, peer_id: str) -> bool:
+        """The peer advertised circuit addresses: it is reached through relays."""
+        return bool(self._circuits.get(peer_id))
+
     def connection_idle_s(self) -> dict[str, float]:
         """Each connected peer: seconds since it last opened a stream (either way) or
         connected; 0 while a stream other than GossipSub's is open (a circuit, a
