@@ -59,6 +59,11 @@ def test_out_of_range_values_are_refused(tmp_path: Path) -> None:
         load_settings(tmp_path, {"reachability": "behind-nat"})
     with pytest.raises(ConfigError, match="relay_circuit_mb"):
         load_settings(tmp_path, {"relay_circuit_mb": 0})  # the library would read 0 as none
+    with pytest.raises(ConfigError, match="'max_connections' must be 0 or at least target_peers"):
+        load_settings(tmp_path, {"target_peers": 8, "max_connections": 4})
+    with pytest.raises(ConfigError, match="'connection_idle_s' must be >= 0"):
+        load_settings(tmp_path, {"connection_idle_s": -1.0})
+    assert list(tmp_path.iterdir()) == []  # nothing written for a refused setting
 
 
 def test_every_setting_is_documented() -> None:

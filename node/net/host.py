@@ -69,17 +69,20 @@ class _ConnectionWatcher(INotifee):
         with suppress(trio.WouldBlock, trio.ClosedResourceError, AttributeError):
             self._send.send_nowait((event, conn.muxed_conn.peer_id.to_base58()))
 
-    async def connected(self, network, conn) -> None:  # type: ignore[override]
+    def _touch(self, conn_or_stream: INetConn | INetStream) -> None:
         with suppress(AttributeError):
-            self._last_stream[conn.muxed_conn.peer_id.to_base58()] = trio.current_time()
+            peer = conn_or_stream.muxed_conn.peer_id.to_base58()
+            self._last_stream[peer] = trio.current_time()
+
+    async def connected(self, network, conn) -> None:  # type: ignore[override]
+        self._touch(conn)
         self._emit("connected", conn)
 
     async def disconnected(self, network, conn) -> None:  # type: ignore[override]
         self._emit("disconnected", conn)
 
     async def opened_stream(self, network, stream) -> None:  # type: ignore[override]
-        with suppress(AttributeError):
-            self._last_stream[stream.muxed_conn.peer_id.to_base58()] = trio.current_time()
+        self._touch(stream)
 
     async def closed_stream(self, network, stream) -> None:  # type: ignore[override]
         pass
@@ -208,7 +211,7 @@ class MeshHost:
     def connection_idle_s(self) -> dict[str, float]:
         """Each connected peer: seconds since it last opened a stream (either way) or
         connected; 0 while a stream other than GossipSub's is open (a circuit, a
-        transfer, a request in flight)."""
+        transfer, a request in flight). Peers no longer connected are forgotten here."""
         now = trio.current_time()
         network = self._host.get_network()
         idle = {}

@@ -161,6 +161,10 @@ class Registration:
         self._failed_until[directory] = time.monotonic() + pause
         return pause
 
+    def answered(self, directory: str) -> None:
+        """`directory` answered: the next failure starts again at 5 s."""
+        self._failures.pop(directory, None)
+
     def _next_due(self, directory: str) -> float:
         return self._registered_at.get(directory, -1e18) + self.interval_s
 
@@ -179,7 +183,7 @@ class Registration:
             log.info("registering with directory %s failed (again in %g s): %s",
                      directory, pause, exc)  # fmt: skip
             return
-        self._failures.pop(directory, None)
+        self.answered(directory)
         if directory not in self._registered_at:
             log.info("registered with directory %s (%d peers there)", directory, reply.registered)
         self._registered_at[directory] = sent_at
@@ -226,7 +230,7 @@ class Registration:
                 log.info("query to directory %s failed (again in %g s): %s",
                          directory, pause, exc)  # fmt: skip
                 return
-            self._failures.pop(directory, None)
+            self.answered(directory)
             self.registered[directory] = reply.registered
             found.extend(reply.ads)
 
