@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from node.localnet import LocalNetwork
+from node.localnet import ONE_THREAD, LocalNetwork
+
+# The nodes the tests start train on one thread; so must every reference the tests
+# compare them with bitwise (train_local here, `train-local` in a child): on CPU the
+# number of intra-op threads is part of the determinism class (docs/jobspec.md). Set
+# before any test module imports torch, which reads it once.
+os.environ.update(ONE_THREAD)
 
 # short refresh and TTL so that joins and departures show within seconds
 FAST_GOSSIP = ["--publish-interval", "1", "--peer-ttl", "3"]

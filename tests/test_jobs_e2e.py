@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 
 from node.client import request_json
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
 from training.examples import digits_toml
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **ONE_THREAD},
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import struct
 import subprocess
@@ -56,7 +57,12 @@ def check_after_kill(data_dir: Path, reported: list[int]) -> int:
         return report.head_seq
 
 
-def kill_forked_appender(data_dir: Path, tag: str, delay_s: float) -> list[int]:
+def kill_forked_appender(
+    data_dir: Path, tag: str, delay_s: float, after_first_append: bool = False
+) -> list[int]:
+    """Kill the appender `delay_s` after it started, or (`after_first_append`) after
+    its first append returned: on a loaded machine opening the ledger can take longer
+    than any delay, and the kill would never land mid-append."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -69,11 +75,15 @@ def kill_forked_appender(data_dir: Path, tag: str, delay_s: float) -> list[int]:
         finally:
             os._exit(code)
     os.close(write_fd)
+    first = b""
+    if after_first_append:
+        ready, _, _ = select.select([read_fd], [], [], 30)
+        first = os.read(read_fd, 8) if ready else b""
     time.sleep(delay_s)
     os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
+        data = first + pipe.read()
     assert os.WIFSIGNALED(status), f"the appender stopped by itself (status {status})"
     return [seq for (seq,) in struct.iter_unpack("<q", data[: len(data) // 8 * 8])]
 
@@ -88,8 +98,10 @@ def test_kill_9_at_random_moments_leaves_a_valid_chain(tmp_path: Path) -> None:
         data_dir = tmp_path / f"ledger-{kill // KILLS_PER_DIR}"
         first_in_dir = kill % KILLS_PER_DIR == 0
         # the first run in a dir is killed early, often while it creates the genesis
-        delay = rng.uniform(0, 0.004) if first_in_dir else rng.uniform(0.004, 0.04)
-        reported = kill_forked_appender(data_dir, f"{kill + 0xABC0:016x}", delay)
+        delay = rng.uniform(0, 0.004) if first_in_dir else rng.uniform(0, 0.03)
+        reported = kill_forked_appender(
+            data_dir, f"{kill + 0xABC0:016x}", delay, after_first_append=not first_in_dir
+        )
         if reported:
             mid_append += 1
         elif first_in_dir:

@@ -41,7 +41,8 @@ def test_fifty_honest_units_pass_their_spot_checks(localnet: LocalNetwork, tmp_p
 
     jobs = wait_for(all_ended, 400, f"{UNITS} jobs to end", interval=1.0)
     assert [j["state"] for j in jobs] == ["completed"] * UNITS, {j["reason"] for j in jobs}
-    assert {j["weights_sha256"] for j in jobs} == {jobs[0]["weights_sha256"]}
+    for worker in (same, other):  # bitwise within a determinism class
+        assert len({j["weights_sha256"] for j in jobs if j["worker"] == worker.peer_id}) == 1
     assert {j["metrics_status"] for j in jobs} == {"verified"}
     by_check = {j["metrics"]["check"] for j in jobs if j["worker"] == other.peer_id}
     assert by_check == {"tolerance 0.001"}, by_check  # the other class was checked, loosely
