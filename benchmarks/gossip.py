@@ -142,8 +142,8 @@ def log_time(node: Node, text: str) -> float:
 
 def join(cluster: Cluster, timeout: float = 60.0) -> dict[str, Any]:
     """Start one more node into the idle cluster (no refresh due for an hour). Times run
-    from the joiner's "up" log line (just before it dials its bootstrap peer; the dial
-    itself returns >= 250 ms after the connection is usable) to each acceptance."""
+    from the joiner's "up" log line (just before it dials its bootstrap peer) to each
+    acceptance."""
     old = list(cluster.nodes)
     before = [n.metrics() for n in old]
     spawned, node = time.time(), cluster.add()

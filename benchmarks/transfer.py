@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.transfer [--mib 256] [--runs 3] [--sweep]
 
 One blob of `--mib` MiB of random bytes moves between two processes on 127.0.0.1,
-`--runs` times per path (the libp2p connection is opened before timing: dialing costs
->= 250 ms in py-libp2p 0.8.1):
+`--runs` times per path (the libp2p connection is opened before timing, as a node
+has it open before it fetches):
 
 - **raw TCP**, the baseline: the server reads the blob file in 1 MiB pieces and
   `sendall`s them; the client `recv_into`s one buffer and drops the bytes.

@@ -65,6 +65,7 @@ def test_volunteers_register_with_a_directory_and_owners_find_probe_and_place_th
     found = _find(owner, 4)
     assert {p["peer_id"] for p in found["peers"]} == ids | {directory.peer_id}
     assert found["from_directories"] >= 3 and found["probed"] >= 3 and found["dead"] == 0
+    assert 0 < found["directories_s"] <= found["seconds"]
     assert 0 <= found["connected"] <= found["probed"]
     assert all(p["via"] == "probe" for p in found["peers"])
     # requirements are the directory's filter: no GPU here, so none fits "required"

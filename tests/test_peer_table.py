@@ -133,3 +133,13 @@ def test_discovery_cost_is_counted_per_minute_over_its_window() -> None:
     cost.sample()
     now["t"] += 10
     assert cost.per_minute()["ads_in"] == 0
+
+
+def test_a_large_network_hands_on_only_the_directories_ads(tmp_path: Path) -> None:
+    table = PeerTable(open_node_db(tmp_path), ttl_s=10, clock=Clock())
+    volunteer, directory = SigningKey.generate(), SigningKey.generate()
+    table.accept(*_ad(volunteer, 1))
+    ad = capacity_ad(peer_id_of(directory), 1, directory=True)
+    table.accept(ad, seal(ad, directory))
+    assert len(table.envelopes()) == 2
+    assert table.envelopes(directories_only=True) == [seal(ad, directory)]

@@ -77,7 +77,10 @@ class Found:
     connected: int = 0  # probed over a connection already open (the rest dialled first)
     dead: int = 0  # probed and did not answer
     from_directories: int = 0  # ads the directories returned
+    directories_s: float = 0.0  # of `seconds`, waiting for the directories' answers
     seconds: float = 0.0
+    # each answered probe: (over a connection already open, seconds until it answered)
+    answers: list[tuple[bool, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -88,6 +91,7 @@ class Found:
             "connected": self.connected,
             "dead": self.dead,
             "from_directories": self.from_directories,
+            "directories_s": round(self.directories_s, 3),
             "seconds": round(self.seconds, 3),
             "notes": self.notes,
         }
@@ -179,10 +183,13 @@ class PeerFinder:
         done: trio.CancelScope,
     ) -> None:
         found.probed += 1
-        found.connected += peer_id in self.host.connected_peers()
+        connected = peer_id in self.host.connected_peers()
+        found.connected += connected
+        started = time.monotonic()
         if not await self.probe(peer_id):
             found.dead += 1
             return
+        found.answers.append((connected, time.monotonic() - started))
         entry = self._fits_now(peer_id, requirements)
         if entry is not None:
             live[peer_id] = entry
@@ -197,7 +204,7 @@ class PeerFinder:
         excluded = excluded or set()
         found = Found([])
         self._asked.clear()  # an explicit search always asks the directories
-        found.from_directories = await self.top_up(requirements, excluded, k)
+        await self._ask_directories(requirements, excluded, k, found)
         live: dict[str, PeerEntry] = {}
         asked: set[str] = set()
         for _ in range(3):  # rounds: candidates in hand, then the directories again
@@ -222,11 +229,25 @@ class PeerFinder:
             if len(live) >= k:
                 break
             self._asked.clear()
-            found.from_directories += await self.top_up(requirements, excluded | asked, k)
+            await self._ask_directories(requirements, excluded | asked, k, found)
         found.peers = sorted(
             live.values(), key=lambda e: e.ad.tflops * (1 - e.ad.load_pct / 100), reverse=True
         )[:k]
         found.seconds = time.monotonic() - started
         if not found.peers:
             found.notes.append("no peer that fits answered")
+        log.info(
+            "found %d of %d peers in %.3f s (directories %.3f s; %d probed, %d connected, "
+            "%d dead; answers %s)",
+            len(found.peers), k, found.seconds, found.directories_s, found.probed,
+            found.connected, found.dead,
+            " ".join(f"{'c' if c else 'd'}{s * 1000:.0f}" for c, s in found.answers),
+        )  # fmt: skip
         return found
+
+    async def _ask_directories(
+        self, requirements: dict[str, Any], excluded: set[str], k: int, found: Found
+    ) -> None:
+        started = time.monotonic()
+        found.from_directories += await self.top_up(requirements, excluded, k)
+        found.directories_s += time.monotonic() - started

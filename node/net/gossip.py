@@ -228,7 +228,10 @@ class CapacityGossip:
     # -- ad exchange on connect ----------------------------------------------------
 
     async def _serve_table(self, peer: str, request: bytes) -> bytes:
-        return encode([self._own_ad, *self.peers.envelopes()[: MAX_TABLE_ADS - 1]])
+        # in a large network (our ad is not gossiped) ads reach owners through
+        # directories: hand on only theirs, all a joiner needs (PeerTable.envelopes)
+        shared = self.peers.envelopes(directories_only=not self.gossip_own_ad())
+        return encode([self._own_ad, *shared[: MAX_TABLE_ADS - 1]])
 
     async def _connection_loop(self, nursery: trio.Nursery) -> None:
         first = True

@@ -1,5 +1,5 @@
 """Fixes for py-libp2p 0.8.1 bugs that NAT traversal runs into (docs/nat.md), and for
-a default that a large network cannot afford.
+defaults that a large network cannot afford.
 
 Applied once, before any host exists (`apply`). Each says what is broken, where, and
 what we do instead; remove one when the library's release fixes it.
@@ -24,6 +24,7 @@ def apply() -> None:
     _wake_readers_of_reset_yamux_streams()
     _autonat_dials_back_on_a_new_connection()
     _no_auto_connector_dials()
+    _no_wait_after_the_last_address()
     _APPLIED = True
 
 
@@ -83,3 +84,16 @@ def _no_auto_connector_dials() -> None:
         return None
 
     AutoConnector.maybe_connect = maybe_connect  # type: ignore[method-assign]
+
+
+def _no_wait_after_the_last_address() -> None:
+    """`Swarm.dial_peer` (swarm.py:935) gives each address it dials a 250 ms head start
+    before it dials the next, and waits those 250 ms after the last one too, connected
+    or not: every new connection took at least 250 ms, though the handshakes take about
+    30 ms on loopback. The head start does not save a dial either (only a failure ends
+    it early, so every selected address is dialled anyway), so all are dialled at once,
+    and a dial returns when they have connected or failed. An owner probing candidates
+    it is not connected to waited those 250 ms on every one."""
+    import libp2p.network.swarm as swarm
+
+    swarm._HAPPY_EYEBALLS_DELAY = 0.0

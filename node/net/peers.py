@@ -188,8 +188,16 @@ class PeerTable:
     def entries(self) -> list[PeerEntry]:
         return sorted(self._entries.values(), key=lambda e: e.ad.peer_id)
 
-    def envelopes(self) -> list[bytes]:
-        return [e.envelope for e in self._entries.values() if not e.stale]
+    def envelopes(self, directories_only: bool = False) -> list[bytes]:
+        """The live ads, as handed to a new connection; `directories_only` in a large
+        network, where every copy handed on costs the peer a signature check for
+        nothing (an owner that probes 16 peers it is not connected to would hand each
+        of them the 16 copies a directory just gave it)."""
+        return [
+            e.envelope
+            for e in self._entries.values()
+            if not e.stale and (e.ad.directory or not directories_only)
+        ]
 
     def __len__(self) -> int:
         return len(self._entries)
