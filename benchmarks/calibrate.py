@@ -21,11 +21,16 @@ messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_tot
    signed answer): after its first search an owner has enough candidates in hand and
    asks the directory too rarely to measure;
 5. in this process, a libp2p host of ours: `connect_ms` (a request to a peer not yet
-   connected: py-libp2p's dial returns ~250 ms after it starts), `dial_ms` (this
-   process's CPU during that dial: the handshakes an owner does in turn when it probes
-   many peers it is not connected to), `rtt_ms` (a probe on
+   connected), `dial_ms` (this process's CPU for that new connection, the handshakes
+   and what follows them within 0.3 s: identify, GossipSub's hello, the ad exchange;
+   the work an owner does in turn when it probes many peers it is not connected
+   to), `rtt_ms` (a probe on
    an open one), `dial_timeout_s` (a dial to a port nobody listens on), and
    `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
+
+It also records the machine's yardstick, `speed_ms` (`benchmarks.discovery.speed_ms`),
+so that a real network measured on a faster or slower machine is compared with these
+costs scaled to it.
 
 The directory cluster is 6 nodes and the gossip ones publish every 3 s, so that the
 simulator's check against 10, 25 and 50 nodes (`benchmarks.discovery`, every 5 s and
@@ -50,6 +55,7 @@ from benchmarks.discovery import (
     _discovery,
     check_and_store_ms,
     joined_times,
+    speed_ms,
 )
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, console, wait_for
@@ -59,6 +65,7 @@ COSTS = Path(__file__).parent / "simulate" / "costs.json"
 MESSAGES = "meshminer_discovery_messages_total"
 SIZE = 6  # nodes in the directory cluster: not a size the simulator is checked at
 GOSSIP_SIZE = 10  # gossip costs depend on the mesh, full from about 10 nodes on
+DIAL_SETTLE_S = 0.3  # after a dial: long enough for what follows the handshakes
 
 
 def messages(node: Node, direction: str, kind: str) -> float:
@@ -200,10 +207,15 @@ def host_costs() -> dict[str, float]:
         port = free_port()
         listen = f"/ip4/127.0.0.1/tcp/{port}"
         async with MeshHost.start(Identity(SigningKey.generate()), listen) as host:
+            cpu0 = time.process_time()
+            await trio.sleep(DIAL_SETTLE_S)
+            idle = time.process_time() - cpu0
             t0, cpu0 = time.perf_counter(), time.process_time()
             peer = await host.connect(addr)
             connects.append(time.perf_counter() - t0)
-            dial_cpu.append(time.process_time() - cpu0)
+            # identify, GossipSub's hello and the ad exchange follow the handshakes
+            await trio.sleep(DIAL_SETTLE_S)
+            dial_cpu.append(time.process_time() - cpu0 - idle)
             for _ in range(10):
                 t0 = time.perf_counter()
                 ads.append(await host.request(peer, PROBE_PROTOCOL, b"", AD_LIMITS.max_bytes))
@@ -235,7 +247,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=45.0)
     parser.add_argument("--out", type=Path, default=COSTS)
     args = parser.parse_args()
-    costs: dict[str, Any] = {}
+    costs: dict[str, Any] = {"speed_ms": speed_ms()}
     costs.update(host_costs())
     console.print(costs)
     costs["idle_ms_per_min"] = idle = lone(args.window)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import random
 import signal
@@ -99,6 +100,7 @@ class Measured:
     others_cores: float = 0.0  # CPU the rest of the machine used meanwhile
     probe_connected: float | None = None  # share of probes that found a connection open
     start_s: float = 0.0
+    speed_ms: float = 0.0  # this machine's yardstick (`speed_ms`), before the network
 
     def summary(self) -> dict[str, float]:
         return {
@@ -242,6 +244,7 @@ def measure(
 ) -> Measured:
     """Start the network, let it settle, measure CPU, then finds, then deaths."""
     first = ["--directory"] if setup.design == "directory" else []
+    speed = speed_ms()
     with Cluster(setup.args()) as cluster:
         nodes = _start_in_waves(setup, cluster, first, settle_s)
         _wait_steady(setup, nodes, settle_s)
@@ -256,6 +259,7 @@ def measure(
             connections=connections,
             others_cores=window["others_cores"],
             start_s=cluster.start_s,
+            speed_ms=speed,
         )
         measured.find_s, measured.probe_connected = _find(setup, cluster, nodes, finds)
         measured.drop_s = _drop(setup, nodes, nodes[setup.nodes - kills : setup.nodes])
@@ -290,7 +294,9 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
 
 
 def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, float]:
-    """The simulator's figures for the same network, the median over `seeds` runs."""
+    """The simulator's figures for the same network, the median over `seeds` runs,
+    with the costs as they would be on the machine the network ran on."""
+    costs = costs.on_machine(measured.speed_ms) if measured.speed_ms else costs
     runs = [simulate(scenario_for(measured, seed), costs) for seed in range(1, seeds + 1)]
     find = "find_k_s_p50" if measured.setup.design == "directory" else "first_peer_s_p50"
     return {
@@ -299,6 +305,24 @@ def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, flo
         # per holder, as the real run times it (no joiner copies a dead peer's entry there)
         "drop_s": statistics.median(r.drop_dead_node_mean_s for r in runs),
     }
+
+
+def speed_ms(count: int = 300, passes: int = 5) -> float:
+    """This machine's yardstick: ms to open one signed ad (decode, schema checks,
+    signature), the fastest of `passes`. `benchmarks.calibrate` records it beside the
+    costs, and a real network on another machine (this VM's speed has moved 2x between
+    sessions) is compared with the costs scaled by the ratio (`Costs.on_machine`)."""
+    from protocol import AD_LIMITS, CapacityAd
+    from protocol.envelope import open_envelope
+
+    envelopes = [_signed_ad() for _ in range(count)]
+    best = math.inf
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        for raw in envelopes:
+            open_envelope(raw, CapacityAd, limits=AD_LIMITS)
+        best = min(best, time.perf_counter() - t0)
+    return best / count * 1000
 
 
 def check_and_store_ms(count: int = 200) -> float:

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from benchmarks.simulate import Scenario, load_costs, simulate
-from benchmarks.simulate.costs import DEFAULT_PATH, costs_from_dict
+from benchmarks.simulate.costs import COST_KEYS, DEFAULT_PATH, costs_from_dict
 from benchmarks.simulate.directory import DirectoryNetwork
 from benchmarks.simulate.engine import Engine, sweep_after
 from benchmarks.simulate.network import DIRECTORY
@@ -56,6 +56,19 @@ def test_costs_file_with_unknown_or_missing_keys_is_refused(tmp_path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="ad_ms must be a finite number >= 0"):
         load_costs(path)
+
+
+def test_costs_measured_on_another_machine_scale_by_its_yardstick() -> None:
+    data = {f: getattr(COSTS, f) for f in COST_KEYS}
+    assert COSTS.on_machine(2.0) == COSTS  # no yardstick in the file: as measured
+    costs = costs_from_dict({**data, "speed_ms": 0.1})
+    slower = costs.on_machine(0.2)  # a machine half as fast
+    assert slower.ad_ms == 2 * costs.ad_ms and slower.dial_ms == 2 * costs.dial_ms
+    assert slower.rtt_ms == 2 * costs.rtt_ms  # on loopback a round trip is CPU
+    assert slower.ad_bytes == costs.ad_bytes and slower.dial_timeout_s == costs.dial_timeout_s
+    for bad in (0, -1, "fast", float("nan")):
+        with pytest.raises(ValueError, match="speed_ms must be a number > 0"):
+            costs_from_dict({**data, "speed_ms": bad})
 
 
 def test_engine_runs_in_time_order_and_ties_in_schedule_order() -> None:
@@ -113,13 +126,14 @@ def test_directory_drop_time_lies_within_one_refresh_of_the_ttl() -> None:
 def test_find_k_without_dead_peers_is_one_query_and_one_probe() -> None:
     sc = Scenario(design="directory", peers=300, duration_s=600, probe_connected=0.0, **QUIET)
     result = simulate(sc, COSTS)
-    c, k = COSTS, sc.k
-    # the query's round trip, checking its 2K ads, then the probes (a new connection
-    # each, whose handshakes the owner does in turn; the peer's own work) whose answers
-    # the owner takes in one after another: the K-th decides
-    checking = c.query_client_ms + 2 * k * c.ad_check_ms
-    expected = (c.rtt_ms + c.query_server_ms + checking + c.connect_ms + c.rtt_ms) / 1000
-    expected += (k * c.probe_client_ms + k * c.dial_ms + c.probe_server_ms) / 1000
+    c, n = COSTS, 2 * sc.k
+    # the query's round trip; checking its 2K ads and sending 2K probes, in turn; every
+    # probe needs a new connection, whose handshakes the owner does in turn (the peer's
+    # side at once, on its own machine): each answer comes when the last is done
+    query = c.rtt_ms + c.query_server_ms
+    sending = c.query_client_ms + n * c.ad_check_ms + n * c.probe_client_ms
+    dialling = n * c.dial_ms + c.dial_ms + c.connect_ms
+    expected = (query + sending + c.rtt_ms + c.probe_server_ms + dialling) / 1000
     assert result.find_k_s_p50 == pytest.approx(expected)
     assert result.find_k_s_max == pytest.approx(expected)
     assert result.query_rounds_mean == 1 and result.dead_candidates_probed == 0

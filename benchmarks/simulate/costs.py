@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 DEFAULT_PATH = Path(__file__).with_name("costs.json")
 # keys that describe the measurement rather than cost anything
-METADATA_KEYS = frozenset({"measured", "commit", "date", "notes", "machine", "source"})
+METADATA_KEYS = frozenset({"measured", "commit", "date", "notes", "machine", "source", "speed_ms"})
+# figures that follow the machine's speed: CPU, and latencies on loopback (all CPU there)
+SPEED_BOUND = frozenset(
+    {
+        "idle_ms_per_min", "conn_ms_per_min", "ad_ms", "table_ad_check_ms",
+        "register_client_ms", "register_server_ms", "query_client_ms", "query_server_ms",
+        "query_per_ad_ms", "ad_check_ms", "probe_client_ms", "probe_server_ms", "rtt_ms",
+        "connect_ms", "dial_ms", "join_connect_ms", "gossip_hop_ms",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,18 @@ class Costs:
     measured: str = "unknown"  # what the figures were measured on ("placeholder" until then)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
+    def on_machine(self, speed_ms: float) -> Costs:
+        """These costs on a machine whose yardstick (`benchmarks.discovery.speed_ms`)
+        reads `speed_ms`, where they were measured on one that read `meta["speed_ms"]`:
+        the CPU figures scaled by the ratio. Unchanged when the file has no yardstick."""
+        measured_on = self.meta.get("speed_ms")
+        if not measured_on:
+            return self
+        factor = speed_ms / measured_on
+        return replace(self, **{k: getattr(self, k) * factor for k in SPEED_BOUND})
 
-_COST_KEYS = tuple(f.name for f in fields(Costs) if f.name not in ("measured", "meta"))
+
+COST_KEYS = tuple(f.name for f in fields(Costs) if f.name not in ("measured", "meta"))
 
 
 def load_costs(path: str | Path | None = None) -> Costs:
@@ -70,21 +89,24 @@ def load_costs(path: str | Path | None = None) -> Costs:
 
 def costs_from_dict(data: dict[str, Any], source: str = "costs") -> Costs:
     """Build Costs from a dict as found in costs.json (same checks as `load_costs`)."""
-    unknown = sorted(set(data) - set(_COST_KEYS) - METADATA_KEYS)
-    missing = [k for k in _COST_KEYS if k not in data]
+    unknown = sorted(set(data) - set(COST_KEYS) - METADATA_KEYS)
+    missing = [k for k in COST_KEYS if k not in data]
     problems = []
     if missing:
         problems.append(f"missing keys: {', '.join(missing)}")
     if unknown:
         known = ", ".join(sorted(METADATA_KEYS))
         problems.append(f"unknown keys: {', '.join(unknown)} (metadata keys allowed: {known})")
-    for key in _COST_KEYS:
+    for key in COST_KEYS:
         value = data.get(key, 0)
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value < 0:
             problems.append(f"{key} must be a finite number >= 0, got {value!r}")
+    speed = data.get("speed_ms", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not speed > 0:
+        problems.append(f"speed_ms must be a number > 0, got {speed!r}")
     if problems:
         raise ValueError(f"{source}: " + "; ".join(problems))
     meta = {k: data[k] for k in METADATA_KEYS if k in data and k != "measured"}
     measured = str(data.get("measured", "unknown"))
-    return Costs(**{k: float(data[k]) for k in _COST_KEYS}, measured=measured, meta=meta)
+    return Costs(**{k: float(data[k]) for k in COST_KEYS}, measured=measured, meta=meta)
