@@ -42,7 +42,7 @@ demo: $(VENV)/.installed
 MARK ?=
 AND_MARK := $(if $(MARK), and ($(MARK)))
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not solo$(AND_MARK)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 -m "not solo$(AND_MARK)" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "solo$(AND_MARK)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed-test

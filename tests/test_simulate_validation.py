@@ -19,17 +19,19 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 0.25
 # held to the spread measured between runs of this very configuration rather than to
-# the tolerance (docs/performance.md, "The simulator against real networks"), since
-# on this shared 2-core VM one configuration's real figures move that much from run to
-# run: the directory volunteers' CPU (sim / real 0.61-1.47 over the runs so far), the
-# owner's search (0.34-1.51: 49-177 ms real, a few probes each) and, in the gossip
-# design, a joiner's first table (0.33-0.95: 42-131 ms real, its own start-up sharing
-# the 2 cores with 10 nodes). Narrow them once the real figures hold still.
+# the tolerance (docs/performance.md, "The simulator against real networks"), since on
+# this shared 2-core VM one configuration's real figures move that much from run to
+# run: the directory volunteers' CPU (sim / real 0.90-1.68 in four 10-node runs on
+# 2026-11-24: the real figure moved 167-298 ms a minute, the model sat near their
+# mean), the owner's search (0.97-1.27: 27-37 ms real, a few probes each) and the
+# gossip joiner's first table (0.75-1.0: 19-26 ms real, its own start-up sharing the 2
+# cores with 10 nodes). Narrow them as the real figures hold still.
 KNOWN_GAPS = {
-    ("directory", "cpu_ms_per_min"): (0.5, 1.6),
-    ("directory", "find_s"): (0.3, 1.6),
-    ("gossip", "find_s"): (0.2, 1 + TOLERANCE),
+    ("directory", "cpu_ms_per_min"): (0.5, 1.75),
+    ("directory", "find_s"): (0.6, 1.4),
+    ("gossip", "find_s"): (0.5, 1 + TOLERANCE),
 }
+FINDS = 5  # searches (directory) or joiners (gossip); the figure is their median
 
 
 # publish (gossip) or register (directory) every few seconds: not the calibration's rates
@@ -38,7 +40,7 @@ INTERVAL_S = {"gossip": 4.0, "directory": 3.0}
 
 def _misses(design: str) -> tuple[list[str], dict]:
     setup = Setup(design, 10, INTERVAL_S[design])
-    measured = measure(setup, window_s=15.0, finds=2, kills=3)
+    measured = measure(setup, window_s=15.0, finds=FINDS, kills=3)
     sim = simulated(measured, load_costs())
     ratios = compare(measured, sim)
     report = {k: (round(measured.summary()[k], 3), round(sim[k], 3)) for k in ratios}

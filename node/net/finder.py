@@ -238,10 +238,10 @@ class PeerFinder:
             found.notes.append("no peer that fits answered")
         log.info(
             "found %d of %d peers in %.3f s (directories %.3f s; %d probed, %d connected, "
-            "%d dead; answers %s)",
+            "%d dead; answers in ms, o: connection open, d: dialled: %s)",
             len(found.peers), k, found.seconds, found.directories_s, found.probed,
             found.connected, found.dead,
-            " ".join(f"{'c' if c else 'd'}{s * 1000:.0f}" for c, s in found.answers),
+            " ".join(f"{'o' if c else 'd'}{s * 1000:.0f}" for c, s in found.answers),
         )  # fmt: skip
         return found
 
