@@ -89,9 +89,12 @@ class Registration:
             if e.ad.directory and not e.stale and e.ad.peer_id != self.identity.peer_id
         ]
 
+    def usable(self, now: float) -> list[str]:
+        """The directories known and not resting after a failure (`failed`)."""
+        return [d for d in self.directories() if self._failed_until.get(d, 0.0) <= now]
+
     def chosen(self, now: float) -> list[str]:
-        usable = [d for d in self.directories() if self._failed_until.get(d, 0.0) <= now]
-        return rendezvous_order(self.identity.peer_id, usable)[: self.directory_peers]
+        return rendezvous_order(self.identity.peer_id, self.usable(now))[: self.directory_peers]
 
     def network_size(self) -> int:
         """Peers in the network as the directories see it (0: no directory answered):
@@ -199,8 +202,7 @@ class Registration:
     async def query(self, requirements: dict, want: int) -> list[bytes]:
         """Signed ads of up to `want` peers fitting `requirements`, from up to two
         directories asked at once; the caller checks each ad (`check_ad`)."""
-        now = time.monotonic()
-        usable = [d for d in self.directories() if self._failed_until.get(d, 0.0) <= now]
+        usable = self.usable(time.monotonic())
         asked = random.sample(usable, min(QUERY_DIRECTORIES, len(usable)))
         query = DirectoryQuery(
             want=max(1, min(want, MAX_WANT)),
