@@ -22,7 +22,7 @@ from node.net.gossip import CapacityGossip
 from node.net.host import HostError
 from node.net.peers import PeerEntry
 from node.net.registration import Registration
-from node.work.scheduler import unfit_reason
+from node.work.scheduler import fitting, free_tflops, unfit_reason
 from protocol import AD_LIMITS
 from protocol.directory import GPU_WISHES, MAX_WANT
 from protocol.names import PROBE_PROTOCOL
@@ -106,13 +106,7 @@ class PeerFinder:
         self._asked: dict[str, float] = {}  # requirements key -> when directories were asked
 
     def fitting(self, requirements: dict[str, Any], excluded: set[str]) -> list[PeerEntry]:
-        return [
-            e
-            for e in self.peers.entries()
-            if not e.stale
-            and e.ad.peer_id not in excluded
-            and unfit_reason(e.ad, requirements) is None
-        ]
+        return fitting(self.peers.entries(), requirements, excluded)
 
     async def top_up(
         self, requirements: dict[str, Any], excluded: set[str], want: int = WANT
@@ -230,9 +224,7 @@ class PeerFinder:
                 break
             self._asked.clear()
             await self._ask_directories(requirements, excluded | asked, k, found)
-        found.peers = sorted(
-            live.values(), key=lambda e: e.ad.tflops * (1 - e.ad.load_pct / 100), reverse=True
-        )[:k]
+        found.peers = sorted(live.values(), key=lambda e: free_tflops(e.ad), reverse=True)[:k]
         found.seconds = time.monotonic() - started
         if not found.peers:
             found.notes.append("no peer that fits answered")

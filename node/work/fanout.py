@@ -21,7 +21,7 @@ from node.work.lifecycle import Lifecycle
 from node.work.offers import offer_if_fit
 from node.work.placement import Backoff
 from node.work.reputation import Reputation
-from node.work.scheduler import unfit_reason
+from node.work.scheduler import fitting, free_tflops
 from protocol.crypto import new_job_key
 from protocol.rounds import RoundShare
 
@@ -46,20 +46,8 @@ class Fanout:
         requirements = job.spec.get("requirements", {})
         if self.ctx.finder is not None:
             await self.ctx.finder.top_up(requirements, excluded)
-        fits = [
-            e.ad
-            for e in self.ctx.peers.entries()
-            if not e.stale
-            and e.ad.peer_id not in excluded
-            and unfit_reason(e.ad, requirements) is None
-        ]
-        fits.sort(
-            key=lambda ad: (
-                ad.peer_id not in trusted,
-                -ad.tflops * (1 - ad.load_pct / 100),
-                ad.peer_id,
-            )
-        )
+        fits = [e.ad for e in fitting(self.ctx.peers.entries(), requirements, excluded)]
+        fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), ad.peer_id))
         return [ad.peer_id for ad in fits]
 
     async def offer(

@@ -6,6 +6,7 @@ the reason a job stays queued can be shown to the user as it is.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +41,29 @@ def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
     return None
 
 
+def fitting(
+    entries: Iterable[PeerEntry], requirements: dict[str, Any], excluded: set[str]
+) -> list[PeerEntry]:
+    """The live entries whose ads can take a job with `requirements`, but `excluded`."""
+    return [
+        e
+        for e in entries
+        if not e.stale and e.ad.peer_id not in excluded and unfit_reason(e.ad, requirements) is None
+    ]
+
+
+def free_tflops(ad: CapacityAd) -> float:
+    """The throughput an ad says is free now: what its load leaves of its TFLOP/s."""
+    return ad.tflops * (1 - ad.load_pct / 100)
+
+
 def _rank(ad: CapacityAd, requirements: dict[str, Any], trusted: frozenset[str]) -> tuple:
     has_gpu = any(g.kind == "cuda" for g in ad.gpus)
     prefer_gpu = requirements.get("gpu", "preferred") == "preferred"
     return (
         has_gpu if prefer_gpu else True,
         ad.peer_id in trusted,
-        ad.tflops * (1 - ad.load_pct / 100),
+        free_tflops(ad),
         ad.peer_id,
     )
 
