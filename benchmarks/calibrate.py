@@ -23,10 +23,10 @@ messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_tot
 5. in this process, a libp2p host of ours: `connect_ms` (a request to a peer not yet
    connected), `dial_ms` (this process's CPU for that new connection, the handshakes
    and what follows them within 0.3 s: identify, GossipSub's hello, the ad exchange;
-   the work an owner does in turn when it probes many peers it is not connected
-   to), `rtt_ms` (a probe on
-   an open one), `dial_timeout_s` (a dial to a port nobody listens on), and
-   `ad_check_ms` (checking one signed ad and storing it in a peer table on disk).
+   the work an owner does in turn when it probes many peers it is not connected to),
+   `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a port nobody
+   listens on), and `ad_check_ms` (checking one signed ad and storing it in a peer
+   table on disk).
 
 It also records the machine's yardstick, `speed_ms` (`benchmarks.discovery.speed_ms`),
 so that a real network measured on a faster or slower machine is compared with these

@@ -296,7 +296,7 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
 def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, float]:
     """The simulator's figures for the same network, the median over `seeds` runs,
     with the costs as they would be on the machine the network ran on."""
-    costs = costs.on_machine(measured.speed_ms) if measured.speed_ms else costs
+    costs = costs.on_machine(measured.speed_ms)
     runs = [simulate(scenario_for(measured, seed), costs) for seed in range(1, seeds + 1)]
     find = "find_k_s_p50" if measured.setup.design == "directory" else "first_peer_s_p50"
     return {

@@ -66,7 +66,7 @@ def test_costs_measured_on_another_machine_scale_by_its_yardstick() -> None:
     assert slower.ad_ms == 2 * costs.ad_ms and slower.dial_ms == 2 * costs.dial_ms
     assert slower.rtt_ms == 2 * costs.rtt_ms  # on loopback a round trip is CPU
     assert slower.ad_bytes == costs.ad_bytes and slower.dial_timeout_s == costs.dial_timeout_s
-    for bad in (0, -1, "fast", float("nan")):
+    for bad in (0, -1, "fast", float("nan"), float("inf")):
         with pytest.raises(ValueError, match="speed_ms must be a number > 0"):
             costs_from_dict({**data, "speed_ms": bad})
 

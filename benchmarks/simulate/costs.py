@@ -49,7 +49,7 @@ class Costs:
     probe_bytes: float  # bytes per probe, each way
     rtt_ms: float  # round trip between two connected nodes
     connect_ms: float  # a request to a peer not yet connected: the dial until it returns
-    dial_ms: float  # CPU of dialling one new connection (Noise, yamux, identify), each end
+    dial_ms: float  # CPU of one new connection, each end: handshakes to the ad exchange
     join_connect_ms: float  # dial start until the new connection carries streams
     dial_timeout_s: float  # how long a request to a dead peer takes to fail
     gossip_hop_ms: float  # latency of one gossip hop
@@ -60,9 +60,10 @@ class Costs:
     def on_machine(self, speed_ms: float) -> Costs:
         """These costs on a machine whose yardstick (`benchmarks.discovery.speed_ms`)
         reads `speed_ms`, where they were measured on one that read `meta["speed_ms"]`:
-        the CPU figures scaled by the ratio. Unchanged when the file has no yardstick."""
+        the CPU figures scaled by the ratio. Unchanged when either yardstick is missing
+        (0 or absent)."""
         measured_on = self.meta.get("speed_ms")
-        if not measured_on:
+        if not measured_on or not speed_ms:
             return self
         factor = speed_ms / measured_on
         return replace(self, **{k: getattr(self, k) * factor for k in SPEED_BOUND})
@@ -103,8 +104,9 @@ def costs_from_dict(data: dict[str, Any], source: str = "costs") -> Costs:
         if not number or not math.isfinite(value) or value < 0:
             problems.append(f"{key} must be a finite number >= 0, got {value!r}")
     speed = data.get("speed_ms", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not speed > 0:
-        problems.append(f"speed_ms must be a number > 0, got {speed!r}")
+    number = isinstance(speed, int | float) and not isinstance(speed, bool)
+    if not number or not math.isfinite(speed) or speed <= 0:
+        problems.append(f"speed_ms must be a number > 0, finite, got {speed!r}")
     if problems:
         raise ValueError(f"{source}: " + "; ".join(problems))
     meta = {k: data[k] for k in METADATA_KEYS if k in data and k != "measured"}

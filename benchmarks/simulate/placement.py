@@ -121,8 +121,9 @@ class PlacementMixin:
             self._probe_done(placement)
 
     def _dial_wall_ms(self: DirectoryNetwork, owner: int, dialled: list[int]) -> float:
-        """The owner's handshakes in turn, and the dialled peers' side: at once on their
-        own machines, or queued on the cores they share with the owner."""
+        """Charge each end its handshakes; the ms they take: the owner's in turn, then
+        the dialled peers' side, at once on their own machines, or queued on the cores
+        they share with the owner."""
         dial_ms, shared = self.costs.dial_ms, self.sc.shared_cores
         self.charge(owner, dial_ms * len(dialled), 0)
         for peer in dialled:
