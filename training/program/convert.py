@@ -1,0 +1,38 @@
+"""A user's `torch.export` archive(s) to a meshminer program, on the owner's machine
+(and on the user's, to check before anything is sent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.program.archive import read_pt2
+from training.program.errors import ProgramError
+from training.program.figures import figures
+from training.program.graph import problems
+from training.program.program import Program, from_archives
+
+
+def convert_pt2(program: Path, eval_program: Path | None = None) -> Program:
+    """Read and check the user's archives and build the program (dry-run included)."""
+    train = read_pt2(Path(program))
+    evaluation = read_pt2(Path(eval_program)) if eval_program is not None else None
+    built = from_archives(train, evaluation, "model.program")
+    figures(built)
+    return built
+
+
+def check_pt2(path: Path) -> list[str]:
+    """Every reason the archive at `path` would be refused, train or eval export alike
+    (empty when a volunteer would run it)."""
+    try:
+        archive = read_pt2(Path(path))
+    except ProgramError as exc:
+        return [str(exc)]
+    found = problems(archive.graph_module, Path(path).name)
+    if found:
+        return found
+    try:
+        figures(from_archives(archive, None, Path(path).name, require_eval=False))
+    except ProgramError as exc:
+        return [str(exc)]
+    return []
