@@ -27,7 +27,10 @@ MAX_ARCHIVE_BYTES = 16 * 2**30
 MAX_JSON_BYTES = 64 * 2**20
 MAX_ENTRIES = 100_000
 _ROOT = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-_TENSOR_FILE = {"weights": re.compile(r"weight_[0-9]{1,9}"), "constants": re.compile(r"tensor_[0-9]{1,9}")}
+_TENSOR_FILE = {
+    "weights": re.compile(r"weight_[0-9]{1,9}"),
+    "constants": re.compile(r"tensor_[0-9]{1,9}"),
+}
 _FIXED = {
     "archive_format", "archive_version", "byteorder", ".data/version",
     ".data/serialization_id", "models/model.json", "data/weights/model_weights_config.json",
@@ -58,7 +61,9 @@ def read_pt2(path: Path) -> Archive:
         with zipfile.ZipFile(path) as archive:
             return _read(archive, path.name)
     except zipfile.BadZipFile as exc:
-        raise ProgramError(f"model.program: {path.name} is not a torch.export archive: {exc}")
+        raise ProgramError(
+            f"model.program: {path.name} is not a torch.export archive: {exc}"
+        ) from None
 
 
 def _read(archive: zipfile.ZipFile, label: str) -> Archive:
@@ -215,8 +220,10 @@ def _view(storage: bytes, meta: Any, where: str) -> tuple[tuple, torch.Tensor]:
         raise ProgramError(
             f"{where}: the view reaches element {last}, past the {elements} its bytes hold"
         )
-    flat = torch.frombuffer(bytearray(storage), dtype=dtype) if storage else torch.empty(0, dtype=dtype)
-    tensor = flat.as_strided(sizes, strides, offset).clone() if math.prod(sizes) else torch.zeros(sizes, dtype=dtype)
+    if not math.prod(sizes):
+        return (dtype_name, tuple(sizes), tuple(strides), offset), torch.zeros(sizes, dtype=dtype)
+    flat = torch.frombuffer(bytearray(storage), dtype=dtype)
+    tensor = flat.as_strided(sizes, strides, offset).clone()
     return (dtype_name, tuple(sizes), tuple(strides), offset), tensor
 
 

@@ -23,7 +23,8 @@ MAX_ARGS = 64
 MAX_LIST = 4096
 MAX_INT = 2**63
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
-STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.([A-Za-z_][A-Za-z0-9_]{0,99}|[0-9]{1,9})){0,31}")
+_PART = r"(?:[A-Za-z_][A-Za-z0-9_]{0,99}|[0-9]{1,9})"
+STATE_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_]{{0,99}}(?:\.{_PART}){{0,31}}")
 STRING = re.compile(r"[A-Za-z0-9_.,+\-> ]{0,64}")
 SYMBOL = re.compile(r"(?:Symbol\('(s[0-9]{1,9})', positive=True, integer=True\)|(s[0-9]{1,9}))")
 # torch's ScalarType codes (torch/_export/serde/schema.py) for the dtypes a program may use
@@ -123,8 +124,8 @@ def problems(raw: Any, where: str) -> list[str]:
         return []
     except ProgramError as first:
         found = [str(first)]
-    module = raw if isinstance(raw, dict) else {}
-    nodes = (module.get("graph") or {}).get("nodes") if isinstance(module.get("graph"), dict) else []
+    graph = raw.get("graph") if isinstance(raw, dict) else None
+    nodes = graph.get("nodes") if isinstance(graph, dict) else []
     for i, node in enumerate(nodes if isinstance(nodes, list) else []):
         target = node.get("target") if isinstance(node, dict) else None
         if isinstance(target, str) and not allowed(target.removeprefix("torch.ops.")):
@@ -182,11 +183,12 @@ def _user_meta(meta: Any, path: str) -> tuple[str, tuple[int | str, ...]]:
         kind, value = _union(size, f"{path}.sizes")
         if kind == "as_int" and _is_int(value) and 0 <= value < MAX_INT:
             sizes.append(value)
-        elif kind == "as_expr" and isinstance(value, dict) and isinstance(value.get("expr_str"), str):
-            match = SYMBOL.fullmatch(value["expr_str"])
+        elif kind == "as_expr" and isinstance(value, dict):
+            text = value.get("expr_str")
+            match = SYMBOL.fullmatch(text) if isinstance(text, str) else None
             if match is None:
                 raise ProgramError(
-                    f"{path}: symbolic size {value['expr_str'][:80]!r} is not a plain symbol"
+                    f"{path}: symbolic size {str(text)[:80]!r} is not a plain symbol"
                 )
             sizes.append(match.group(1) or match.group(2))
         else:

@@ -91,7 +91,7 @@ def decode_program(path: Path, label: str = "model.program") -> Program:
                 raise ProgramError(f"{label}: not a {PROGRAM_FORMAT} file")
             text = metadata.get("program", "")
             if len(text) > MAX_PROGRAM_JSON:
-                raise ProgramError(f"{label}: the program's graphs are over {MAX_PROGRAM_JSON} bytes")
+                raise ProgramError(f"{label}: its graphs are over {MAX_PROGRAM_JSON} bytes")
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         if isinstance(exc, ProgramError):
