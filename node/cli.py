@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import typer
 from rich.table import Table
 
-from node import __version__, cli_doctor, cli_jobs, cli_ledger, cli_service
+from node import __version__, cli_doctor, cli_jobs, cli_ledger, cli_service, cli_tokenize
 from node.cli_common import ApiOption, DataDirOption, console, err, fail, get, short
 
 app = typer.Typer(
@@ -314,6 +314,7 @@ def _peer_table(rows: list[dict[str, Any]], title: str) -> None:
 cli_jobs.register(app, node_app)
 cli_ledger.register(app)
 cli_doctor.register(app)
+cli_tokenize.register(app)
 cli_service.register(node_app, show_status)
 
 

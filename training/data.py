@@ -31,10 +31,12 @@ from training.datainfo import (
     DatasetInfo,
     describe,
     describe_text,
+    describe_tokens,
     read_arrays,
     text_split,
 )
 from training.errors import SpecError
+from training.sources import TOKEN_FORMATS
 from training.spec import JobSpec
 
 
@@ -88,7 +90,7 @@ class Dataset:
     info: DatasetInfo
     train: Split
     val: Split | None
-    vocab: str = ""  # lm: the characters, in id order
+    vocab: str = ""  # text lm: the characters, in id order (token data has none here)
 
 
 def load_dataset(spec: JobSpec, ref: DataRef, token_input: bool = False) -> Dataset:
@@ -96,6 +98,9 @@ def load_dataset(spec: JobSpec, ref: DataRef, token_input: bool = False) -> Data
     if ref.kind == "text":
         assert ref.path is not None
         return _text(spec, formats.read_text(ref.path))
+    if ref.kind in TOKEN_FORMATS:
+        assert ref.path is not None
+        return _tokens(spec, formats.read_tokens(ref.path, ref.kind), ref.path.name)
     if ref.kind == "digits":
         x, y = _digits()
     elif ref.kind == "synthetic-regression":
@@ -179,3 +184,13 @@ def _text(spec: JobSpec, text: str) -> Dataset:
     train = WindowSplit(ids[:cut], context)
     val = WindowSplit(ids[cut:], context) if val_len else None
     return Dataset(info, train, val, vocab)
+
+
+def _tokens(spec: JobSpec, ids: np.ndarray, name: str) -> Dataset:
+    info = describe_tokens(spec, ids, name)
+    context = info.sample_shape[0]
+    cut, val_len = text_split(len(ids), spec.data.validation, context, unit="token ids")
+    tensor = torch.from_numpy(ids.astype(np.int64))
+    train = WindowSplit(tensor[:cut], context)
+    val = WindowSplit(tensor[cut:], context) if val_len else None
+    return Dataset(info, train, val)

@@ -15,7 +15,8 @@ import numpy as np
 
 from training import formats
 from training.errors import SpecError
-from training.spec import CharTransformerSpec, DataSpec, JobSpec
+from training.sources import TOKEN_FORMATS
+from training.spec import CharTransformerSpec, DataSpec, JobSpec, ProgramSpec
 
 DIGITS_SAMPLES, DIGITS_FEATURES, DIGITS_CLASSES = 1797, 64, 10
 SYNTHETIC_SAMPLES, SYNTHETIC_FEATURES = 1024, 8
@@ -43,7 +44,7 @@ class DatasetInfo:
 class DataRef:
     """The data set to read: a built-in name or a file format, and the file if any."""
 
-    kind: str  # digits | synthetic-regression | csv | npz | safetensors | text
+    kind: str  # digits | synthetic-regression | csv | npz | safetensors | text | tokens16/32
     path: Path | None
 
 
@@ -77,6 +78,8 @@ def probe(spec: JobSpec, data_file: Path | None = None) -> DatasetInfo:
     assert ref.path is not None
     if ref.kind == "text":
         return describe_text(spec, formats.read_text(ref.path))
+    if ref.kind in TOKEN_FORMATS:
+        return describe_tokens(spec, formats.read_tokens(ref.path, ref.kind), ref.path.name)
     arrays = read_arrays(ref, data.label, load_x=False)
     return describe(data, arrays.x_shape, arrays.y)
 
@@ -152,22 +155,50 @@ def describe_text(spec: JobSpec, text: str) -> DatasetInfo:
     )
 
 
-def text_split(length: int, validation: float, context: int) -> tuple[int, int]:
+def model_context(spec: JobSpec) -> int:
+    """The window length of an LM on token data, which only the model knows."""
+    if isinstance(spec.model, CharTransformerSpec):
+        return spec.model.context
+    if isinstance(spec.model, ProgramSpec) and spec.model.input_shape:
+        return spec.model.input_shape[0]
+    raise SpecError(
+        f"model: arch {spec.model.arch!r} needs a context length to train on token data; "
+        "use arch = char_transformer"
+    )
+
+
+def describe_tokens(spec: JobSpec, ids: np.ndarray, name: str) -> DatasetInfo:
+    """An LM's windows over token ids, split like text; `name` is the file, for errors."""
+    context = model_context(spec)
+    cut, val_len = text_split(len(ids), spec.data.validation, context, unit="token ids")
+    return DatasetInfo(
+        "lm",
+        (context,),
+        num_train=cut - context,
+        num_val=max(val_len - context, 0),
+        vocab_size=formats.token_vocab(ids, spec.data.vocab_size, name),
+    )
+
+
+def text_split(
+    length: int, validation: float, context: int, unit: str = "characters"
+) -> tuple[int, int]:
     """Where the text splits: the first `cut` characters train, the last `val_len` validate.
 
     The split is contiguous (no window straddles it), so validation text is unseen.
+    Token ids split the same way; `unit` names what is counted, for the errors.
     """
     val_len = int(length * validation)
     cut = length - val_len
     if cut < context + 1:
         raise SpecError(
-            f"data.source: the training part of the text has {cut} characters; it needs "
+            f"data.source: the training part of the data has {cut} {unit}; it needs "
             f"at least model.context + 1 = {context + 1}"
         )
     if validation > 0 and val_len < context + 1:
         raise SpecError(
-            f"data.validation: the validation part of the text has {val_len} characters; "
-            f"it needs at least model.context + 1 = {context + 1} (use a longer text, a "
+            f"data.validation: the validation part of the data has {val_len} {unit}; "
+            f"it needs at least model.context + 1 = {context + 1} (use more data, a "
             "larger validation fraction, a shorter context, or validation = 0)"
         )
     return cut, val_len

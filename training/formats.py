@@ -6,6 +6,8 @@
 - `.csv`: a header row, one numeric column per feature and the label column named by
   `data.label`.
 - text: UTF-8.
+- tokens16 / tokens32: nanoGPT's `.bin`, nothing but little-endian uint16 / uint32
+  token ids, mapped with `np.memmap` (never unpickled).
 
 Each reader can also give just the shape of `x` and the labels `y` (`probe_*`), which
 is what submit-time validation needs without loading the features.
@@ -30,6 +32,9 @@ MAX_TEXT_BYTES = 1 << 30
 #: their size is bounded before a byte of them is inflated (a zip "bomb" stays a header)
 MAX_LABEL_BYTES = 128 << 20
 MAX_NPZ_MEMBERS = 64
+TOKEN_DTYPES = {"tokens16": np.dtype("<u2"), "tokens32": np.dtype("<u4")}
+#: ids scanned per step when probing, so a large file never needs a large buffer
+TOKEN_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -266,3 +271,39 @@ def read_text(path: Path) -> str:
     if not text:
         raise SpecError(f"data.source: {path.name} is empty")
     return text
+
+
+def read_tokens(path: Path, fmt: str) -> np.ndarray:
+    """A token file's ids, mapped read-only rather than read, so probing costs no copy."""
+    dtype = TOKEN_DTYPES[fmt]
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    if size % dtype.itemsize:
+        raise SpecError(
+            f"data.source: {path.name} is {size} bytes, not a multiple of {dtype.itemsize}; "
+            f"{fmt} is {dtype.itemsize}-byte token ids and nothing else (is data.format right?)"
+        )
+    if size == 0:
+        raise SpecError(f"data.source: {path.name} is empty")
+    try:
+        return np.memmap(path, dtype=dtype, mode="r")
+    except (OSError, ValueError) as exc:
+        raise _open_error(path, exc) from exc
+
+
+def token_vocab(ids: np.ndarray, declared: int | None, name: str) -> int:
+    """The vocabulary of token ids: `declared` (every id checked against it), else max id + 1."""
+    top = 0
+    for start in range(0, len(ids), TOKEN_CHUNK):
+        chunk = ids[start : start + TOKEN_CHUNK]
+        high = int(chunk.max())
+        if declared is not None and high >= declared:
+            at = start + int(np.argmax(chunk >= declared))
+            raise SpecError(
+                f"data.source: {name} holds token id {int(ids[at])} (at position {at}); "
+                f"data.vocab_size is {declared}, so ids must be below it"
+            )
+        top = max(top, high)
+    return declared if declared is not None else top + 1

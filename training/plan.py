@@ -18,7 +18,14 @@ from typing import Any
 from training.datainfo import DatasetInfo
 from training.errors import SpecError
 from training.layers import IMAGE_INPUT, SEQUENCE_INPUT, SHAPE_AGNOSTIC, Shape, propagate
-from training.spec import CharTransformerSpec, CnnSpec, LayerStackSpec, MlpSpec, ModelSpec
+from training.spec import (
+    CharTransformerSpec,
+    CnnSpec,
+    LayerStackSpec,
+    MlpSpec,
+    ModelSpec,
+    ProgramSpec,
+)
 
 ACTIVATION_LAYERS = {"relu": "ReLU", "gelu": "GELU", "tanh": "Tanh", "silu": "SiLU"}
 
@@ -44,6 +51,7 @@ class ModelPlan:
     layers: tuple[PlannedLayer, ...] = ()
     transformer: CharTransformerSpec | None = None
     vocab_size: int = 0
+    program: ProgramSpec | None = None
 
 
 class _Stack:
@@ -108,10 +116,12 @@ def sequence_shape(sample: Shape) -> Shape:
 def plan_model(model: ModelSpec, info: DatasetInfo) -> ModelPlan:
     """Resolve `model` against the data described by `info`, or raise `SpecError`."""
     target = output_shape(info)
+    if isinstance(model, ProgramSpec):
+        return _program(model, info, target)
     if isinstance(model, CharTransformerSpec):
         return _transformer(model, info)
     if info.task == "lm":
-        raise SpecError("model.arch: text data needs arch = char_transformer")
+        raise SpecError("model.arch: text and token data need arch = char_transformer or program")
     flat = (math.prod(info.sample_shape),)
     if isinstance(model, MlpSpec):
         stack = _Stack(flat)
@@ -192,3 +202,50 @@ def _transformer(model: CharTransformerSpec, info: DatasetInfo) -> ModelPlan:
         transformer=model,
         vocab_size=vocab,
     )
+
+
+def _program(model: ProgramSpec, info: DatasetInfo, target: Shape) -> ModelPlan:
+    """A program's plan is its figures (re-derived from the graph by every runner),
+    checked against the data it will see."""
+    if not model.converted:
+        raise SpecError(
+            "model.program: the program's figures come from converting it (the node does so "
+            "at submit, train-local before training)"
+        )
+    token_input = model.input_dtype.startswith("int")
+    sample = info.sample_shape
+    fits = sample == model.input_shape or (
+        not token_input and math.prod(sample) == math.prod(model.input_shape)
+    )
+    if not fits:
+        raise SpecError(
+            f"model.program: the graph takes samples of shape {model.input_shape} "
+            f"({model.input_dtype}), but the data's samples are {sample}"
+        )
+    if info.task == "lm" and not token_input:
+        raise SpecError(
+            f"model.program: token data needs a graph taking int64 ids, not {model.input_dtype}"
+        )
+    if model.output == "logits" and not _covers(model.output_shape, target, info.task):
+        raise SpecError(
+            f"model.program: the graph returns {model.output_shape} per sample, but this "
+            f"{info.task} data needs {target}"
+        )
+    return ModelPlan(
+        arch="program",
+        input_shape=model.input_shape,
+        token_input=token_input,
+        output_shape=model.output_shape,
+        parameters=model.parameters,
+        flops_per_sample=model.flops_per_sample,
+        activations_per_sample=model.activations_per_sample,
+        vocab_size=info.vocab_size,
+        program=model,
+    )
+
+
+def _covers(produced: Shape, target: Shape, task: str) -> bool:
+    """Logits for at least the data's classes (or vocabulary); regression exactly."""
+    if task == "regression" or len(produced) != len(target) or not produced:
+        return produced == target
+    return produced[:-1] == target[:-1] and produced[-1] >= target[-1]

@@ -7,7 +7,9 @@ which is what the owner node rewrites a file source to after upload. A worker on
 ever sees built-in and blob sources.
 
 Pickle-based formats (`.pt`, `.pkl`, ...) are refused by name before anything opens
-them: loading a pickle can run arbitrary code.
+them: loading a pickle can run arbitrary code. A `.bin` file is the one exception, and
+only when `data.format` says it is raw little-endian token ids (`tokens16`, `tokens32`):
+nanoGPT's layout, which is read as numbers and nothing else.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from typing import Literal
 from training.errors import SpecError
 
 FILE_FORMATS = {".csv": "csv", ".npz": "npz", ".safetensors": "safetensors", ".txt": "text"}
-BLOB_FORMATS = ("csv", "npz", "safetensors", "text")
+TOKEN_FORMATS = ("tokens16", "tokens32")
+LM_KINDS = ("text", *TOKEN_FORMATS)
+BLOB_FORMATS = ("csv", "npz", "safetensors", "text", *TOKEN_FORMATS)
 BUILTINS = ("builtin:digits", "builtin:synthetic-regression", "builtin:text:<path>")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".bin", ".npy")
 _BLOB = re.compile(r"blob:([0-9a-fA-F]{64})")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
-Kind = Literal["digits", "synthetic-regression", "csv", "npz", "safetensors", "text"]
+Kind = Literal[
+    "digits", "synthetic-regression", "csv", "npz", "safetensors", "text", "tokens16", "tokens32"
+]
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,11 @@ class Source:
 
 
 def parse_source(source: str, fmt: str | None, path: str = "data.source") -> Source:
-    """Classify a source string; `fmt` is `data.format` (only blob sources take one)."""
-    if fmt is not None and not source.startswith("blob:"):
+    """Classify a source string; `fmt` is `data.format` (blob sources and .bin token files)."""
+    if fmt is not None and not source.startswith("blob:") and not _token_file(source, fmt):
         raise SpecError(
-            "data.format is only for blob: sources; a file's format comes from its suffix "
-            f"({', '.join(FILE_FORMATS)})"
+            "data.format is only for blob: sources and for .bin token files (tokens16 or "
+            f"tokens32); a file's format comes from its suffix ({', '.join(FILE_FORMATS)})"
         )
     if source == "builtin:digits":
         return Source("builtin", "digits")
@@ -72,12 +78,28 @@ def parse_source(source: str, fmt: str | None, path: str = "data.source") -> Sou
         return Source("blob", fmt, sha256=match.group(1).lower())  # type: ignore[arg-type]
     if _URL.match(source):
         raise SpecError(f"{path}: URLs are not fetched; download the file and give its path")
+    if fmt is not None:
+        return Source("file", fmt, path=source)  # type: ignore[arg-type]
     return Source("file", file_format(source, path), path=source)
+
+
+def _token_file(source: str, fmt: str) -> bool:
+    return (
+        fmt in TOKEN_FORMATS
+        and not source.startswith("builtin:")
+        and Path(source).suffix.lower() == ".bin"
+    )
 
 
 def file_format(name: str, path: str = "data.source") -> Kind:
     """The format of a data file from its suffix; pickles and unknown suffixes are refused."""
     suffix = Path(name).suffix.lower()
+    if suffix == ".bin":
+        raise SpecError(
+            f"{path}: {name!r} is a .bin file; meshminer reads one only as raw little-endian "
+            'token ids: set data.format = "tokens16" or "tokens32" (meshminer never loads '
+            "pickle-based tensor dumps)"
+        )
     if suffix in PICKLE_SUFFIXES:
         raise SpecError(
             f"{path}: {name!r} is a {suffix} file; meshminer never loads pickle-based or "

@@ -13,6 +13,7 @@ a request before it pays for importing torch.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,14 @@ from typing import Any
 from training.errors import SpecError
 from training.fields import Section
 from training.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
-from training.sources import BLOB_FORMATS, Source, parse_source, resolve_path
+from training.sources import (
+    BLOB_FORMATS,
+    LM_KINDS,
+    TOKEN_FORMATS,
+    Source,
+    parse_source,
+    resolve_path,
+)
 from training.sweep_spec import SweepSpec, parse_sweep
 
 MODES = ("single", "elastic", "sweep")
@@ -79,8 +87,40 @@ class LayerStackSpec:
     arch: str = "layers"
 
 
-ModelSpec = MlpSpec | CnnSpec | CharTransformerSpec | LayerStackSpec
-ARCHS = ("mlp", "cnn", "char_transformer", "layers")
+@dataclass(frozen=True)
+class ProgramSpec:
+    """A user's own model, exported with `torch.export` (docs/programs.md).
+
+    The user's spec names local `.pt2` files; the node that converts them rewrites the
+    spec to the program blob and writes in its figures, which every worker's runner
+    re-derives from the program before training (a mismatch is refused), so budget and
+    credit come from the graph, never from anyone's word."""
+
+    program: str  # a local .pt2, or blob:<sha256> of the converted program
+    eval_program: str | None = None  # a local .pt2 exported in eval mode (folded into the blob)
+    output: str = "logits"  # "logits": data.task's loss applies; "loss": the graph returns it
+    parameters: int = 0
+    flops_per_sample: int = 0  # forward, counted by training.program.figures
+    activations_per_sample: int = 0
+    input_shape: tuple[int, ...] = ()  # one sample of the (first) input
+    input_dtype: str = ""
+    output_shape: tuple[int, ...] = ()  # one sample of the output (() for a loss)
+    batch: int = 0  # the batch size the export fixed (0: dynamic)
+    arch: str = "program"
+
+    @property
+    def converted(self) -> bool:
+        return self.program.startswith("blob:")
+
+
+ModelSpec = MlpSpec | CnnSpec | CharTransformerSpec | LayerStackSpec | ProgramSpec
+ARCHS = ("mlp", "cnn", "char_transformer", "layers", "program")
+PROGRAM_OUTPUTS = ("logits", "loss")
+PROGRAM_FIGURES = (
+    "parameters", "flops_per_sample", "activations_per_sample", "input_shape", "input_dtype",
+    "output_shape", "batch",
+)
+_PROGRAM_BLOB = re.compile(r"blob:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +131,7 @@ class DataSpec:
     batch_size: int = 32
     validation: float = 0.1
     task: str | None = None
+    vocab_size: int | None = None  # token data: ids are < this (default: max id + 1)
 
     @property
     def parsed(self) -> Source:
@@ -175,7 +216,7 @@ def parse_spec(
     mode = top.string("mode", "single", choices=MODES)
     seed = top.integer("seed", 0, lo=0, hi=2**63 - 1)
     placement = top.string("placement", "auto", choices=("auto", "local"))
-    model = _parse_model(top.table("model"))
+    model = _parse_model(top.table("model"), base_dir, allowed_root)
     data = _parse_data(top.table("data"), base_dir, allowed_root)
     optim_section = top.table("optim")
     elastic = None
@@ -193,10 +234,14 @@ def parse_spec(
     requirements = _parse_requirements(top.table("requirements"))
     trust = _parse_trust(top.table("trust"), mode)
     top.finish()
-    if (model.arch == "char_transformer") != (data.parsed.kind == "text"):
+    kind = data.parsed.kind
+    if (model.arch == "char_transformer" and kind not in LM_KINDS) or (
+        kind == "text" and model.arch != "char_transformer"
+    ):
         raise SpecError(
-            "model.arch: char_transformer trains on text (data.source = builtin:text:<path> "
-            "or a text blob), and text data needs arch = char_transformer"
+            "model.arch: char_transformer trains on text or token ids (data.source = "
+            'builtin:text:<path>, a .bin file with data.format = "tokens16" or "tokens32", '
+            "or a text or tokens blob), and text data needs arch = char_transformer"
         )
     return JobSpec(
         name, model, data, optim, mode, seed, placement, requirements, elastic, sweep, trust
@@ -223,6 +268,9 @@ def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
     for file in local_files(spec):
         if not file.is_file():
             raise SpecError(f"data.source: file not found: {file}")
+    for key, file in program_files(spec).items():
+        if not file.is_file():
+            raise SpecError(f"model.{key}: file not found: {file}")
     return spec
 
 
@@ -233,6 +281,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     `parse_spec(spec_to_plain(s)) == s` and equal specs give equal bytes when encoded.
     """
     model = dataclasses.asdict(spec.model)
+    if isinstance(spec.model, ProgramSpec):
+        model = _program_plain(spec.model)
     if isinstance(spec.model, LayerStackSpec):
         model["layers"] = [{"type": layer.type, **dict(layer.args)} for layer in spec.model.layers]
     model = {"arch": model.pop("arch"), **{k: _plain(v) for k, v in model.items()}}
@@ -274,6 +324,34 @@ def relay_blob_bytes(plain_spec: dict[str, Any]) -> int:
     return int(plain_spec.get("requirements", {}).get("relay_blob_mb", RELAY_BLOB_MB)) << 20
 
 
+def _program_plain(model: ProgramSpec) -> dict[str, Any]:
+    plain = _drop_none(dataclasses.asdict(model))
+    if not model.converted:
+        for key in PROGRAM_FIGURES:
+            del plain[key]
+    return plain
+
+
+def program_files(spec: JobSpec) -> dict[str, Path]:
+    """The user's `.pt2` files a program spec names (none once converted), by key."""
+    model = spec.model
+    if not isinstance(model, ProgramSpec) or model.converted:
+        return {}
+    files = {"program": Path(model.program)}
+    if model.eval_program is not None:
+        files["eval_program"] = Path(model.eval_program)
+    return files
+
+
+def with_program_blob(spec: JobSpec, sha256: str, figures: dict[str, Any]) -> JobSpec:
+    """The spec reading its model from the converted program `sha256`, with its figures."""
+    assert isinstance(spec.model, ProgramSpec)
+    plain = spec_to_plain(spec)
+    model = {"arch": "program", "program": f"blob:{sha256}", "output": spec.model.output}
+    plain["model"] = {**model, **figures}
+    return parse_spec(plain)
+
+
 def local_files(spec: JobSpec) -> list[Path]:
     """Files on this machine the spec reads: the ones the CLI must upload."""
     source = spec.data.parsed
@@ -303,10 +381,14 @@ def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in table.items() if value is not None}
 
 
-def _parse_model(section: Section) -> ModelSpec:
+def _parse_model(
+    section: Section, base_dir: Path | None = None, allowed_root: Path | None = None
+) -> ModelSpec:
     arch = section.string("arch", choices=ARCHS)
     model: ModelSpec
-    if arch == "mlp":
+    if arch == "program":
+        model = _parse_program(section, base_dir, allowed_root)
+    elif arch == "mlp":
         model = MlpSpec(
             hidden=section.int_list("hidden", MlpSpec.hidden, lo=1, hi=SIZE_MAX, min_len=0),
             activation=section.string("activation", "relu", choices=ACTIVATIONS),
@@ -346,6 +428,56 @@ def _parse_model(section: Section) -> ModelSpec:
     return model
 
 
+def _parse_program(
+    section: Section, base_dir: Path | None, allowed_root: Path | None
+) -> ProgramSpec:
+    program = section.string("program", max_len=4096)
+    output = section.string("output", "logits", choices=PROGRAM_OUTPUTS)
+    if not program.startswith("blob:"):
+        if any(section.has(key) for key in PROGRAM_FIGURES):
+            raise SpecError(
+                "model: the program's figures (parameters, flops_per_sample, ...) are computed "
+                "from the graph when it is converted; leave them out"
+            )
+        eval_program = section.string("eval_program", None, max_len=4096)
+        return ProgramSpec(
+            program=_program_path(program, base_dir, allowed_root, "model.program"),
+            eval_program=None
+            if eval_program is None
+            else _program_path(eval_program, base_dir, allowed_root, "model.eval_program"),
+            output=output,
+        )
+    if not _PROGRAM_BLOB.fullmatch(program):
+        raise SpecError("model.program: a converted program is blob:<64 lowercase hex digits>")
+    if section.has("eval_program"):
+        raise SpecError("model.eval_program: a converted program holds its eval graph already")
+    model = ProgramSpec(
+        program=program,
+        output=output,
+        parameters=section.integer("parameters", lo=1, hi=10**12),
+        flops_per_sample=section.integer("flops_per_sample", lo=0, hi=10**18),
+        activations_per_sample=section.integer("activations_per_sample", lo=0, hi=10**15),
+        input_shape=section.int_list("input_shape", lo=1, hi=2**31, min_len=0, max_len=8),
+        input_dtype=section.string(
+            "input_dtype", choices=("float32", "float16", "bfloat16", "float64", "int64", "int32")
+        ),
+        output_shape=section.int_list("output_shape", lo=1, hi=2**31, min_len=0, max_len=8),
+        batch=section.integer("batch", 0, lo=0, hi=2**20),
+    )
+    if output == "loss" and model.output_shape:
+        raise SpecError("model.output_shape: a program that returns its loss returns a scalar")
+    return model
+
+
+def _program_path(raw: str, base_dir: Path | None, allowed_root: Path | None, key: str) -> str:
+    if Path(raw).suffix.lower() != ".pt2":
+        raise SpecError(
+            f"{key}: {raw[:100]!r} is not a .pt2 file (torch.export.save writes one; pickles, "
+            "TorchScript and ONNX files are never accepted)"
+        )
+    return resolve_path(raw, base_dir, allowed_root, key)
+
+
 def _parse_layers(raw: Any) -> tuple[LayerSpec, ...]:
     if not isinstance(raw, list | tuple) or not raw:
         raise SpecError('model.layers must be a non-empty list of tables like {type = "Linear"}')
@@ -378,8 +510,16 @@ def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | No
     if parsed.kind == "csv" and label is None:
         raise SpecError("data.label is required for a csv source: name the label column")
     task = section.string("task", None, choices=TASKS)
-    if task is not None and (task == "lm") != (parsed.kind == "text"):
-        raise SpecError(f"data.task {task!r} does not fit this source: task lm is for text data")
+    if task is not None and (task == "lm") != (parsed.kind in LM_KINDS):
+        raise SpecError(
+            f"data.task {task!r} does not fit this source: task lm is for text and token data"
+        )
+    vocab_size = section.integer("vocab_size", None, lo=1, hi=2**32)
+    if vocab_size is not None and parsed.kind not in TOKEN_FORMATS:
+        raise SpecError(
+            "data.vocab_size is for token data (data.format tokens16 or tokens32); "
+            f"this source is {parsed.kind}"
+        )
     data = DataSpec(
         source=source,
         format=fmt,
@@ -387,6 +527,7 @@ def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | No
         batch_size=section.integer("batch_size", 32, lo=1, hi=65536),
         validation=section.number("validation", 0.1, lo=0, hi=0.9),
         task=task,
+        vocab_size=vocab_size,
     )
     section.finish()
     return data

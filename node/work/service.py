@@ -196,15 +196,18 @@ class WorkService:
                     f"data.source names a local file ({needs[0].name}): upload it with the "
                     "spec (`meshminer submit` does this); the API never reads server paths"
                 )
-            fmt = (
-                "text"
-                if str(spec.data.source).startswith("builtin:text:")
-                else (UPLOAD_FORMATS.get(Path(filename).suffix.lower()))
-            )
+            suffix = Path(filename).suffix.lower()
+            if str(spec.data.source).startswith("builtin:text:"):
+                fmt = "text"
+            elif suffix == ".bin":  # raw token ids: only the spec can say how wide
+                fmt = spec.data.format
+            else:
+                fmt = UPLOAD_FORMATS.get(suffix)
             if fmt is None:
                 raise SubmitError(
-                    f"data file {filename!r}: use .csv, .npz or .safetensors "
-                    "(pickle and .pt files are never accepted)"
+                    f"data file {filename!r}: use .csv, .npz, .safetensors, .txt, or .bin "
+                    'token ids with data.format = "tokens16" or "tokens32" (pickle and .pt '
+                    "files are never accepted)"
                 )
             # validate against the upload first: a refused job stores nothing
             sha = await trio.to_thread.run_sync(_sha256_file, upload)
