@@ -42,7 +42,7 @@ def run_elastic_task(
     began = time.monotonic()
     if task == "elastic_init":
         section.finish()
-        run = prepare(spec, data_file, device)
+        run = prepare(spec, data_file, device, blob_file)
         emit_started(run, emit)
         result: dict[str, Any] = {"weights_sha256": elastic.init_weights(run, out)}
     else:
@@ -54,7 +54,8 @@ def run_elastic_task(
         if task == "elastic_inner":
             folder = out.parent / "checkpoints" if checkpoints else None
             result = _inner(
-                section, spec, data_file, out, device, emit, job_id, round_, weights, folder
+                section, spec, data_file, out, blob_file, device, emit, job_id, round_, weights,
+                folder,
             )
         else:
             result = _outer(
@@ -71,6 +72,7 @@ def _inner(
     spec: JobSpec,
     data_file: Path | None,
     out: Path,
+    blob_file: BlobFile,
     device: str,
     emit: Emit,
     job_id: str,
@@ -83,7 +85,7 @@ def _inner(
     state_out = _beside(out, section.string("state_out", max_len=4096), "state_out")
     section.finish()
     assert state_out is not None
-    run = prepare(spec, data_file, device)
+    run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     outcome = elastic.inner_round(
         run,
@@ -126,7 +128,7 @@ def _outer(
     momentum_out = _beside(out, section.string("momentum_out", max_len=4096), "momentum_out")
     section.finish()
     assert momentum_out is not None
-    run = prepare(spec, data_file, device)
+    run = prepare(spec, data_file, device, blob_file)
     metrics = elastic.outer_step(
         run,
         job_id=job_id,

@@ -9,6 +9,7 @@ build (CPU: also the same thread count).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ from training.spec import JobSpec
 from training.weights import write_weights
 
 WEIGHTS_FORMAT = "meshminer.weights/1"
+Locate = Callable[[str], Path]  # a blob's sha256 -> its file
 
 
 def resolve_device(name: str) -> torch.device:
@@ -91,11 +93,20 @@ class Prepared:
     metadata: dict[str, str]  # written into every weights file of the job
 
 
-def prepare(spec: JobSpec, data_file: Path | None, device: str = "cpu") -> Prepared:
-    """Probe and budget first (before torch allocates anything), then load the data."""
+def prepare(
+    spec: JobSpec, data_file: Path | None, device: str = "cpu", locate: Locate | None = None
+) -> Prepared:
+    """Probe and budget first (before torch allocates anything), then load the data.
+
+    A program is read (`locate` finds its blob), checked against the spec's figures and
+    dry-run on the meta device before any real tensor is made."""
     info = probe(spec, data_file)
     plan = plan_model(spec.model, info)
     summary = summarize(spec, info, plan)
+    if plan.program is not None:
+        from training.program.job import program_of
+
+        plan = dataclasses.replace(plan, loaded=program_of(spec, locate)[0])
     target = resolve_device(device)
     with deterministic(spec.seed):
         data = load_dataset(spec, data_ref(spec, data_file), plan.token_input)
@@ -125,6 +136,7 @@ def run_job(
     emit: Emit | None = None,
     notes: list[str] | None = None,
     checkpoint_dir: Path | None = None,
+    locate: Locate | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
 
@@ -136,7 +148,7 @@ def run_job(
     """
     emit = emit or (lambda event: None)
     began = time.monotonic()
-    run = prepare(spec, data_file, device)
+    run = prepare(spec, data_file, device, locate)
     checkpoints: list[str] = []
     with deterministic(spec.seed):
         model = build_model(run.plan).to(run.device)

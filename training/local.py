@@ -26,6 +26,9 @@ def train_local(
     sweep runs its trials one after another (`training.sweep_local.run_sweep`): its
     result adds `trials` and `best`, and `out` holds the best trial's weights.
     """
+    from training.program.job import bind_local
+
+    spec = bind_local(spec)
     if spec.mode == "sweep":
         from training.sweep_local import run_sweep
 

@@ -131,7 +131,7 @@ def train_step(
 ) -> torch.Tensor:
     """One optimizer step on one batch; the same code for training and for a replay
     of it (`training.checkpoints.advance`), so both give the same bits."""
-    loss = loss_fn(model(x), y)
+    loss = forward_loss(model, loss_fn, x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if spec.optim.grad_clip is not None:
@@ -141,27 +141,43 @@ def train_step(
     return loss
 
 
+def forward_loss(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor) -> Any:
+    """The batch's loss: the model's output scored by `loss_fn`, or, for a program that
+    returns its own loss (`model.output = "loss"`), the model's output itself."""
+    if getattr(model, "returns_loss", False):
+        return model(x, y)
+    return loss_fn(model(x), y)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, split: Split, loss_fn: LossFn, batch: int, device: torch.device, task: str
 ) -> dict[str, float]:
-    """Mean loss (and accuracy for classification) over `split`, in eval mode."""
+    """Mean loss (and accuracy for classification) over `split`, in eval mode.
+
+    A program exported with a fixed batch size is evaluated on full batches only."""
     model.eval()
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     order = split.eval_index()
+    fixed = getattr(model, "fixed_batch", 0)
+    if fixed:
+        order = order[: order.shape[0] - order.shape[0] % batch]
     n = order.shape[0]
+    if n == 0:
+        raise TrainingError(f"the validation split has fewer samples than the batch ({batch})")
+    own_loss = getattr(model, "returns_loss", False)
     for begin in range(0, n, batch):
         index = order[begin : begin + batch]
         x, y = split.batch(index)
         x, y = x.to(device), y.to(device)
-        out = model(x)
-        total_loss += loss_fn(out, y).double() * index.shape[0]
-        if task == "classification":
+        out = model(x, y) if own_loss else model(x)
+        total_loss += (out if own_loss else loss_fn(out, y)).double() * index.shape[0]
+        if task == "classification" and not own_loss:
             correct += (out.argmax(dim=-1) == y).sum()
     model.train()
     metrics = {"val_loss": _finite(total_loss.item() / n, -1)}
-    if task == "classification":
+    if task == "classification" and not own_loss:
         metrics["val_accuracy"] = correct.item() / n
     return metrics
 

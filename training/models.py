@@ -93,7 +93,17 @@ class CharTransformer(nn.Module):
 
 
 def build_model(plan: ModelPlan) -> nn.Module:
-    """The torch module for `plan`, initialised from torch's global RNG (seed it first)."""
+    """The torch module for `plan`, initialised from torch's global RNG (seed it first);
+    a program's module starts from the program's own initial state."""
+    if plan.program is not None:
+        from training.program.interpreter import ProgramModule
+
+        if plan.loaded is None:
+            raise ValueError("a program's plan must be prepared (training.execute.prepare)")
+        module = ProgramModule(plan.loaded, sample_shape=plan.input_shape)
+        module.returns_loss = plan.program.output == "loss"
+        module.fixed_batch = plan.program.batch
+        return module
     if plan.transformer is not None:
         return CharTransformer(plan.transformer, plan.vocab_size)
     return LayerStack(plan)

@@ -52,6 +52,7 @@ class ModelPlan:
     transformer: CharTransformerSpec | None = None
     vocab_size: int = 0
     program: ProgramSpec | None = None
+    loaded: Any = None  # the program itself (training.program.Program), set by prepare()
 
 
 class _Stack:

@@ -84,7 +84,7 @@ def run_replay(
     section.finish()
     if share is not None and init and not init_claimed:
         raise SpecError("request.replay.init_claimed: a share's checkpoint 0 is rebuilt from it")
-    run = prepare(spec, data_file, device)
+    run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     course = share_course(run, share.slot, share.round) if share else course_of(run)
     total = course.total_steps

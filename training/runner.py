@@ -125,6 +125,10 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             "built-in data sets"
         )
     validate_for_submit(spec, data_file)  # before torch is imported
+    if spec.model.arch == "program":  # read, checked and dry-run before any real op
+        from training.program.job import program_of
+
+        program_of(spec, lambda sha: _blob_file(blobs, sha))
 
     if task != "replay" and (task == "train") != (spec.mode != "elastic"):
         raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
@@ -151,7 +155,14 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if task == "train":
         folder = out.parent / "checkpoints" if checkpoints else None
         return run_job(
-            spec, data_file, out, device=target.type, emit=emit, notes=notes, checkpoint_dir=folder
+            spec,
+            data_file,
+            out,
+            device=target.type,
+            emit=emit,
+            notes=notes,
+            checkpoint_dir=folder,
+            locate=lambda sha: _blob_file(blobs, sha),
         )
     if task == "replay":
         from training.replay import run_replay
@@ -191,7 +202,7 @@ def _blob_file(blobs: dict[str, Path], sha256: str) -> Path:
     from training.weights import file_sha256
 
     if sha256 not in blobs:
-        raise RequestError(f"data.source names blob {sha256}, which request.blobs lacks")
+        raise RequestError(f"the spec names blob {sha256}, which request.blobs lacks")
     path = blobs[sha256]
     if not path.is_file():
         raise RequestError(f"request.blobs[{sha256}]: no file at {path}")

@@ -30,9 +30,11 @@ Step = Callable[[dict[str, Any], torch.device], None]
 class ProgramModule(nn.Module):
     """Runs the train graph in train mode and the eval graph (when there is one) in eval."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, sample_shape: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.returns_loss = False  # set by the caller for `output = "loss"` programs
+        self.fixed_batch = 0  # the batch size a static export fixed (0: dynamic)
+        self.sample_shape = sample_shape  # the first input is reshaped to it (when given)
         for canonical, tensor in sorted(program.tensors.items()):
             kind = program.kind(canonical)
             value = tensor.clone()
@@ -62,6 +64,8 @@ class ProgramModule(nn.Module):
         users = graph.user_inputs
         if len(inputs) != len(users):
             raise TypeError(f"the program takes {len(users)} inputs, got {len(inputs)}")
+        if self.sample_shape and tuple(inputs[0].shape[1:]) != self.sample_shape:
+            inputs = (inputs[0].reshape(inputs[0].shape[0], *self.sample_shape), *inputs[1:])
         for item, value in zip(users, inputs, strict=True):
             env[item.name] = value
         device = inputs[0].device

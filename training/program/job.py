@@ -8,6 +8,7 @@ path, size and modification time.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from training.spec import JobSpec, ProgramSpec
 Locate = Callable[[str], Path]  # sha256 -> the blob's file
 _CACHE: OrderedDict[tuple, tuple[Program, ProgramFigures]] = OrderedDict()
 _CACHE_SIZE = 4
+_PINNED: dict[tuple, tuple[Program, ProgramFigures]] = {}  # converted here (train-local)
 
 
 def program_of(spec: JobSpec, locate: Locate | None = None) -> tuple[Program, ProgramFigures]:
@@ -32,6 +34,8 @@ def program_of(spec: JobSpec, locate: Locate | None = None) -> tuple[Program, Pr
     if not isinstance(model, ProgramSpec):
         raise ProgramError(f"model.arch is {model.arch!r}, not program")
     key = _key(model)
+    if key in _PINNED:
+        return _PINNED[key]
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
@@ -50,6 +54,22 @@ def program_of(spec: JobSpec, locate: Locate | None = None) -> tuple[Program, Pr
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return program, found
+
+
+def bind_local(spec: JobSpec) -> JobSpec:
+    """A spec naming the user's `.pt2` files, converted here as the owner's node would
+    (`train-local`): the same program bytes, so the same blob and the same figures."""
+    model = spec.model
+    if not isinstance(model, ProgramSpec) or model.converted:
+        return spec
+    from training.program.program import encode_program
+    from training.spec import with_program_blob
+
+    program, found = program_of(spec)
+    sha = hashlib.sha256(encode_program(program)).hexdigest()
+    bound = with_program_blob(spec, sha, spec_figures(found))
+    _PINNED[_key(bound.model)] = (program, found)  # type: ignore[arg-type]
+    return bound
 
 
 def spec_figures(found: ProgramFigures) -> dict[str, Any]:
