@@ -24,7 +24,7 @@ MAX_LIST = 4096
 MAX_INT = 2**63
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
 _PART = r"(?:[A-Za-z_][A-Za-z0-9_]{0,99}|[0-9]{1,9})"
-STATE_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_]{{0,99}}(?:\.{_PART}){{0,31}}")
+STATE_NAME = re.compile(rf"{_PART}(?:\.{_PART}){{0,31}}")  # "1.weight": nn.Sequential
 STRING = re.compile(r"[A-Za-z0-9_.,+\-> ]{0,64}")
 SYMBOL = re.compile(r"(?:Symbol\('(s[0-9]{1,9})', positive=True, integer=True\)|(s[0-9]{1,9}))")
 # torch's ScalarType codes (torch/_export/serde/schema.py) for the dtypes a program may use
