@@ -64,9 +64,15 @@ def _send(req: urllib.request.Request, api: str, what: str, timeout: float) -> A
 
 
 def submit_job(
-    api: str, spec_text: str, data_file: Path | None, token: str | None = None, timeout: float = 600
+    api: str,
+    spec_text: str,
+    data_file: Path | None,
+    token: str | None = None,
+    timeout: float = 600,
+    files: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """POST /api/v1/jobs as multipart/form-data: the spec TOML and, streamed, its data."""
+    """POST /api/v1/jobs as multipart/form-data: the spec TOML and, streamed, its data
+    and any other `files` by form field (a program's `program` and `eval_program`)."""
     boundary = f"meshminer-{secrets.token_hex(12)}"
     spec_part = (
         (
@@ -77,20 +83,22 @@ def submit_job(
         + b"\r\n"
     )
     tail = f"--{boundary}--\r\n".encode()
-    file_head = b""
-    length = len(spec_part) + len(tail)
-    if data_file is not None:
-        file_head = (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="data"; '
-            f'filename="{data_file.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+    parts = {**({"data": data_file} if data_file is not None else {}), **(files or {})}
+    heads = {
+        field: (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; '
+            f'filename="{path.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
         ).encode()
-        length += len(file_head) + data_file.stat().st_size + 2
+        for field, path in parts.items()
+    }
+    length = len(spec_part) + len(tail)
+    length += sum(len(heads[f]) + path.stat().st_size + 2 for f, path in parts.items())
 
     def body() -> Iterator[bytes]:
         yield spec_part
-        if data_file is not None:
-            yield file_head
-            with open(data_file, "rb") as f:
+        for field, path in parts.items():
+            yield heads[field]
+            with open(path, "rb") as f:
                 while chunk := f.read(1 << 20):
                     yield chunk
             yield b"\r\n"

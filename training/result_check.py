@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,15 @@ class WeightsRejected(ValueError):
     """The weights are not what the job's model produces; the message says how."""
 
 
-def expected_tensors(spec_plain: dict[str, Any], data_file: Path | None = None) -> Expected:
+def expected_tensors(
+    spec_plain: dict[str, Any],
+    data_file: Path | None = None,
+    locate: Callable[[str], Path] | None = None,
+) -> Expected:
     """Tensor name -> (shape, dtype) of the weights a run of `spec_plain` writes: the
     model's state dict, built on torch's "meta" device so nothing is allocated.
-    `data_file` is the job's own data (the owner's blob), probed for its shapes."""
+    `data_file` is the job's own data (the owner's blob), probed for its shapes;
+    `locate` finds a program's blob."""
     import torch
 
     from training.datainfo import probe
@@ -50,6 +56,10 @@ def expected_tensors(spec_plain: dict[str, Any], data_file: Path | None = None) 
 
     spec = parse_spec(spec_plain)
     plan = plan_model(spec.model, probe(spec, data_file))
+    if plan.program is not None:
+        from training.program.job import program_of, state_shapes
+
+        return state_shapes(program_of(spec, locate)[0])
     with torch.device("meta"):
         model = build_model(plan)
     return {

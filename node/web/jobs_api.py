@@ -1,6 +1,7 @@
-"""Job routes: submit (spec + uploaded data), list, show, weights, a sweep's study, cancel.
+"""Job routes: submit (spec + uploaded files), list, show, weights, a sweep's study, cancel.
 
-Uploaded data is streamed to a temporary file in the data dir with a size cap, then
+A submission's files (`data`, and a program's `program` and `eval_program` archives)
+are each streamed to a temporary file in the data dir with a size cap, then
 handed to the work service, which stores it as a content-addressed blob. The API
 never opens a server path named by a request.
 """
@@ -19,11 +20,12 @@ from node.net.bridge import TrioBridge
 from node.web.api import WriteGuard, json_body
 
 MAX_SPEC_BYTES = 64 * 1024
+UPLOAD_FIELDS = ("data", "program", "eval_program")
 JOB_ID = r"{job_id:[0-9a-f]{16}}"
 
 
 class Jobs(Protocol):
-    async def submit(self, spec_toml: str, upload: Path | None, filename: str) -> dict: ...
+    async def submit(self, spec_toml: str, uploads: dict[str, tuple[Path, str]]) -> dict: ...
     def jobs(self) -> list[dict[str, Any]]: ...
     def job(self, job_id: str) -> dict[str, Any] | None: ...
     def weights_path(self, job_id: str) -> Path | None: ...
@@ -44,18 +46,18 @@ def job_routes(
     async def submit(request: web.Request) -> web.Response:
         guard.check(request)
         upload_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        upload = upload_dir / f"upload-{secrets.token_hex(8)}"
+        token = secrets.token_hex(8)
+        paths = {field: upload_dir / f"upload-{token}-{field}" for field in UPLOAD_FIELDS}
         try:
-            spec, filename, has_file = await _read_submission(request, upload, max_upload_bytes)
+            spec, uploads = await _read_submission(request, paths, max_upload_bytes)
             try:
-                job = await bridge.call_async(
-                    jobs.submit, spec, upload if has_file else None, filename
-                )
+                job = await bridge.call_async(jobs.submit, spec, uploads)
             except submit_error as exc:
                 raise web.HTTPBadRequest(text=str(exc)) from exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                upload.unlink()
+            for path in paths.values():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
         return web.json_response(job, status=201)
 
     async def list_jobs(request: web.Request) -> web.Response:
@@ -110,23 +112,24 @@ def _download(path: Path, filename: str) -> web.FileResponse:
 
 
 async def _read_submission(
-    request: web.Request, upload: Path, max_bytes: int
-) -> tuple[str, str, bool]:
-    """(spec TOML, data file name, whether a data file was uploaded to `upload`)."""
+    request: web.Request, paths: dict[str, Path], max_bytes: int
+) -> tuple[str, dict[str, tuple[Path, str]]]:
+    """(spec TOML, {field: (where it was saved, the file name the client gave)})."""
     if request.content_type == "application/json":
         body = await json_body(request)
         spec = body.get("spec")
         if not isinstance(spec, str):
             raise web.HTTPBadRequest(text="'spec' must be the job spec as TOML text")
-        return spec, "", False
+        return spec, {}
     if request.content_type != "multipart/form-data":
         raise web.HTTPUnsupportedMediaType(
-            text="send multipart/form-data (fields 'spec' and optional file 'data') or JSON "
+            text="send multipart/form-data (fields 'spec' and optional files "
+            f"{', '.join(repr(f) for f in UPLOAD_FIELDS)}) or JSON "
             '{"spec": "..."}'
         )
     reader = await request.multipart()
     spec: str | None = None
-    filename, has_file = "", False
+    uploads: dict[str, tuple[Path, str]] = {}
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
             raise web.HTTPBadRequest(text="nested multipart is not accepted")
@@ -135,17 +138,16 @@ async def _read_submission(
             if len(raw) > MAX_SPEC_BYTES:
                 raise web.HTTPRequestEntityTooLarge(max_size=MAX_SPEC_BYTES, actual_size=len(raw))
             spec = raw.decode("utf-8", errors="replace")
-        elif part.name == "data":
-            if has_file:
-                raise web.HTTPBadRequest(text="one data file per job")
-            filename = Path(part.filename or "data").name
-            await _save_part(part, upload, max_bytes)
-            has_file = True
+        elif part.name in paths:
+            if part.name in uploads:
+                raise web.HTTPBadRequest(text=f"one {part.name!r} file per job")
+            await _save_part(part, paths[part.name], max_bytes)
+            uploads[part.name] = (paths[part.name], Path(part.filename or part.name).name)
         else:
             raise web.HTTPBadRequest(text=f"unexpected form field {part.name!r}")
     if spec is None:
         raise web.HTTPBadRequest(text="the form has no 'spec' field (the job spec as TOML)")
-    return spec, filename, has_file
+    return spec, uploads
 
 
 async def _save_part(part: BodyPartReader, path: Path, max_bytes: int) -> None:

@@ -65,6 +65,12 @@ class Job:
     updated_at: float = 0.0
 
     @property
+    def data_sha256(self) -> str | None:
+        """The blob of the job's data (its other blobs: a program's)."""
+        source = self.spec.get("data", {}).get("source", "")
+        return source.removeprefix("blob:") if source.startswith("blob:") else None
+
+    @property
     def max_hours(self) -> float:
         return float(self.spec.get("requirements", {}).get("max_hours", 1.0))
 

@@ -55,8 +55,8 @@ async def fetch_and_check(
     key = ctx.grant_keys.get((result.job_id, result.unit_id))
     if key is None:
         raise ProtocolError("no key for this unit (it ended)")
-    data = ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-    expected = await trio.to_thread.run_sync(expected_tensors, spec, data)
+    data = ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+    expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
     numel = float_numel(expected)
     bound = delta_limits(numel).max_bytes if unit.round >= 0 else max_weights_bytes(expected)
     what = "delta" if unit.round >= 0 else "weights"

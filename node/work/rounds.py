@@ -291,8 +291,10 @@ class ElasticRounds:
 
     async def _delta_numel(self, job: Job) -> int:
         """Values in one delta: the model's floating-point state, buffers included."""
-        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        return float_numel(await trio.to_thread.run_sync(expected_tensors, job.spec, data))
+        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        return float_numel(await trio.to_thread.run_sync(
+            expected_tensors, job.spec, data, self.ctx.blobs.path
+        ))
 
     # -- work on this node -------------------------------------------------------------
 

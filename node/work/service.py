@@ -4,6 +4,7 @@ the calls the HTTP API makes about jobs (all in the trio thread).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import tomllib
@@ -76,6 +77,8 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     from training.spec import SpecError, parse_spec, spec_to_plain
 
     spec = parse_spec(plain)
+    if spec.model.arch == "program" and not spec.model.program.startswith("blob:"):
+        raise SpecError("model.program: a worker reads programs only from blobs")
     origin = spec.data.parsed.origin
     if origin == "builtin":
         validate_for_submit(spec, None)
@@ -94,8 +97,10 @@ def note_served(ctx: WorkContext, auth: Authorized, path: str) -> None:
     if job is None:
         return
     unit = ctx.jobs.unit(auth.grant.unit_id)
-    if auth.sha256 in job.data_blobs:
+    if auth.sha256 == job.data_sha256:
         what = "the data"
+    elif auth.sha256 in job.data_blobs:
+        what = "the program"
     elif unit is not None and unit.round >= 0:
         what = f"round {unit.round}'s weights"
     else:
@@ -170,16 +175,11 @@ class WorkService:
 
     # -- the API's calls -------------------------------------------------------------
 
-    async def submit(self, spec_toml: str, upload: Path | None, filename: str) -> dict[str, Any]:
-        """Validate a spec (and its uploaded data), store both, queue the job."""
+    async def submit(self, spec_toml: str, uploads: dict[str, tuple[Path, str]]) -> dict[str, Any]:
+        """Validate a spec and its uploaded files (data, a program's archives), store them
+        as blobs, queue the job. A refused job stores nothing."""
         from training.budget import validate_for_submit
-        from training.spec import (
-            SpecError,
-            local_files,
-            parse_spec,
-            spec_to_plain,
-            with_blob_source,
-        )
+        from training.spec import SpecError, parse_spec, spec_to_plain
 
         try:
             spec = parse_spec(tomllib.loads(spec_toml))
@@ -187,49 +187,56 @@ class WorkService:
             raise SubmitError(f"the job spec is not valid TOML: {exc}") from exc
         except SpecError as exc:
             raise SubmitError(str(exc)) from exc
-        needs = local_files(spec)
-        blobs: list[str] = []
-        data_path: Path | None = None
-        if needs:
-            if upload is None:
-                raise SubmitError(
-                    f"data.source names a local file ({needs[0].name}): upload it with the "
-                    "spec (`meshminer submit` does this); the API never reads server paths"
-                )
-            suffix = Path(filename).suffix.lower()
-            if str(spec.data.source).startswith("builtin:text:"):
-                fmt = "text"
-            elif suffix == ".bin":  # raw token ids: only the spec can say how wide
-                fmt = spec.data.format
-            else:
-                fmt = UPLOAD_FORMATS.get(suffix)
-            if fmt is None:
-                raise SubmitError(
-                    f"data file {filename!r}: use .csv, .npz, .safetensors, .txt, or .bin "
-                    'token ids with data.format = "tokens16" or "tokens32" (pickle and .pt '
-                    "files are never accepted)"
-                )
-            # validate against the upload first: a refused job stores nothing
-            sha = await trio.to_thread.run_sync(_sha256_file, upload)
-            try:
-                spec = with_blob_source(spec, sha, fmt)
-            except SpecError as exc:
-                raise SubmitError(str(exc)) from exc
-            data_path = upload
-        elif upload is not None:
-            raise SubmitError("a data file was uploaded, but data.source names no file")
         try:
+            spec, data_path = await self._uploaded_data(spec, uploads.get("data"))
+            spec, program = await trio.to_thread.run_sync(_converted_program, spec, uploads)
             summary = await trio.to_thread.run_sync(validate_for_submit, spec, data_path)
         except (SpecError, ValueError) as exc:
             raise SubmitError(str(exc)) from exc
+        blobs: list[str] = []
         if data_path is not None:
             blobs.append(await trio.to_thread.run_sync(self.ctx.blobs.put_file, data_path))
+        if program is not None:
+            blobs.append(await trio.to_thread.run_sync(self.ctx.blobs.put_bytes, program))
         job = self.ctx.jobs.create(
             spec.name, spec_to_plain(spec), spec.placement, _plain(summary), blobs
         )
         log.info("job %s (%s) submitted", job.id, job.name)
         self.owner.wake()
         return job.to_json()
+
+    async def _uploaded_data(
+        self, spec: Any, upload: tuple[Path, str] | None
+    ) -> tuple[Any, Path | None]:
+        """The spec reading its uploaded data file as a blob, and that file."""
+        from training.spec import local_files, with_blob_source
+
+        needs = local_files(spec)
+        if not needs:
+            if upload is not None:
+                raise SubmitError("a data file was uploaded, but data.source names no file")
+            return spec, None
+        if upload is None:
+            raise SubmitError(
+                f"data.source names a local file ({needs[0].name}): upload it with the "
+                "spec (`meshminer submit` does this); the API never reads server paths"
+            )
+        path, filename = upload
+        suffix = Path(filename).suffix.lower()
+        if str(spec.data.source).startswith("builtin:text:"):
+            fmt = "text"
+        elif suffix == ".bin":  # raw token ids: only the spec can say how wide
+            fmt = spec.data.format
+        else:
+            fmt = UPLOAD_FORMATS.get(suffix)
+        if fmt is None:
+            raise SubmitError(
+                f"data file {filename!r}: use .csv, .npz, .safetensors, .txt, or .bin "
+                'token ids with data.format = "tokens16" or "tokens32" (pickle and .pt '
+                "files are never accepted)"
+            )
+        sha = await trio.to_thread.run_sync(_sha256_file, path)
+        return with_blob_source(spec, sha, fmt), path
 
     def jobs(self) -> list[dict[str, Any]]:
         return [_brief(job, self.ctx.peer_id) for job in self.ctx.jobs.list()]
@@ -264,6 +271,38 @@ class WorkService:
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         job = self.owner.cancel(job_id)
         return None if job is None else labelled_job(job, self.ctx.peer_id)
+
+
+def _converted_program(spec: Any, uploads: dict[str, tuple[Path, str]]) -> tuple[Any, bytes | None]:
+    """A program spec's uploaded archives converted (read by our own reader, checked,
+    dry-run): the spec now naming the program blob with its figures, and the blob's bytes.
+    """
+    from training.program import encode_program
+    from training.program.job import program_of, spec_figures
+    from training.spec import program_files, with_program_blob
+
+    wanted = program_files(spec)
+    extra = [field for field in ("program", "eval_program") if field in uploads]
+    if not wanted:
+        if extra:
+            raise SubmitError(f"a {extra[0]} file was uploaded, but model.arch is not program")
+        return spec, None
+    for field, name in wanted.items():
+        if field not in uploads:
+            raise SubmitError(
+                f"model.{field} names {name.name}: upload it with the spec as form field "
+                f"{field!r} (`meshminer submit` and meshminer.submit do this)"
+            )
+    if set(extra) - set(wanted):
+        raise SubmitError("an eval_program file was uploaded, but model.eval_program is not set")
+    local = dataclasses.replace(
+        spec.model,
+        program=str(uploads["program"][0]),
+        eval_program=str(uploads["eval_program"][0]) if "eval_program" in wanted else None,
+    )
+    program, found = program_of(dataclasses.replace(spec, model=local))
+    data = encode_program(program)
+    return with_program_blob(spec, hashlib.sha256(data).hexdigest(), spec_figures(found)), data
 
 
 def _sha256_file(path: Path) -> str:

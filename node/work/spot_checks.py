@@ -198,8 +198,10 @@ class SpotChecks:
 
         parsed = parse_spec(sub.spec)
         job = sub.job
-        data = self.ctx.blobs.path(job.data_blobs[0]) if job.data_blobs else None
-        total, bound = await trio.to_thread.run_sync(_sizes, parsed, sub.spec, data)
+        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        total, bound = await trio.to_thread.run_sync(
+            _sizes, parsed, sub.spec, data, self.ctx.blobs.path
+        )
         if sub.unit.round >= 0 and parsed.elastic is not None:
             return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
         steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
@@ -334,13 +336,15 @@ def replay_table(steps: list[int], chosen: list[int], cps: list[str], cross: boo
     return table
 
 
-def _sizes(parsed: Any, spec: dict[str, Any], data: Path | None) -> tuple[int, int]:
+def _sizes(
+    parsed: Any, spec: dict[str, Any], data: Path | None, locate: Callable[[str], Path]
+) -> tuple[int, int]:
     """The spec's steps, and the most bytes one of its checkpoints may have: the
     weights, at most two optimizer moments of them, and the RNG and headers."""
     from training.budget import validate_for_submit
     from training.result_check import expected_tensors, max_weights_bytes
 
-    weights = max_weights_bytes(expected_tensors(spec, data))
+    weights = max_weights_bytes(expected_tensors(spec, data, locate))
     return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
 
 

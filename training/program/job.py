@@ -72,6 +72,18 @@ def bind_local(spec: JobSpec) -> JobSpec:
     return bound
 
 
+def state_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, safetensors dtype) of the state dict its module writes: every
+    parameter and persistent buffer under each of its names (tied weights twice)."""
+    from training.weights import DTYPES
+
+    return {
+        name: (tuple(program.state(name).shape), DTYPES[program.state(name).dtype])
+        for name in sorted(program.aliases)
+        if program.kind(name) == "parameter" or name in program.persistent
+    }
+
+
 def spec_figures(found: ProgramFigures) -> dict[str, Any]:
     """The figures as the spec's `[model]` keys (`with_program_blob` writes them in)."""
     return {

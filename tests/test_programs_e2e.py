@@ -1,0 +1,49 @@
+"""A user's own PyTorch module through real nodes: exported, submitted with the CLI,
+trained by a peer that runs only our interpreter, and bitwise equal to train-local."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.localnet import LocalNetwork
+from tests.programs.export import export_pair, program_toml
+from tests.programs.models import ResNet
+from tests.test_jobs_e2e import _cli, _job
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_peer_trains_a_program_bitwise_equal_to_train_local(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner, worker = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    torch.manual_seed(0)
+    export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), tmp_path)
+    spec = tmp_path / "job.toml"
+    spec.write_text(program_toml("resnet", steps=40, top='placement = "auto"'))
+    out = _cli("submit", str(spec), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = _job(owner, job_id)
+    assert job["state"] == "completed", job["timeline"]
+    assert job["worker"] == worker.peer_id
+    model = job["spec"]["model"]
+    assert model["program"].startswith("blob:") and model["parameters"] > 0
+    assert "eval_program" not in model  # folded into the program blob
+
+    weights = tmp_path / "w.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
+    local = tmp_path / "local.safetensors"
+    out = _cli("train-local", str(spec), "--out", str(local))
+    assert out.returncode == 0, out.stderr
+    assert local.read_bytes() == weights.read_bytes()
+
+    # the weights load into the user's own module
+    from safetensors.torch import load_file
+
+    ResNet(width=4).load_state_dict(load_file(weights))
