@@ -1,0 +1,199 @@
+"""Programs in one process: the interpreter against the eager modules it came from,
+train-local of a program spec against the same loop over the eager module, a graph
+that returns its own loss, and the rules that tie a spec's figures to its program."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from tests.programs.export import export_pair
+from tests.programs.models import GPT, GPTWithLoss, ResNet, UNetBlock
+from training.execute import deterministic, prepare
+from training.local import train_local
+from training.loop import train
+from training.program import (
+    ProgramError,
+    ProgramModule,
+    convert_pt2,
+    decode_program,
+    encode_program,
+    figures,
+)
+from training.program.job import bind_local, program_of, spec_figures, state_shapes
+from training.spec import SpecError, parse_spec, spec_to_plain
+
+
+def _ids(g: torch.Generator | None = None, batch: int = 4) -> torch.Tensor:
+    return torch.randint(0, 64, (batch, 16), generator=g)
+
+
+def _images(g: torch.Generator | None = None, batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, 1, 8, 8, generator=g)
+
+
+def _labels(g: torch.Generator | None = None, batch: int = 4) -> torch.Tensor:
+    return torch.randint(0, 10, (batch,), generator=g)
+
+
+def _lm_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable, Callable, Callable]] = {
+    "gpt: sdpa, dropout, tied embeddings": (GPT, _ids, _ids, _lm_loss),
+    "resnet: batchnorm, in-place relu, +=": (ResNet, _images, _labels, F.cross_entropy),
+    "unet block: conv_transpose, upsample, group norm": (
+        UNetBlock, _images, _labels, F.cross_entropy,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_interpreter_trains_bitwise_equal_to_eager(case: str, tmp_path: Path) -> None:
+    make, x_of, y_of, loss_fn = CASES[case]
+    torch.manual_seed(0)
+    eager = make()
+    export_pair(eager, (x_of(),), tmp_path)
+    program = convert_pt2(tmp_path / "model.pt2", tmp_path / "model.eval.pt2")
+    (tmp_path / "p").write_bytes(encode_program(program))
+    received = decode_program(tmp_path / "p")  # what a volunteer reads
+    assert encode_program(received) == encode_program(program)
+    ours = ProgramModule(received)
+    assert ours.state_dict().keys() == eager.state_dict().keys()
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, ours)]
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        x, y = x_of(g), y_of(g)
+        for module, optimizer in zip((eager, ours), optimizers, strict=True):
+            torch.manual_seed(100 + step)  # dropout draws the same numbers in both
+            loss = loss_fn(module(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for name, value in eager.state_dict().items():
+        assert torch.equal(value, ours.state_dict()[name]), name
+    eager.eval()
+    ours.eval()
+    odd = x_of(g, batch=3)  # the dynamic batch: any size the export allowed
+    assert torch.equal(eager(odd), ours(odd))
+    make().load_state_dict(ours.state_dict())  # the user's module takes the weights
+
+
+def _eager_through_the_loop(spec_plain: dict, module: nn.Module) -> dict[str, torch.Tensor]:
+    bound = bind_local(parse_spec(spec_plain))
+    run = prepare(bound, None)
+    with deterministic(bound.seed):
+        train(
+            module,
+            run.data,
+            bound,
+            loss_name=run.summary.loss,
+            batch=run.summary.batch_size,
+            total_steps=run.summary.total_steps,
+            device=run.device,
+            emit=lambda event: None,
+        )
+    return module.state_dict()
+
+
+def test_train_local_of_a_program_is_the_eager_module_on_the_same_batches(
+    tmp_path: Path,
+) -> None:
+    ids = np.random.default_rng(0).integers(0, 60, 4000).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    torch.manual_seed(0)
+    gpt = GPT()
+    export_pair(gpt, (_ids(),), tmp_path)
+    spec = {
+        "name": "gpt",
+        "model": {
+            "arch": "program",
+            "program": str(tmp_path / "model.pt2"),
+            "eval_program": str(tmp_path / "model.eval.pt2"),
+        },
+        "data": {"source": str(tmp_path / "train.bin"), "format": "tokens16", "batch_size": 8},
+        "optim": {"steps": 12, "lr": 3e-3},
+    }
+    result = train_local(parse_spec(spec), tmp_path / "w.safetensors")
+    assert "val_loss" in result["metrics"]
+    ours = load_file(tmp_path / "w.safetensors")
+    eager = _eager_through_the_loop(spec, gpt)
+    assert ours.keys() == eager.keys()
+    assert all(torch.equal(ours[k], eager[k]) for k in ours)
+    # twice the same bytes (and a second process would read the same program blob)
+    train_local(parse_spec(spec), tmp_path / "again.safetensors")
+    again = (tmp_path / "again.safetensors").read_bytes()
+    assert again == (tmp_path / "w.safetensors").read_bytes()
+
+
+def test_a_graph_that_returns_its_loss(tmp_path: Path) -> None:
+    ids = np.random.default_rng(1).integers(0, 64, 3000).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    torch.manual_seed(0)
+    model = GPTWithLoss()
+    export_pair(model, (_ids(), _ids()), tmp_path)
+    spec = {
+        "name": "own-loss",
+        "model": {
+            "arch": "program",
+            "program": str(tmp_path / "model.pt2"),
+            "eval_program": str(tmp_path / "model.eval.pt2"),
+            "output": "loss",
+        },
+        "data": {"source": str(tmp_path / "train.bin"), "format": "tokens16", "batch_size": 8},
+        "optim": {"steps": 6},
+    }
+    result = train_local(parse_spec(spec), tmp_path / "w.safetensors")
+    assert result["metrics"]["val_loss"] > 0
+    GPTWithLoss().load_state_dict(load_file(tmp_path / "w.safetensors"))
+    wrong = {**spec, "model": {**spec["model"], "output": "logits"}}
+    with pytest.raises(SpecError, match=r"the graph returns \(\) per sample"):
+        train_local(parse_spec(wrong), tmp_path / "x.safetensors")
+
+
+def test_a_specs_figures_must_be_its_programs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    export_pair(ResNet(width=4), (_images(),), tmp_path)
+    spec = parse_spec(
+        {
+            "name": "r",
+            "model": {"arch": "program", "program": str(tmp_path / "model.pt2"),
+                      "eval_program": str(tmp_path / "model.eval.pt2")},
+            "data": {"source": "builtin:digits"},
+            "optim": {"steps": 1},
+        }
+    )
+    bound = bind_local(spec)
+    program, found = program_of(bound)
+    assert found.parameters == sum(
+        p.numel() for p in ResNet(width=4).parameters()
+    ) == bound.model.parameters
+    assert found.flops_per_sample > 0 and found.batch is None
+    (tmp_path / "program").write_bytes(encode_program(program))
+    plain = spec_to_plain(bound)
+    lying = {**plain, "model": {**plain["model"], "flops_per_sample": 10 * found.flops_per_sample}}
+    lying["model"]["program"] = "blob:" + "ab" * 32  # not cached: read from the file
+    with pytest.raises(ProgramError, match="model.flops_per_sample: the spec says"):
+        program_of(parse_spec(lying), lambda sha: tmp_path / "program")
+    shapes = state_shapes(program)
+    assert shapes == {k: (tuple(v.shape), "F32" if v.is_floating_point() else "I64")
+                      for k, v in ResNet(width=4).state_dict().items()}
+    assert spec_figures(figures(program))["input_shape"] == [1, 8, 8]
+
+
+def test_user_figures_and_foreign_files_are_refused() -> None:
+    base = {"name": "x", "data": {"source": "builtin:digits"}, "optim": {"steps": 1}}
+    with pytest.raises(SpecError, match="computed from the graph"):
+        parse_spec({**base, "model": {"arch": "program", "program": "m.pt2", "parameters": 5}})
+    with pytest.raises(SpecError, match="not a .pt2 file"):
+        parse_spec({**base, "model": {"arch": "program", "program": "model.pt"}})
+    with pytest.raises(SpecError, match="blob:<64 lowercase hex"):
+        parse_spec({**base, "model": {"arch": "program", "program": "blob:xyz"}})
