@@ -451,3 +451,25 @@ def test_wait_times_out_and_a_cancelled_job_raises_job_failed(node: LocalNode) -
     with pytest.raises(meshminer.JobFailed, match=f"job {job.id} cancelled") as failed:
         job.wait(timeout=60, progress=False)
     assert failed.value.state == "cancelled"
+
+
+@pytest.mark.slow
+def test_a_users_own_module_trains_through_the_python_api(node: LocalNode) -> None:
+    from tests.programs.models import ResNet
+
+    torch.manual_seed(0)
+    model = ResNet(width=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    job = meshminer.submit(
+        model,
+        torch.randn(4, 1, 8, 8),
+        data="builtin:digits",
+        steps=20,
+        placement="local",
+        api=node.api,
+        data__batch_size=16,
+    )
+    assert job.info["spec"]["model"]["program"].startswith("blob:")
+    assert job.wait(timeout=120).state == "completed"
+    job.load_into(model)  # strict: the user's own names and shapes
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
