@@ -109,6 +109,17 @@ RANDOM_OPS = frozenset(
 # nodes whose behaviour depends on train/eval mode in ways the graph bakes in
 MODE_OPS = RANDOM_OPS | {"batch_norm.default", "instance_norm.default"}
 
+# nodes that make a tensor from sizes alone: always made on the run's device (the dry
+# run's is `meta`, so an absurd size allocates nothing before it is refused)
+FACTORY_OPS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "arange.default", "arange.start", "arange.start_step", "zeros.default", "ones.default",
+        "full.default", "scalar_tensor.default", "tensor.int", "tensor.float",
+        "tril_indices.default", "triu_indices.default", "linspace.default",
+    )
+)
+
 ALLOWED = frozenset(f"aten.{name}" for name in ATEN_OVERLOADS) | frozenset(SYM_OPERATORS)
 
 

@@ -38,11 +38,16 @@ class ProgramFigures:
 
 
 def figures(program: Program, label: str = "model.program") -> ProgramFigures:
-    """Dry-run the train graph on `meta`; `ProgramError` if a node's tensor is too big
-    or the graph fails on its own inputs' shapes."""
+    """Dry-run the train graph (and the eval graph) on `meta`; `ProgramError` if a node's
+    tensor is too big or a graph fails on its own inputs' shapes."""
+    if program.eval is not None:
+        _dry_run(program, program.eval, label + " (eval)")
+    return _dry_run(program, program.train, label)
+
+
+def _dry_run(program: Program, graph: Graph, label: str) -> ProgramFigures:
     from torch.utils.flop_counter import FlopCounterMode
 
-    graph = program.train
     batch = _batch(graph, label)
     run_batch = batch or DRY_RUN_BATCH
     env: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.program.allowlist import callable_for
+from training.program.allowlist import FACTORY_OPS, callable_for
 from training.program.errors import ProgramError
 from training.program.graph import Device, DType, Graph, MemoryFormat, Ref
 from training.program.program import Program
@@ -84,6 +84,8 @@ def compile_steps(graph: Graph) -> list[Step]:
 def _step(target: str, args: tuple, kwargs: tuple, outputs: tuple) -> Step:
     op = callable_for(target)
     kw = dict(kwargs)
+    if target in FACTORY_OPS and "device" not in kw:  # made where the run is (meta: nowhere)
+        kw["device"] = Device()
 
     def step(env: dict[str, Any], device: torch.device) -> None:
         result = op(*(_resolve(a, env, device) for a in args),

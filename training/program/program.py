@@ -129,6 +129,10 @@ def _build(
         for item in graph.inputs if graph else ():
             if item.kind != "user_input" and item.target not in aliases:
                 raise ProgramError(f"{label} ({which}): no initial value for {item.target!r}")
+    taken = {i.target for g in (train, eval_graph) if g for i in g.inputs}
+    unused = sorted(set(aliases) - taken)
+    if unused:
+        raise ProgramError(f"{label}: state tensor {unused[0][:100]!r} is no graph's input")
     if require_eval and eval_graph is None and train.depends_on_mode():
         raise ProgramError(
             f"{label}: the model has dropout or BatchNorm, so it needs a second export in eval "
