@@ -8,8 +8,7 @@ volunteer (`decode_program` and `figures`, as the sandboxed runner calls them). 
 same attacks against real nodes are in `test_program_attacks_nodes.py`.
 
 Holes found while writing these tests (an eval graph's dry run, factory nodes without a
-device, state no graph takes) are fixed; their tests stay: each says
-what happens instead, and fails loudly once the library is fixed.
+device, state no graph takes) are fixed, and their tests keep them fixed.
 """
 
 from __future__ import annotations
