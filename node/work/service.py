@@ -97,10 +97,9 @@ def note_served(ctx: WorkContext, auth: Authorized, path: str) -> None:
     if job is None:
         return
     unit = ctx.jobs.unit(auth.grant.unit_id)
-    if auth.sha256 == job.data_sha256:
-        what = "the data"
-    elif auth.sha256 in job.data_blobs:
-        what = "the program"
+    if auth.sha256 in job.data_blobs:
+        program = job.spec.get("model", {}).get("arch") == "program"
+        what = "the program" if program and auth.sha256 != job.data_sha256 else "the data"
     elif unit is not None and unit.round >= 0:
         what = f"round {unit.round}'s weights"
     else:
