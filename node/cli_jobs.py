@@ -40,7 +40,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         api: ApiOption = None,
         token: TokenOption = None,
     ) -> None:
-        """Submit a training job to your node (data files are uploaded with it)."""
+        """Submit a training job to your node (its data and program files are uploaded with it)."""
         from training.spec import SpecError, load_spec, local_files, program_files
 
         url = api_url(api)

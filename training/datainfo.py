@@ -163,7 +163,7 @@ def model_context(spec: JobSpec) -> int:
         return spec.model.input_shape[0]
     raise SpecError(
         f"model: arch {spec.model.arch!r} needs a context length to train on token data; "
-        "use arch = char_transformer"
+        "use arch = char_transformer, or a program taking token ids"
     )
 
 

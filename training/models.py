@@ -100,10 +100,12 @@ def build_model(plan: ModelPlan) -> nn.Module:
 
         if plan.loaded is None:
             raise ValueError("a program's plan must be prepared (training.execute.prepare)")
-        module = ProgramModule(plan.loaded, sample_shape=plan.input_shape)
-        module.returns_loss = plan.program.output == "loss"
-        module.fixed_batch = plan.program.batch
-        return module
+        return ProgramModule(
+            plan.loaded,
+            sample_shape=plan.input_shape,
+            returns_loss=plan.program.output == "loss",
+            fixed_batch=plan.program.batch,
+        )
     if plan.transformer is not None:
         return CharTransformer(plan.transformer, plan.vocab_size)
     return LayerStack(plan)

@@ -39,6 +39,7 @@ sha256 before reading it.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -125,10 +126,6 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             "built-in data sets"
         )
     validate_for_submit(spec, data_file)  # before torch is imported
-    if spec.model.arch == "program":  # read, checked and dry-run before any real op
-        from training.program.job import program_of
-
-        program_of(spec, lambda sha: _blob_file(blobs, sha))
 
     if task != "replay" and (task == "train") != (spec.mode != "elastic"):
         raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
@@ -143,6 +140,8 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
 
     from training.execute import resolve_device, run_job
+
+    blob_file = functools.partial(_blob_file, blobs)  # every input blob, sha256 checked
     from training.sandbox import limit_gpu_memory, limit_memory
 
     target = resolve_device(device)
@@ -162,13 +161,13 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             emit=emit,
             notes=notes,
             checkpoint_dir=folder,
-            locate=lambda sha: _blob_file(blobs, sha),
+            locate=blob_file,
         )
     if task == "replay":
         from training.replay import run_replay
 
         return run_replay(
-            replay, spec, data_file, out, lambda sha: _blob_file(blobs, sha), target.type, emit
+            replay, spec, data_file, out, blob_file, target.type, emit
         )
     from training.elastic_task import run_elastic_task
 
@@ -178,7 +177,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         spec,
         data_file,
         out,
-        lambda sha: _blob_file(blobs, sha),
+        blob_file,
         target.type,
         emit,
         checkpoints,

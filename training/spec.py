@@ -280,9 +280,10 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     Every default is written out, and keys that do not apply are left out, so
     `parse_spec(spec_to_plain(s)) == s` and equal specs give equal bytes when encoded.
     """
-    model = dataclasses.asdict(spec.model)
     if isinstance(spec.model, ProgramSpec):
         model = _program_plain(spec.model)
+    else:
+        model = dataclasses.asdict(spec.model)
     if isinstance(spec.model, LayerStackSpec):
         model["layers"] = [{"type": layer.type, **dict(layer.args)} for layer in spec.model.layers]
     model = {"arch": model.pop("arch"), **{k: _plain(v) for k, v in model.items()}}

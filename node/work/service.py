@@ -4,7 +4,6 @@ the calls the HTTP API makes about jobs (all in the trio thread).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import tomllib
@@ -276,9 +275,8 @@ def _converted_program(spec: Any, uploads: dict[str, tuple[Path, str]]) -> tuple
     """A program spec's uploaded archives converted (read by our own reader, checked,
     dry-run): the spec now naming the program blob with its figures, and the blob's bytes.
     """
-    from training.program import encode_program
-    from training.program.job import program_of, spec_figures
-    from training.spec import program_files, with_program_blob
+    from training.program.job import convert
+    from training.spec import program_files
 
     wanted = program_files(spec)
     extra = [field for field in ("program", "eval_program") if field in uploads]
@@ -294,14 +292,7 @@ def _converted_program(spec: Any, uploads: dict[str, tuple[Path, str]]) -> tuple
             )
     if set(extra) - set(wanted):
         raise SubmitError("an eval_program file was uploaded, but model.eval_program is not set")
-    local = dataclasses.replace(
-        spec.model,
-        program=str(uploads["program"][0]),
-        eval_program=str(uploads["eval_program"][0]) if "eval_program" in wanted else None,
-    )
-    program, found = program_of(dataclasses.replace(spec, model=local))
-    data = encode_program(program)
-    return with_program_blob(spec, hashlib.sha256(data).hexdigest(), spec_figures(found)), data
+    return convert(spec, {field: uploads[field][0] for field in wanted})
 
 
 def _sha256_file(path: Path) -> str:

@@ -51,21 +51,23 @@ class Archive:
     persistent: frozenset[str]  # names from the weights config (the rest are constants)
 
 
-def read_pt2(path: Path) -> Archive:
-    """Read and check `path`; `ProgramError` naming the entry or field that is refused."""
+def read_pt2(path: Path, label: str | None = None) -> Archive:
+    """Read and check `path`; `ProgramError` naming the entry or field that is refused,
+    the file called `label` (default: its name) in the message."""
     path = Path(path)
+    label = label or path.name
     try:
         size = path.stat().st_size
     except OSError as exc:
-        raise ProgramError(f"model.program: cannot read {path}: {exc.strerror or exc}") from None
+        raise ProgramError(f"{label}: cannot read it: {exc.strerror or exc}") from None
     if size > MAX_ARCHIVE_BYTES:
-        raise ProgramError(f"model.program: {path.name} is over {MAX_ARCHIVE_BYTES >> 30} GiB")
+        raise ProgramError(f"{label}: over {MAX_ARCHIVE_BYTES >> 30} GiB")
     try:
         with zipfile.ZipFile(path) as archive:
-            return _read(archive, path.name)
+            return _read(archive, label)
     except zipfile.BadZipFile as exc:
         raise ProgramError(
-            f"model.program: {path.name} is not a torch.export archive: {exc}"
+            f"{label}: not a torch.export archive: {exc}"
         ) from None
 
 

@@ -35,6 +35,16 @@ DTYPES = {
 MEMORY_FORMATS = {1: "contiguous_format", 2: "channels_last", 4: "preserve_format"}
 STRIDED = 7
 POSITIONAL, KEYWORD = 1, 2
+# list kinds and the kind of their items (None: the items carry their own tags)
+_LISTED_AS = {
+    "as_tensors": "as_tensor",
+    "as_optional_tensors": None,
+    "as_ints": "as_int",
+    "as_floats": "as_float",
+    "as_bools": "as_bool",
+    "as_sym_ints": "as_sym_int",
+    "as_sym_floats": "as_sym_float",
+}
 
 
 @dataclass(frozen=True)
@@ -246,17 +256,17 @@ def _value(raw: Any, path: str, defined: set[str]) -> Any:
         return None
     if kind == "as_tensor":
         return _use(_tensor_name(raw, path), defined, path)
-    if kind in ("as_tensors", "as_optional_tensors"):
+    if kind in _LISTED_AS:  # a list of one kind: each item read as that kind
+        item_kind = _LISTED_AS[kind]
         items = _list(value, path, MAX_LIST)
-        return tuple(_value(_wrap(kind, item), path, defined) for item in items)
+        return tuple(
+            _value(item if item_kind is None else {item_kind: item}, path, defined)
+            for item in items
+        )
     if kind in ("as_int", "as_float", "as_bool"):
         return _scalar(kind, value, path)
-    if kind in ("as_ints", "as_floats", "as_bools"):
-        return tuple(_scalar(kind[:-1], v, path) for v in _list(value, path, MAX_LIST))
     if kind in ("as_sym_int", "as_sym_float"):
         return _sym(kind, value, path, defined)
-    if kind in ("as_sym_ints", "as_sym_floats"):
-        return tuple(_sym(kind[:-1], v, path, defined) for v in _list(value, path, MAX_LIST))
     if kind == "as_string":
         if not isinstance(value, str) or not STRING.fullmatch(value):
             raise ProgramError(f"{path}: string {str(value)[:80]!r} is not a short plain word")
@@ -279,10 +289,6 @@ def _value(raw: Any, path: str, defined: set[str]) -> Any:
         f"{path}: an argument of kind {kind!r} is not accepted (subgraphs, custom objects, "
         "operators and nested lists never are)"
     )
-
-
-def _wrap(kind: str, item: Any) -> Any:
-    return {"as_tensor": item} if kind == "as_tensors" else item
 
 
 def _scalar(kind: str, value: Any, path: str) -> int | float | bool:

@@ -30,11 +30,18 @@ Step = Callable[[dict[str, Any], torch.device], None]
 class ProgramModule(nn.Module):
     """Runs the train graph in train mode and the eval graph (when there is one) in eval."""
 
-    def __init__(self, program: Program, sample_shape: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        program: Program,
+        *,
+        sample_shape: tuple[int, ...] = (),
+        returns_loss: bool = False,
+        fixed_batch: int = 0,
+    ) -> None:
         super().__init__()
-        self.returns_loss = False  # set by the caller for `output = "loss"` programs
-        self.fixed_batch = 0  # the batch size a static export fixed (0: dynamic)
         self.sample_shape = sample_shape  # the first input is reshaped to it (when given)
+        self.returns_loss = returns_loss  # `output = "loss"`: forward(x, y) is the loss
+        self.fixed_batch = fixed_batch  # the batch size a static export fixed (0: dynamic)
         for canonical, tensor in sorted(program.tensors.items()):
             kind = program.kind(canonical)
             value = tensor.clone()

@@ -1,9 +1,9 @@
-"""A job spec's program: converted from the user's archives or read from its blob,
-checked against the figures the spec states, and kept while the process runs.
+"""A job spec's program: converted from the user's archives (by the owner's node, or
+by `train-local` here), or read from its blob and checked against the figures the spec
+states; kept while the process runs.
 
 Content addressing makes the cache safe to share: a `blob:` program is the same
-bytes wherever it was read. A local archive (`train-local`) is keyed by its files'
-path, size and modification time.
+bytes wherever it was read.
 """
 
 from __future__ import annotations
@@ -14,62 +14,74 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.program.convert import convert_pt2
+from training.program.convert import convert_with_figures
 from training.program.errors import ProgramError
 from training.program.figures import ProgramFigures, figures
-from training.program.program import Program, decode_program
-from training.spec import JobSpec, ProgramSpec
+from training.program.program import Program, decode_program, encode_program
+from training.spec import JobSpec, ProgramSpec, program_files, with_program_blob
 
 Locate = Callable[[str], Path]  # sha256 -> the blob's file
-_CACHE: OrderedDict[tuple, tuple[Program, ProgramFigures]] = OrderedDict()
+_CACHE: OrderedDict[str, tuple[Program, ProgramFigures]] = OrderedDict()
 _CACHE_SIZE = 4
-_PINNED: dict[tuple, tuple[Program, ProgramFigures]] = {}  # converted here (train-local)
+_PINNED: dict[str, tuple[Program, ProgramFigures]] = {}  # converted here (train-local)
 
 
 def program_of(spec: JobSpec, locate: Locate | None = None) -> tuple[Program, ProgramFigures]:
-    """The spec's program and its figures; `locate` finds a converted program's blob.
+    """A converted spec's program and its figures; `locate` finds the program's blob.
 
-    A converted program is refused unless its figures are exactly the spec's."""
+    The program is refused unless its figures are exactly the spec's."""
     model = spec.model
-    if not isinstance(model, ProgramSpec):
-        raise ProgramError(f"model.arch is {model.arch!r}, not program")
-    key = _key(model)
+    if not isinstance(model, ProgramSpec) or not model.converted:
+        raise ProgramError("model.program: only a converted program (blob:...) is read here")
+    key = model.program
     if key in _PINNED:
         return _PINNED[key]
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    if model.converted:
-        if locate is None:
-            raise ProgramError(f"model.program: {model.program} is a blob; its file is not here")
-        program = decode_program(locate(model.program.removeprefix("blob:")))
-        found = figures(program)
-        check_figures(model, found)
-    else:
-        eval_file = Path(model.eval_program) if model.eval_program else None
-        program = convert_pt2(Path(model.program), eval_file)
-        found = figures(program)
+    if locate is None:
+        raise ProgramError(f"model.program: {model.program} is a blob; its file is not here")
+    program = decode_program(locate(key.removeprefix("blob:")))
+    found = figures(program)
+    check_figures(model, found)
     check_output(model, found)
-    _CACHE[key] = (program, found)
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    _remember(key, (program, found))
     return program, found
 
 
+def convert(spec: JobSpec, files: dict[str, Path] | None = None) -> tuple[JobSpec, bytes]:
+    """A spec naming the user's `.pt2` files, converted: the spec naming the program blob
+    with its figures, and the blob's bytes. `files` are where the archives are (by
+    default where the spec says); errors name them by the spec's own names."""
+    model = spec.model
+    assert isinstance(model, ProgramSpec) and not model.converted
+    named = program_files(spec)
+    files = files or named
+    labels = (named["program"].name, named.get("eval_program", Path("")).name)
+    program, found = convert_with_figures(files["program"], files.get("eval_program"), labels)
+    check_output(model, found)
+    data = encode_program(program)
+    bound = with_program_blob(spec, hashlib.sha256(data).hexdigest(), spec_figures(found))
+    _remember(bound.model.program, (program, found))  # type: ignore[union-attr]
+    return bound, data
+
+
 def bind_local(spec: JobSpec) -> JobSpec:
-    """A spec naming the user's `.pt2` files, converted here as the owner's node would
-    (`train-local`): the same program bytes, so the same blob and the same figures."""
+    """`train-local`'s conversion, as the owner's node would do it (the same program
+    bytes, so the same blob and figures), kept for the whole run."""
     model = spec.model
     if not isinstance(model, ProgramSpec) or model.converted:
         return spec
-    from training.program.program import encode_program
-    from training.spec import with_program_blob
-
-    program, found = program_of(spec)
-    sha = hashlib.sha256(encode_program(program)).hexdigest()
-    bound = with_program_blob(spec, sha, spec_figures(found))
-    _PINNED[_key(bound.model)] = (program, found)  # type: ignore[arg-type]
+    bound, _ = convert(spec)
+    key = bound.model.program  # type: ignore[union-attr]
+    _PINNED[key] = _CACHE[key]
     return bound
+
+
+def _remember(key: str, entry: tuple[Program, ProgramFigures]) -> None:
+    _CACHE[key] = entry
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
 
 
 def state_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -98,9 +110,9 @@ def spec_figures(found: ProgramFigures) -> dict[str, Any]:
 
 
 def check_figures(model: ProgramSpec, found: ProgramFigures) -> None:
-    stated = {key: getattr(model, key) for key in spec_figures(found)}
     for key, value in spec_figures(found).items():
-        mine = list(stated[key]) if isinstance(stated[key], tuple) else stated[key]
+        mine = getattr(model, key)
+        mine = list(mine) if isinstance(mine, tuple) else mine
         if mine != value:
             raise ProgramError(
                 f"model.{key}: the spec says {mine}, the program gives {value}; the spec's "
@@ -120,11 +132,3 @@ def check_output(model: ProgramSpec, found: ProgramFigures) -> None:
             f'model.output = "logits": the graph must take one input (x); it takes {inputs} '
             '(a graph that takes (x, y) and returns its loss needs output = "loss")'
         )
-
-
-def _key(model: ProgramSpec) -> tuple:
-    if model.converted:
-        return (model.program,)
-    files = [Path(p) for p in (model.program, model.eval_program) if p]
-    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
-    return ("local", *stats)
