@@ -185,6 +185,22 @@ def test_a_specs_figures_must_be_its_programs(tmp_path: Path) -> None:
     assert spec_figures(figures(program))["input_shape"] == [1, 8, 8]
 
 
+def test_a_static_export_fixes_the_batch(tmp_path: Path) -> None:
+    ids = np.random.default_rng(2).integers(0, 64, 3000).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    torch.manual_seed(0)
+    model = GPT(dropout=0.0)
+    for train_mode, name in ((True, "model.pt2"), (False, "model.eval.pt2")):
+        model.train(train_mode)
+        torch.export.save(torch.export.export(model, (_ids(batch=8),)), tmp_path / name)
+    spec = _token_spec(tmp_path, {"steps": 3})  # batch_size 8: the export's
+    result = train_local(parse_spec(spec), tmp_path / "w.safetensors")
+    assert result["metrics"]["val_loss"] > 0  # evaluated on full batches of 8
+    spec["data"]["batch_size"] = 4
+    with pytest.raises(SpecError, match="data.batch_size: the program was exported for"):
+        train_local(parse_spec(spec), tmp_path / "x.safetensors")
+
+
 def test_user_figures_and_foreign_files_are_refused() -> None:
     base = {"name": "x", "data": {"source": "builtin:digits"}, "optim": {"steps": 1}}
     with pytest.raises(SpecError, match="computed from the graph"):

@@ -113,6 +113,34 @@ def test_pickle_and_bad_data_uploads_are_refused(node: LocalNode, tmp_path: Path
     assert _stored_blobs(node) == []
 
 
+def test_program_uploads_must_match_the_spec(node: LocalNode, tmp_path: Path) -> None:
+    import torch
+
+    from node.client import ApiError
+    from tests.programs.export import export_pair, program_toml
+    from tests.programs.models import ResNet
+
+    export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), tmp_path)
+    program = {"program": tmp_path / "model.pt2", "eval_program": tmp_path / "model.eval.pt2"}
+    spec = program_toml("p", steps=5)
+    cases = {
+        "form field 'program'": (spec, {}),
+        "form field 'eval_program'": (spec, {"program": program["program"]}),
+        "model.arch is not program": (GOOD.format(source="builtin:digits"), program),
+        "model.eval_program is not set": (spec.replace('eval_program = "model.eval.pt2"', ""),
+                                          program),
+    }
+    for message, (text, files) in cases.items():
+        with pytest.raises(ApiError, match=message):
+            submit_job(node.api, text, None, files=files)
+    # the archive's own name, not where the upload was saved, in the refusal
+    (tmp_path / "bad.pt2").write_bytes(b"not a zip")
+    with pytest.raises(ApiError, match="model.pt2: not a torch.export archive"):
+        submit_job(node.api, spec, None, files={**program, "program": tmp_path / "bad.pt2"})
+    assert node.get("/api/v1/jobs") == []
+    assert _stored_blobs(node) == []
+
+
 def test_csv_upload_is_stored_as_a_blob_and_the_spec_rewritten(
     node: LocalNode, tmp_path: Path
 ) -> None:

@@ -99,6 +99,13 @@ def summarize(spec: JobSpec, info: DatasetInfo, plan: ModelPlan) -> SpecSummary:
     warmup = spec.optim.warmup_steps
     if spec.optim.schedule != "constant" and warmup >= steps and warmup > 0:
         raise SpecError(f"optim.warmup_steps ({warmup}) must be less than the run's {steps} steps")
+    fixed = plan.program.batch if plan.program is not None else 0
+    if fixed and batch != fixed:
+        raise SpecError(
+            f"data.batch_size: the program was exported for batches of exactly {fixed}, but "
+            f"this job's batches are {batch}; set data.batch_size = {fixed}, or export with a "
+            "dynamic batch dimension (meshminer.export does)"
+        )
     if batch < 2 and any(layer.type.startswith("BatchNorm") for layer in plan.layers):
         raise SpecError("data.batch_size must be >= 2 for a model with BatchNorm layers")
     return SpecSummary(
