@@ -209,3 +209,48 @@ def test_user_figures_and_foreign_files_are_refused() -> None:
         parse_spec({**base, "model": {"arch": "program", "program": "model.pt"}})
     with pytest.raises(SpecError, match="blob:<64 lowercase hex"):
         parse_spec({**base, "model": {"arch": "program", "program": "blob:xyz"}})
+
+
+def test_a_program_file_that_is_not_one_is_refused_by_name(tmp_path: Path) -> None:
+    """The volunteer's decoder: every malformed container is a ProgramError that says
+    what is wrong (the graphs inside are the hostile-program tests' business)."""
+    import json
+
+    from training.program.program import PROGRAM_FORMAT
+    from training.weights import weights_bytes
+
+    torch.manual_seed(0)
+    export_pair(ResNet(width=4), (_images(),), tmp_path)
+    program = convert_pt2(tmp_path / "model.pt2", tmp_path / "model.eval.pt2")
+    layout = {
+        "graphs": program.graphs_json,
+        "aliases": program.aliases,
+        "persistent": sorted(program.persistent),
+    }
+
+    def written(tensors: dict, metadata: dict) -> Path:
+        path = tmp_path / f"program-{len(list(tmp_path.glob('program-*')))}"
+        path.write_bytes(weights_bytes(tensors, metadata))
+        return path
+
+    good = {"format": PROGRAM_FORMAT, "program": json.dumps(layout)}
+    extra = {**program.tensors, "stowaway": torch.zeros(1)}
+    cases = {
+        "not a meshminer.program/1 file": written(program.tensors, {"format": "other"}),
+        "graphs are not JSON": written(program.tensors, {**good, "program": "{nope"}),
+        "has no graphs": written(program.tensors, {**good, "program": "{}"}),
+        "has no state table": written(
+            program.tensors, {**good, "program": json.dumps({**layout, "aliases": 3})}
+        ),
+        "a state name points at a tensor the file lacks": written(
+            dict(list(program.tensors.items())[1:]), good
+        ),
+        "the file holds tensors no state name uses": written(extra, good),
+    }
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x00" * 7)
+    cases["cannot read the program file"] = garbage
+    for message, path in cases.items():
+        with pytest.raises(ProgramError, match=message):
+            decode_program(path)
+    decode_program(written(program.tensors, good))  # control: the same file, unbroken
