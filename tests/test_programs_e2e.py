@@ -6,12 +6,13 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from node.localnet import LocalNetwork
 from tests.programs.export import export_pair, program_toml
-from tests.programs.models import ResNet
+from tests.programs.models import GPT, ResNet
 from tests.test_jobs_e2e import _cli, _job
 
 pytestmark = pytest.mark.slow
@@ -47,3 +48,39 @@ def test_a_peer_trains_a_program_bitwise_equal_to_train_local(
     from safetensors.torch import load_file
 
     ResNet(width=4).load_state_dict(load_file(weights))
+
+
+def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner = localnet.add(["--not-accepting"])
+    workers = localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=30)
+    np.random.default_rng(0).integers(0, 64, 6000).astype(np.uint16).tofile(tmp_path / "t.bin")
+    torch.manual_seed(0)
+    export_pair(GPT(), (torch.randint(0, 64, (4, 16)),), tmp_path)
+    spec = tmp_path / "job.toml"
+    spec.write_text(
+        program_toml(
+            "gpt-elastic",
+            steps=None,
+            source="t.bin",
+            data='format = "tokens16"',
+            top='mode = "elastic"',
+            tail="[elastic]\nworkers = 2\nmin_workers = 2\ninner_steps = 5\nrounds = 2\n",
+        )
+    )
+    out = _cli("submit", str(spec), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = _job(owner, job_id)
+    assert job["state"] == "completed", job["timeline"][-5:]
+    assert [r["round"] for r in job["rounds"]] == [0, 1]
+    assert all(set(r["workers"]) == {w.peer_id for w in workers} for r in job["rounds"])
+
+    weights = tmp_path / "w.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
+    local = tmp_path / "local.safetensors"
+    out = _cli("train-local", str(spec), "--out", str(local))
+    assert out.returncode == 0, out.stderr
+    assert local.read_bytes() == weights.read_bytes()

@@ -20,9 +20,17 @@ def export_pair(model: nn.Module, example: tuple[torch.Tensor, ...], folder: Pat
 
 
 def program_toml(
-    name: str, steps: int, *, source: str = "builtin:digits", top: str = "", tail: str = ""
+    name: str,
+    steps: int | None,
+    *,
+    source: str = "builtin:digits",
+    data: str = "",
+    top: str = "",
+    tail: str = "",
 ) -> str:
-    """A job spec for the exported pair beside it (`top`: top-level keys, `tail`: tables)."""
+    """A job spec for the exported pair beside it (`top`: top-level keys, `data`: more
+    `[data]` keys, `tail`: tables; no `steps` for an elastic job)."""
+    optim_steps = "" if steps is None else f"steps = {steps}"
     return f"""name = "{name}"
 {top}
 [model]
@@ -32,7 +40,8 @@ eval_program = "model.eval.pt2"
 [data]
 source = "{source}"
 batch_size = 16
+{data}
 [optim]
-steps = {steps}
+{optim_steps}
 lr = 0.01
 {tail}"""
