@@ -41,7 +41,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         token: TokenOption = None,
     ) -> None:
         """Submit a training job to your node (its data and program files are uploaded with it)."""
-        from training.spec import SpecError, load_spec, local_files, program_files
+        from training.spec import SpecError, load_spec, local_files, model_files
 
         url = api_url(api)
         try:
@@ -59,7 +59,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             spec.read_text(),
             files[0] if files else None,
             token_for(url, token),
-            files=program_files(parsed),
+            files=model_files(parsed),
         )
         console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) submitted: {job['state']}")
         if wait:

@@ -47,7 +47,8 @@ from node.work.availability import Availability, TrainingDays, keep_checking
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore
-from node.work.service import SubmitError, WorkService
+from node.work.service import WorkService
+from node.work.submission import SubmitError
 from node.work.unit_keys import UnitKeys
 
 log = logging.getLogger(__name__)

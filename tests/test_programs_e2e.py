@@ -84,3 +84,49 @@ def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
     out = _cli("train-local", str(spec), "--out", str(local))
     assert out.returncode == 0, out.stderr
     assert local.read_bytes() == weights.read_bytes()
+
+
+def test_a_fine_tune_of_the_head_from_a_first_jobs_weights(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner, worker = localnet.start(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    torch.manual_seed(0)
+    export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), tmp_path)
+    first = tmp_path / "first.toml"
+    first.write_text(program_toml("first", steps=20, top='placement = "auto"'))
+    out = _cli("submit", str(first), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    urllib.request.urlretrieve(
+        f"{owner.api}/api/v1/jobs/{first_id}/weights", tmp_path / "first.safetensors"
+    )
+
+    tune = tmp_path / "tune.toml"
+    tune.write_text(
+        program_toml("tune", steps=20, top='placement = "auto"').replace(
+            'eval_program = "model.eval.pt2"',
+            'eval_program = "model.eval.pt2"\ninit = "first.safetensors"\ntrainable = ["fc.*"]',
+        )
+    )
+    out = _cli("submit", str(tune), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = _job(owner, job_id)
+    assert job["state"] == "completed" and job["worker"] == worker.peer_id
+    model = job["spec"]["model"]
+    assert model["init"].startswith("blob:") and model["trainable_parameters"] == 8 * 10 + 10
+
+    weights = tmp_path / "w.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
+    local = tmp_path / "local.safetensors"
+    out = _cli("train-local", str(tune), "--out", str(local))
+    assert out.returncode == 0, out.stderr
+    assert local.read_bytes() == weights.read_bytes()
+
+    from safetensors.torch import load_file
+
+    before, after = load_file(tmp_path / "first.safetensors"), load_file(weights)
+    frozen = [n for n, _ in ResNet(width=4).named_parameters() if not n.startswith("fc.")]
+    assert all(torch.equal(before[k], after[k]) for k in frozen)  # BatchNorm's statistics move
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])

@@ -126,9 +126,15 @@ def test_program_uploads_must_match_the_spec(node: LocalNode, tmp_path: Path) ->
     cases = {
         "form field 'program'": (spec, {}),
         "form field 'eval_program'": (spec, {"program": program["program"]}),
-        "model.arch is not program": (GOOD.format(source="builtin:digits"), program),
-        "model.eval_program is not set": (spec.replace('eval_program = "model.eval.pt2"', ""),
-                                          program),
+        "'program', but the spec sets no model.program": (
+            GOOD.format(source="builtin:digits"),
+            program,
+        ),
+        "'eval_program', but the spec sets no model.eval_program": (
+            spec.replace('eval_program = "model.eval.pt2"', ""),
+            program,
+        ),
+        "'init', but the spec sets no model.init": (spec, {**program, "init": program["program"]}),
     }
     for message, (text, files) in cases.items():
         with pytest.raises(ApiError, match=message):

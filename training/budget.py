@@ -47,7 +47,7 @@ class SpecSummary:
     num_val: int
     batch_size: int  # effective: data.batch_size, capped at the training split's size
     total_steps: int
-    training_flops: int  # flops_per_sample x samples trained x 3 (forward + backward)
+    training_flops: int  # flops_per_sample x samples trained x (3, or 2 + the share that trains)
 
 
 def schedule_length(spec: JobSpec, info: DatasetInfo) -> tuple[int, int]:
@@ -119,8 +119,23 @@ def summarize(spec: JobSpec, info: DatasetInfo, plan: ModelPlan) -> SpecSummary:
         num_val=info.num_val,
         batch_size=batch,
         total_steps=steps,
-        training_flops=plan.flops_per_sample * steps * batch * 3,
+        training_flops=_training_flops(spec, plan, plan.flops_per_sample * steps * batch),
     )
+
+
+def _training_flops(spec: JobSpec, plan: ModelPlan, forward: int) -> int:
+    """A run's FLOPs from its forward FLOPs: x3 (forward and backward) when everything
+    trains; with `model.trainable`, the forward, the activations' gradients, and the
+    weights' gradients of the share of parameters that trains (integers: both sides of
+    a receipt compute the same figure)."""
+    if not spec.start.trainable:
+        return forward * 3
+    if not spec.start.trainable_parameters:
+        raise SpecError(
+            "model.trainable_parameters: not counted yet (the node counts it at submit, "
+            "train-local before training)"
+        )
+    return forward * 2 + forward * spec.start.trainable_parameters // max(plan.parameters, 1)
 
 
 def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSummary:

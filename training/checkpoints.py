@@ -32,6 +32,7 @@ from training.models import build_model
 from training.optim import lr_factor, make_loss, make_optimizer, make_schedule
 from training.plan import ModelPlan
 from training.spec import JobSpec
+from training.start import frozen_names
 from training.weights import weights_bytes
 
 CHECKPOINT_FORMAT = "meshminer.checkpoint/1"
@@ -96,8 +97,10 @@ class TrainState:
 def state_tensors(
     model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    """The flat, named tensors of a training state (what a checkpoint file holds)."""
-    tensors = {_MODEL + name: t for name, t in model.state_dict().items()}
+    """The flat, named tensors of a training state (what a checkpoint file holds): frozen
+    parameters are left out, since they are the spec's init at every step."""
+    frozen = frozen_names(model)
+    tensors = {_MODEL + n: t for n, t in model.state_dict().items() if n not in frozen}
     for index, state in optimizer.state_dict()["state"].items():
         for key, value in state.items():
             if value is None:
@@ -154,7 +157,9 @@ def load_checkpoint(run: Prepared, path: Path, course: Course | None = None) -> 
     state = initial_state(run, course)
     weights = {k[len(_MODEL) :]: v for k, v in tensors.items() if k.startswith(_MODEL)}
     try:
-        state.model.load_state_dict(weights, strict=True)
+        missing, unexpected = state.model.load_state_dict(weights, strict=False)
+        if unexpected or set(missing) - frozen_names(state.model):
+            raise KeyError(f"tensors {sorted(unexpected)[:3]} extra, {sorted(missing)[:3]} missing")
         optim: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in tensors.items():
             if key.startswith(_OPTIM):

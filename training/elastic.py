@@ -77,8 +77,13 @@ def elastic_of(spec: JobSpec) -> ElasticSpec:
     return spec.elastic
 
 
-def float_names(state: Mapping[str, torch.Tensor]) -> list[str]:
-    return sorted(name for name, tensor in state.items() if tensor.is_floating_point())
+def float_names(
+    state: Mapping[str, torch.Tensor], frozen: frozenset[str] = frozenset()
+) -> list[str]:
+    """The tensors a delta carries: floating point, and not frozen by `model.trainable`."""
+    return sorted(
+        name for name, tensor in state.items() if tensor.is_floating_point() and name not in frozen
+    )
 
 
 def flatten(state: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
@@ -102,7 +107,7 @@ def numel_of(run: Prepared) -> int:
     """The length of this model's flat vector, from a model on the meta device."""
     with torch.device("meta"):
         state = build_model(run.plan).state_dict()
-    return sum(state[n].numel() for n in float_names(state))
+    return sum(state[n].numel() for n in float_names(state, run.frozen))
 
 
 def init_weights(run: Prepared, out: Path) -> str:
@@ -226,7 +231,7 @@ def round_delta(
     (float32 subtraction rounds the same on every device)."""
     elastic = elastic_of(run.spec)
     start = load_file(str(weights), device="cpu")
-    names = float_names(start)
+    names = float_names(start, run.frozen)
     after = {name: trained[name].detach().cpu() for name in names}
     delta = flatten(start, names) - flatten(after, names)
     if elastic.compression == "int8":
@@ -264,7 +269,7 @@ def outer_step(
     if not deltas:
         raise TrainingError(f"round {round_} has no deltas to apply")
     state = load_file(str(weights))
-    names = float_names(state)
+    names = float_names(state, run.frozen)
     params = flatten(state, names)
     buffer = (
         load_file(str(momentum))[MOMENTUM].to(torch.float32)

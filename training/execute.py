@@ -91,6 +91,7 @@ class Prepared:
     data: Dataset
     device: torch.device
     metadata: dict[str, str]  # written into every weights file of the job
+    frozen: frozenset[str] = frozenset()  # parameters model.trainable leaves out
 
 
 def prepare(
@@ -107,6 +108,12 @@ def prepare(
         from training.program.job import program_of
 
         plan = dataclasses.replace(plan, loaded=program_of(spec, locate)[0])
+    frozen: frozenset[str] = frozenset()
+    if spec.start.init is not None or spec.start.trainable:
+        from training.start import load_start
+
+        plan = dataclasses.replace(plan, start=load_start(spec, locate))
+        frozen = _check_start(spec, plan)
     target = resolve_device(device)
     with deterministic(spec.seed):
         data = load_dataset(spec, data_ref(spec, data_file), plan.token_input)
@@ -124,7 +131,22 @@ def prepare(
     }
     if data.vocab:
         metadata["vocab"] = json.dumps(data.vocab)
-    return Prepared(spec, plan, summary, data, target, metadata)
+    return Prepared(spec, plan, summary, data, target, metadata, frozen)
+
+
+def _check_start(spec: JobSpec, plan: ModelPlan) -> frozenset[str]:
+    """Build the model once without memory to check the init against it and count what
+    trains against the spec's figure; returns the frozen parameters' names."""
+    from training.start import frozen_names, trainable_count
+
+    with torch.device("meta"):
+        model = build_model(plan)
+    if spec.start.trainable and trainable_count(model) != spec.start.trainable_parameters:
+        raise SpecError(
+            f"model.trainable_parameters: the spec says {spec.start.trainable_parameters}, "
+            f"model.trainable selects {trainable_count(model)}"
+        )
+    return frozen_names(model)
 
 
 def run_job(

@@ -26,9 +26,10 @@ def train_local(
     sweep runs its trials one after another (`training.sweep_local.run_sweep`): its
     result adds `trials` and `best`, and `out` holds the best trial's weights.
     """
+    from training.bind import bind_trainable
     from training.program.job import bind_local
 
-    spec = bind_local(spec)
+    spec = bind_trainable(bind_local(spec))  # converted and counted, as the owner's node does
     if spec.mode == "sweep":
         from training.sweep_local import run_sweep
 

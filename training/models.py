@@ -94,7 +94,17 @@ class CharTransformer(nn.Module):
 
 def build_model(plan: ModelPlan) -> nn.Module:
     """The torch module for `plan`, initialised from torch's global RNG (seed it first);
-    a program's module starts from the program's own initial state."""
+    a program's module starts from the program's own initial state. A prepared start
+    (`model.init`, `model.trainable`) is applied on top."""
+    module = _module(plan)
+    if plan.start is not None:
+        from training.start import apply_start
+
+        apply_start(module, plan.start)
+    return module
+
+
+def _module(plan: ModelPlan) -> nn.Module:
     if plan.program is not None:
         from training.program.interpreter import ProgramModule
 

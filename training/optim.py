@@ -21,6 +21,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def make_optimizer(spec: OptimSpec, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The spec's optimizer over the parameters that train (`model.trainable`)."""
+    params = [p for p in params if p.requires_grad]
     if spec.name == "sgd":
         return torch.optim.SGD(
             params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay

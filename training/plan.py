@@ -53,6 +53,7 @@ class ModelPlan:
     vocab_size: int = 0
     program: ProgramSpec | None = None
     loaded: Any = None  # the program itself (training.program.Program), set by prepare()
+    start: Any = None  # model.init and model.trainable (training.start.Start), set by prepare()
 
 
 class _Stack:

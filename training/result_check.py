@@ -68,9 +68,31 @@ def expected_tensors(
     }
 
 
-def float_numel(expected: Expected) -> int:
-    """Elements of the model's floating-point state: an elastic delta's length."""
-    return sum(_numel(shape) for shape, dtype in expected.values() if dtype in _FLOAT_DTYPES)
+def float_numel(expected: Expected, frozen: frozenset[str] = frozenset()) -> int:
+    """Elements of the model's floating-point state less `frozen`: an elastic delta's length."""
+    return sum(
+        _numel(shape)
+        for name, (shape, dtype) in expected.items()
+        if dtype in _FLOAT_DTYPES and name not in frozen
+    )
+
+
+def delta_numel(
+    spec_plain: dict[str, Any],
+    data_file: Path | None = None,
+    locate: Callable[[str], Path] | None = None,
+) -> int:
+    """Values in one elastic delta of `spec_plain`: the floating-point state, buffers
+    included, less the parameters `model.trainable` freezes."""
+    from training.bind import meta_model
+    from training.spec import parse_spec
+    from training.start import frozen_names
+
+    expected = expected_tensors(spec_plain, data_file, locate)
+    spec = parse_spec(spec_plain)
+    if not spec.start.trainable:
+        return float_numel(expected)
+    return float_numel(expected, frozen_names(meta_model(spec, data_file, locate)))
 
 
 def max_weights_bytes(expected: Expected) -> int:

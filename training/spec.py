@@ -30,6 +30,7 @@ from training.sources import (
     parse_source,
     resolve_path,
 )
+from training.start_spec import StartSpec, parse_start, start_plain
 from training.sweep_spec import SweepSpec, parse_sweep
 
 MODES = ("single", "elastic", "sweep")
@@ -198,6 +199,7 @@ class JobSpec:
     elastic: ElasticSpec | None = None  # set exactly when mode = "elastic"
     sweep: SweepSpec | None = None  # set exactly when mode = "sweep"
     trust: TrustSpec = TrustSpec()
+    start: StartSpec = StartSpec()  # model.init and model.trainable (training.start_spec)
 
 
 def parse_spec(
@@ -216,7 +218,7 @@ def parse_spec(
     mode = top.string("mode", "single", choices=MODES)
     seed = top.integer("seed", 0, lo=0, hi=2**63 - 1)
     placement = top.string("placement", "auto", choices=("auto", "local"))
-    model = _parse_model(top.table("model"), base_dir, allowed_root)
+    model, start = _parse_model(top.table("model"), base_dir, allowed_root)
     data = _parse_data(top.table("data"), base_dir, allowed_root)
     optim_section = top.table("optim")
     elastic = None
@@ -244,7 +246,8 @@ def parse_spec(
             "or a text or tokens blob), and text data needs arch = char_transformer"
         )
     return JobSpec(
-        name, model, data, optim, mode, seed, placement, requirements, elastic, sweep, trust
+        name, model, data, optim, mode, seed, placement, requirements, elastic, sweep, trust,
+        start,
     )
 
 
@@ -268,7 +271,7 @@ def load_spec(path: Path, allowed_root: Path | None = None) -> JobSpec:
     for file in local_files(spec):
         if not file.is_file():
             raise SpecError(f"data.source: file not found: {file}")
-    for key, file in program_files(spec).items():
+    for key, file in model_files(spec).items():
         if not file.is_file():
             raise SpecError(f"model.{key}: file not found: {file}")
     return spec
@@ -287,6 +290,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     if isinstance(spec.model, LayerStackSpec):
         model["layers"] = [{"type": layer.type, **dict(layer.args)} for layer in spec.model.layers]
     model = {"arch": model.pop("arch"), **{k: _plain(v) for k, v in model.items()}}
+    model.update(start_plain(spec.start))
     optim = dataclasses.asdict(spec.optim)
     if spec.optim.name != "sgd":
         del optim["momentum"]
@@ -333,14 +337,18 @@ def _program_plain(model: ProgramSpec) -> dict[str, Any]:
     return plain
 
 
-def program_files(spec: JobSpec) -> dict[str, Path]:
-    """The user's `.pt2` files a program spec names (none once converted), by key."""
+def model_files(spec: JobSpec) -> dict[str, Path]:
+    """The user's files `[model]` names, by key: a program's `.pt2` archives (until it is
+    converted) and the `init` weights (until they are a blob). The upload's form fields
+    carry the same names."""
+    files = {}
     model = spec.model
-    if not isinstance(model, ProgramSpec) or model.converted:
-        return {}
-    files = {"program": Path(model.program)}
-    if model.eval_program is not None:
-        files["eval_program"] = Path(model.eval_program)
+    if isinstance(model, ProgramSpec) and not model.converted:
+        files["program"] = Path(model.program)
+        if model.eval_program is not None:
+            files["eval_program"] = Path(model.eval_program)
+    if spec.start.init is not None and spec.start.init_blob is None:
+        files["init"] = Path(spec.start.init)
     return files
 
 
@@ -349,7 +357,7 @@ def with_program_blob(spec: JobSpec, sha256: str, figures: dict[str, Any]) -> Jo
     assert isinstance(spec.model, ProgramSpec)
     plain = spec_to_plain(spec)
     model = {"arch": "program", "program": f"blob:{sha256}", "output": spec.model.output}
-    plain["model"] = {**model, **figures}
+    plain["model"] = {**model, **figures, **start_plain(spec.start)}
     return parse_spec(plain)
 
 
@@ -384,8 +392,9 @@ def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
 
 def _parse_model(
     section: Section, base_dir: Path | None = None, allowed_root: Path | None = None
-) -> ModelSpec:
+) -> tuple[ModelSpec, StartSpec]:
     arch = section.string("arch", choices=ARCHS)
+    start = parse_start(section, base_dir, allowed_root)
     model: ModelSpec
     if arch == "program":
         model = _parse_program(section, base_dir, allowed_root)
@@ -426,7 +435,7 @@ def _parse_model(
     else:
         model = LayerStackSpec(_parse_layers(section.get("layers")))
     section.finish()
-    return model
+    return model, start
 
 
 def _parse_program(

@@ -34,6 +34,20 @@ FIXED_KEYS = (
     "data.label",
     "data.task",
     "model.arch",
+    # a program and the start are files and the figures counted from them
+    "model.program",
+    "model.eval_program",
+    "model.output",
+    "model.init",
+    "model.trainable",
+    "model.trainable_parameters",
+    "model.parameters",
+    "model.flops_per_sample",
+    "model.activations_per_sample",
+    "model.input_shape",
+    "model.input_dtype",
+    "model.output_shape",
+    "model.batch",
 )
 
 

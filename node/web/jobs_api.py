@@ -1,6 +1,6 @@
 """Job routes: submit (spec + uploaded files), list, show, weights, a sweep's study, cancel.
 
-A submission's files (`data`, and a program's `program` and `eval_program` archives)
+A submission's files (`data`; a program's `program` and `eval_program` archives; `init`)
 are each streamed to a temporary file in the data dir with a size cap, then
 handed to the work service, which stores it as a content-addressed blob. The API
 never opens a server path named by a request.
@@ -20,7 +20,7 @@ from node.net.bridge import TrioBridge
 from node.web.api import WriteGuard, json_body
 
 MAX_SPEC_BYTES = 64 * 1024
-UPLOAD_FIELDS = ("data", "program", "eval_program")
+UPLOAD_FIELDS = ("data", "program", "eval_program", "init")
 JOB_ID = r"{job_id:[0-9a-f]{16}}"
 
 

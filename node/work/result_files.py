@@ -28,8 +28,8 @@ from training.result_check import (
     check_delta_file,
     check_weights_header,
     check_weights_values,
+    delta_numel,
     expected_tensors,
-    float_numel,
     max_weights_bytes,
 )
 from training.spec import relay_blob_bytes
@@ -56,9 +56,14 @@ async def fetch_and_check(
     if key is None:
         raise ProtocolError("no key for this unit (it ended)")
     data = ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
-    expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
-    numel = float_numel(expected)
-    bound = delta_limits(numel).max_bytes if unit.round >= 0 else max_weights_bytes(expected)
+    expected: dict = {}
+    numel = 0
+    if unit.round >= 0:
+        numel = await trio.to_thread.run_sync(delta_numel, spec, data, ctx.blobs.path)
+        bound = delta_limits(numel).max_bytes
+    else:
+        expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
+        bound = max_weights_bytes(expected)
     what = "delta" if unit.round >= 0 else "weights"
     if result.weights_size > bound:
         raise WeightsRejected(

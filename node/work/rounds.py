@@ -41,7 +41,7 @@ from node.work.leases import unit_deadline
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.round_store import Round, RoundStore
 from protocol.rounds import RoundShare
-from training.result_check import expected_tensors, float_numel
+from training.result_check import delta_numel
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +292,7 @@ class ElasticRounds:
     async def _delta_numel(self, job: Job) -> int:
         """Values in one delta: the model's floating-point state, buffers included."""
         data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
-        return float_numel(await trio.to_thread.run_sync(
-            expected_tensors, job.spec, data, self.ctx.blobs.path
-        ))
+        return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
 
     # -- work on this node -------------------------------------------------------------
 

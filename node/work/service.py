@@ -4,8 +4,9 @@ the calls the HTTP API makes about jobs (all in the trio thread).
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import shutil
+import tempfile
 import tomllib
 from contextlib import suppress
 from pathlib import Path
@@ -18,6 +19,7 @@ from node.work.blobs import size_text
 from node.work.context import WorkContext
 from node.work.jobs import Job
 from node.work.owner import OwnerRole
+from node.work.submission import SubmitError, with_uploaded_data, with_uploaded_model
 from node.work.transfer import BlobServer, serve_blobs_libp2p
 from node.work.trial_store import Trial
 from node.work.unit_files import keep_sweeping
@@ -27,14 +29,6 @@ from protocol.receipts import flops_to_credit
 from protocol.work import WORK_LIMITS
 
 log = logging.getLogger(__name__)
-
-#: the upload's suffix tells the owner what format a data file is in
-UPLOAD_FORMATS = {".csv": "csv", ".npz": "npz", ".safetensors": "safetensors", ".txt": "text"}
-
-
-class SubmitError(ValueError):
-    """A job could not be accepted; the message names the field and what to do."""
-
 
 def runner_request(
     spec: dict[str, Any],
@@ -185,56 +179,28 @@ class WorkService:
             raise SubmitError(f"the job spec is not valid TOML: {exc}") from exc
         except SpecError as exc:
             raise SubmitError(str(exc)) from exc
+        scratch = Path(tempfile.mkdtemp(prefix="submit-", dir=self.ctx.data_dir))
         try:
-            spec, data_path = await self._uploaded_data(spec, uploads.get("data"))
-            spec, program = await trio.to_thread.run_sync(_converted_program, spec, uploads)
+            spec, data_path = await trio.to_thread.run_sync(
+                with_uploaded_data, spec, uploads.get("data")
+            )
+            spec, files = await trio.to_thread.run_sync(
+                with_uploaded_model, spec, uploads, data_path, scratch
+            )
             summary = await trio.to_thread.run_sync(validate_for_submit, spec, data_path)
+            if data_path is not None:
+                files.insert(0, data_path)
+            blobs = [await trio.to_thread.run_sync(self.ctx.blobs.put_file, f) for f in files]
         except (SpecError, ValueError) as exc:
             raise SubmitError(str(exc)) from exc
-        blobs: list[str] = []
-        if data_path is not None:
-            blobs.append(await trio.to_thread.run_sync(self.ctx.blobs.put_file, data_path))
-        if program is not None:
-            blobs.append(await trio.to_thread.run_sync(self.ctx.blobs.put_bytes, program))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         job = self.ctx.jobs.create(
             spec.name, spec_to_plain(spec), spec.placement, _plain(summary), blobs
         )
         log.info("job %s (%s) submitted", job.id, job.name)
         self.owner.wake()
         return job.to_json()
-
-    async def _uploaded_data(
-        self, spec: Any, upload: tuple[Path, str] | None
-    ) -> tuple[Any, Path | None]:
-        """The spec reading its uploaded data file as a blob, and that file."""
-        from training.spec import local_files, with_blob_source
-
-        needs = local_files(spec)
-        if not needs:
-            if upload is not None:
-                raise SubmitError("a data file was uploaded, but data.source names no file")
-            return spec, None
-        if upload is None:
-            raise SubmitError(
-                f"data.source names a local file ({needs[0].name}): upload it with the "
-                "spec (`meshminer submit` does this); the API never reads server paths"
-            )
-        path, filename = upload
-        suffix = Path(filename).suffix.lower()
-        if str(spec.data.source).startswith("builtin:text:"):
-            fmt = "text"
-        elif suffix == ".bin":  # raw token ids: only the spec can say how wide
-            fmt = spec.data.format
-        else:
-            fmt = UPLOAD_FORMATS.get(suffix)
-        if fmt is None:
-            raise SubmitError(
-                f"data file {filename!r}: use .csv, .npz, .safetensors, .txt, or .bin "
-                'token ids with data.format = "tokens16" or "tokens32" (pickle and .pt '
-                "files are never accepted)"
-            )
-        sha = await trio.to_thread.run_sync(_sha256_file, path)
-        return with_blob_source(spec, sha, fmt), path
 
     def jobs(self) -> list[dict[str, Any]]:
         return [_brief(job, self.ctx.peer_id) for job in self.ctx.jobs.list()]
@@ -269,38 +235,6 @@ class WorkService:
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         job = self.owner.cancel(job_id)
         return None if job is None else labelled_job(job, self.ctx.peer_id)
-
-
-def _converted_program(spec: Any, uploads: dict[str, tuple[Path, str]]) -> tuple[Any, bytes | None]:
-    """A program spec's uploaded archives converted (read by our own reader, checked,
-    dry-run): the spec now naming the program blob with its figures, and the blob's bytes.
-    """
-    from training.program.job import convert
-    from training.spec import program_files
-
-    wanted = program_files(spec)
-    extra = [field for field in ("program", "eval_program") if field in uploads]
-    if not wanted:
-        if extra:
-            raise SubmitError(f"a {extra[0]} file was uploaded, but model.arch is not program")
-        return spec, None
-    for field, name in wanted.items():
-        if field not in uploads:
-            raise SubmitError(
-                f"model.{field} names {name.name}: upload it with the spec as form field "
-                f"{field!r} (`meshminer submit` and meshminer.submit do this)"
-            )
-    if set(extra) - set(wanted):
-        raise SubmitError("an eval_program file was uploaded, but model.eval_program is not set")
-    return convert(spec, {field: uploads[field][0] for field in wanted})
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def best_trial(trials: list[Trial], direction: str) -> dict[str, Any] | None:

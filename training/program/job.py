@@ -18,7 +18,7 @@ from training.program.convert import convert_with_figures
 from training.program.errors import ProgramError
 from training.program.figures import ProgramFigures, figures
 from training.program.program import Program, decode_program, encode_program
-from training.spec import JobSpec, ProgramSpec, program_files, with_program_blob
+from training.spec import JobSpec, ProgramSpec, model_files, with_program_blob
 
 Locate = Callable[[str], Path]  # sha256 -> the blob's file
 _CACHE: OrderedDict[str, tuple[Program, ProgramFigures]] = OrderedDict()
@@ -55,7 +55,7 @@ def convert(spec: JobSpec, files: dict[str, Path] | None = None) -> tuple[JobSpe
     default where the spec says); errors name them by the spec's own names."""
     model = spec.model
     assert isinstance(model, ProgramSpec) and not model.converted
-    named = program_files(spec)
+    named = model_files(spec)
     files = files or named
     labels = (named["program"].name, named.get("eval_program", Path("")).name)
     program, found = convert_with_figures(files["program"], files.get("eval_program"), labels)
