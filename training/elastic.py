@@ -318,7 +318,13 @@ def outer_step(
     model.load_state_dict(new_state, strict=True)
     loss_fn = make_loss(run.summary.loss, run.data.info.task)
     return evaluate(
-        model, run.data.val, loss_fn, run.summary.batch_size, run.device, run.data.info.task
+        model,
+        run.data.val,
+        loss_fn,
+        run.summary.batch_size,
+        run.device,
+        run.data.info.task,
+        run.spec.optim.precision,
     )
 
 

@@ -105,7 +105,9 @@ def train(
                 "samples": step * batch,
             }
             if checkpoint and data.val is not None:  # eval mode draws no random numbers
-                found = evaluate(model, data.val, loss_fn, batch, device, data.info.task)
+                found = evaluate(
+                    model, data.val, loss_fn, batch, device, data.info.task, spec.optim.precision
+                )
                 model.train()
                 event |= {"val_step": step, **found}
             emit(event)
@@ -116,7 +118,11 @@ def train(
             )
     metrics = {"train_loss": _finite(tail_sum.item() / (total_steps - tail_from), total_steps)}
     if validate and data.val is not None:
-        metrics.update(evaluate(model, data.val, loss_fn, batch, device, data.info.task))
+        metrics.update(
+            evaluate(
+                model, data.val, loss_fn, batch, device, data.info.task, spec.optim.precision
+            )
+        )
     return LoopResult(total_steps, total_steps * batch, metrics)
 
 
@@ -131,7 +137,8 @@ def train_step(
 ) -> torch.Tensor:
     """One optimizer step on one batch; the same code for training and for a replay
     of it (`training.checkpoints.advance`), so both give the same bits."""
-    loss = forward_loss(model, loss_fn, x, y)
+    with autocast(spec.optim.precision, x.device):
+        loss = forward_loss(model, loss_fn, x, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if spec.optim.grad_clip is not None:
@@ -139,6 +146,12 @@ def train_step(
     optimizer.step()
     schedule.step()
     return loss
+
+
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """`optim.precision`: bf16 runs the forward and the loss under autocast (matrix
+    products and convolutions in bfloat16, reductions and the weights in float32)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def forward_loss(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -151,7 +164,13 @@ def forward_loss(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Te
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, split: Split, loss_fn: LossFn, batch: int, device: torch.device, task: str
+    model: nn.Module,
+    split: Split,
+    loss_fn: LossFn,
+    batch: int,
+    device: torch.device,
+    task: str,
+    precision: str = "fp32",
 ) -> dict[str, float]:
     """Mean loss (and accuracy for classification) over `split`, in eval mode.
 
@@ -171,8 +190,10 @@ def evaluate(
         index = order[begin : begin + batch]
         x, y = split.batch(index)
         x, y = x.to(device), y.to(device)
-        out = model(x, y) if own_loss else model(x)
-        total_loss += (out if own_loss else loss_fn(out, y)).double() * index.shape[0]
+        with autocast(precision, device):
+            out = model(x, y) if own_loss else model(x)
+            loss = out if own_loss else loss_fn(out, y)
+        total_loss += loss.double() * index.shape[0]
         if task == "classification" and not own_loss:
             correct += (out.argmax(dim=-1) == y).sum()
     model.train()

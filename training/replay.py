@@ -183,7 +183,15 @@ def _evaluate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:
         return {}
     loss_fn = make_loss(run.summary.loss, run.data.info.task)
     task = run.data.info.task
-    return evaluate(model, run.data.val, loss_fn, run.summary.batch_size, run.device, task)
+    return evaluate(
+        model,
+        run.data.val,
+        loss_fn,
+        run.summary.batch_size,
+        run.device,
+        task,
+        run.spec.optim.precision,
+    )
 
 
 def _list(raw: Any) -> list:

@@ -40,6 +40,7 @@ TASKS = ("classification", "regression", "lm")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup")
 LOSSES = ("cross_entropy", "mse", "l1")
+PRECISIONS = ("fp32", "bf16")
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_STEPS = 10**9
 # a relay's circuit carries a limited number of bytes (ours: 64 MiB), and a relayed
@@ -152,6 +153,7 @@ class OptimSpec:
     loss: str | None = None
     grad_clip: float | None = None
     validate_every: int = 0  # steps between validations during training (0: at the end only)
+    precision: str = "fp32"  # bf16: autocast around the forward and the loss
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         del optim["warmup_steps"]
     if not spec.optim.validate_every:
         del optim["validate_every"]
+    if spec.optim.precision == "fp32":  # left out at its default: older specs stay equal
+        del optim["precision"]
     plain = {
         "name": spec.name,
         "mode": spec.mode,
@@ -634,6 +638,7 @@ def _parse_optim(section: Section, steps_required: bool = True) -> OptimSpec:
         loss=section.string("loss", None, choices=LOSSES),
         grad_clip=section.number("grad_clip", None, lo=0, hi=1e9, lo_open=True),
         validate_every=section.integer("validate_every", 0, lo=0, hi=MAX_STEPS),
+        precision=section.string("precision", "fp32", choices=PRECISIONS),
     )
     section.finish()
     return optim

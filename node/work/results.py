@@ -22,7 +22,7 @@ from node.work.leases import Leases
 from node.work.lifecycle import Lifecycle, round_closed_reason
 from node.work.replicas import Replicas
 from node.work.result_files import fetch_and_check, weights_grant
-from node.work.spot_checks import TOLERANCE, SpotChecks, Submitted, Verdict
+from node.work.spot_checks import SpotChecks, Submitted, Verdict
 from node.work.sweeps import SweepTrials
 from node.work.trial_store import Trial
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
@@ -283,7 +283,7 @@ class Results:
         checked = {
             "checked_segments": len(verdict.segments),
             "replayed_steps": verdict.replayed_steps,
-            "check": "bitwise" if verdict.strict else f"tolerance {TOLERANCE:g}",
+            "check": "bitwise" if verdict.strict else f"tolerance {verdict.tolerance:g}",
         }
         claimed = {f"claimed_{k}": v for k, v in result.metrics.items()}  # the worker's word
         shown = {**dict(result.metrics), **verdict.metrics, **counts, **checked, **claimed}
