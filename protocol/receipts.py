@@ -62,8 +62,13 @@ FLOPS_PER_TFLOP = 10**12
 #: the versions of the credit formula a receipt may name, and what each computes;
 #: both sides sign the version with the figure, so a change of formula cannot pass
 #: as a disagreement about one job
-CREDIT_FORMULAS = {1: "model FLOPs per sample (forward) x samples trained x 3"}
-CREDIT_FORMULA = 1  # the one this code computes (`flops_to_credit`)
+CREDIT_FORMULAS = {
+    1: "model FLOPs per sample (forward) x samples trained x 3",
+    2: "model FLOPs per sample (forward; a program's: torch.utils.flop_counter.FlopCounterMode "
+    "of torch 2.13 on the meta device) x samples trained x (3, or with model.trainable "
+    "2 + trainable / all parameters, in integers)",
+}
+CREDIT_FORMULA = 2  # the one this code computes (`flops_to_credit`); 1 on receipts before it
 
 RECEIPT_LIMITS = Limits(
     max_bytes=MAX_RECEIPT_BYTES,

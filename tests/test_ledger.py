@@ -708,8 +708,8 @@ def test_a_receipt_naming_an_unknown_credit_formula_is_refused(ledger: Ledger) -
     """Both sides sign the formula's version with the figure; one this node does not
     know is refused by name, and nothing is written."""
     before = state(ledger)
-    receipt = forged_cosigned(PEER, NODE, formula=2)
-    with pytest.raises(InvalidReceipt, match="credit_formula 2 is not one this node knows"):
+    receipt = forged_cosigned(PEER, NODE, formula=99)
+    with pytest.raises(InvalidReceipt, match="credit_formula 99 is not one this node knows"):
         ledger.append_work("work_done", receipt, DIGITS_CREDIT, DIGITS_CREDIT)
     assert state(ledger) == before
     genuine = forged_cosigned(PEER, NODE)
