@@ -16,7 +16,14 @@ import pytest
 import trio
 
 from node.localnet import LocalNetwork, wait_for
-from node.work.executor import UnitFailed, _duty_cycle, folder_bytes, run_training, runner_env
+from node.work.executor import (
+    UnitFailed,
+    _disk_quota,
+    _duty_cycle,
+    folder_bytes,
+    run_training,
+    runner_env,
+)
 from node.work.unit_files import sweep
 from training.examples import digits_toml
 
@@ -142,6 +149,24 @@ def test_a_unit_over_its_disk_quota_is_killed(tmp_path: Path) -> None:
     with pytest.raises(UnitFailed, match="over its disk quota"):
         trio.run(lambda: run_training(request, unit, 600, lambda e: None, disk_quota_bytes=4096))
     assert folder_bytes(unit) < 1 << 20
+
+
+def test_a_unit_over_quota_with_its_evidence_says_so(tmp_path: Path) -> None:
+    """When most of what a unit wrote is its spot-check evidence, the failure says which
+    setting lowers it."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint-00000000.safetensors").write_bytes(b"x" * (3 << 20))
+    (tmp_path / "weights.safetensors").write_bytes(b"x" * (1 << 19))
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    over: list[str] = []
+    try:
+        trio.run(_disk_quota, sleeper, tmp_path, 1 << 20, over)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sleeper.returncode == -signal.SIGKILL
+    assert "over its disk quota of 1 MiB; 3 MiB of it are checkpoints kept as evidence" in over[0]
+    assert "trust.checkpoints" in over[0]
 
 
 def test_old_finished_unit_folders_are_swept_and_running_ones_kept(tmp_path: Path) -> None:

@@ -354,10 +354,17 @@ async def _disk_quota(
         await trio.sleep(DISK_CHECK_S)
         used = await trio.to_thread.run_sync(folder_bytes, workdir)
         if used > quota:
-            over.append(
-                f"the unit wrote {used >> 20} MiB, over its disk quota of {quota >> 20} MiB"
-            )
             _kill_group(proc)
+            evidence = await trio.to_thread.run_sync(folder_bytes, workdir / "checkpoints")
+            why = ""
+            if evidence > used // 2:  # say what a user can change
+                why = (
+                    f"; {evidence >> 20} MiB of it are checkpoints kept as evidence for spot "
+                    "checks (fewer with a smaller trust.checkpoints, none with 0)"
+                )
+            over.append(
+                f"the unit wrote {used >> 20} MiB, over its disk quota of {quota >> 20} MiB{why}"
+            )
             return
 
 
