@@ -1,4 +1,4 @@
-"""Exporting a test model as a user would: a train-mode and an eval-mode `.pt2`."""
+"""Exporting a test model as a user would (`meshminer.export`), and its job spec."""
 
 from __future__ import annotations
 
@@ -9,14 +9,11 @@ from torch import nn
 
 
 def export_pair(model: nn.Module, example: tuple[torch.Tensor, ...], folder: Path) -> Path:
-    """`model.pt2` (train mode) and `model.eval.pt2` in `folder`, batch dimension dynamic;
-    returns the train file. The model is left in train mode."""
-    dims = tuple({0: torch.export.Dim("batch", min=2)} for _ in example)
-    for train, name in ((True, "model.pt2"), (False, "model.eval.pt2")):
-        model.train(train)
-        torch.export.save(torch.export.export(model, example, dynamic_shapes=dims), folder / name)
-    model.train()
-    return folder / "model.pt2"
+    """`model.pt2` (train mode) and `model.eval.pt2` in `folder`, batch dimension dynamic,
+    as `meshminer.export` writes them (checked); returns the train file."""
+    import meshminer
+
+    return meshminer.export(model, example, path=folder).program
 
 
 def program_toml(
