@@ -130,3 +130,37 @@ def test_a_fine_tune_of_the_head_from_a_first_jobs_weights(
     frozen = [n for n, _ in ResNet(width=4).named_parameters() if not n.startswith("fc.")]
     assert all(torch.equal(before[k], after[k]) for k in frozen)  # BatchNorm's statistics move
     assert not torch.equal(before["fc.weight"], after["fc.weight"])
+
+
+def test_a_sweep_of_a_program_runs_its_trials_on_peers(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    owner = localnet.add(["--not-accepting"])
+    localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=30)
+    torch.manual_seed(0)
+    export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), tmp_path)
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(
+        program_toml(
+            "sweep",
+            steps=20,
+            top='mode = "sweep"',
+            tail=(
+                '[sweep]\ntrials = 2\nparallel = 2\nsampler = "grid"\nreport_every = 10\n'
+                '[sweep.space]\n"optim.lr" = { choices = [0.003, 0.03] }\n'
+            ),
+        )
+    )
+    out = _cli("submit", str(spec), "--wait", "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = _job(owner, job_id)
+    assert job["state"] == "completed", job["timeline"][-5:]
+    assert sorted(t["params"]["optim.lr"] for t in job["trials"]) == [0.003, 0.03]
+    assert all(t["state"] == "complete" for t in job["trials"])
+    weights = tmp_path / "best.safetensors"
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
+    from safetensors.torch import load_file
+
+    ResNet(width=4).load_state_dict(load_file(weights))
