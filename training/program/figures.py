@@ -51,10 +51,11 @@ def _dry_run(program: Program, graph: Graph, label: str) -> ProgramFigures:
     batch = _batch(graph, label)
     run_batch = batch or DRY_RUN_BATCH
     env: dict[str, Any] = {}
-    parameters = 0
-    for canonical, tensor in program.tensors.items():
-        if program.kind(canonical) == "parameter":
-            parameters += tensor.numel()
+    parameters = sum(
+        tensor.numel()
+        for canonical, tensor in program.tensors.items()
+        if program.kind(canonical) == "parameter"
+    )
     for item in graph.inputs:
         if item.kind == "user_input":
             shape = [run_batch if isinstance(s, str) else s for s in item.sizes]
@@ -66,17 +67,13 @@ def _dry_run(program: Program, graph: Graph, label: str) -> ProgramFigures:
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         for node, step in zip(graph.nodes, compile_steps(graph), strict=True):
+            where = f"{label}: node {node.index} ({node.target})"
             try:
                 step(env, meta)
-            except ProgramError:
-                raise
             except Exception as exc:  # a graph that does not fit its own shapes
-                raise ProgramError(
-                    f"{label}: node {node.index} ({node.target}) fails on the inputs' shapes: "
-                    f"{str(exc)[:300]}"
-                ) from None
-            activations += _check_outputs(node.outputs, env, f"{label}: node {node.index} "
-                                          f"({node.target})")
+                why = str(exc)[:300]
+                raise ProgramError(f"{where} fails on the inputs' shapes: {why}") from None
+            activations += _check_outputs(node.outputs, env, where)
     output = env[graph.outputs[0]]
     per_sample = tuple(output.shape[1:]) if output.dim() else ()
     users = graph.user_inputs

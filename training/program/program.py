@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,18 @@ class Program:
         return self.tensors[self.aliases[name]]
 
     def kind(self, name: str) -> str:
-        """parameter, buffer or constant, as the train graph takes it."""
-        for graph in (self.train, self.eval):
-            for item in graph.inputs if graph else ():
-                if item.target == name:
-                    return item.kind
-        raise KeyError(name)
+        """parameter, buffer or constant, as the graphs take it."""
+        return self._kinds[name]
+
+    @cached_property
+    def _kinds(self) -> dict[str, str]:
+        return {
+            item.target: item.kind
+            for graph in (self.eval, self.train)  # the train graph's word wins
+            if graph is not None
+            for item in graph.inputs
+            if item.kind != "user_input"
+        }
 
 
 def from_archives(
