@@ -42,12 +42,15 @@ class ProgramModule(nn.Module):
         self.sample_shape = sample_shape  # the first input is reshaped to it (when given)
         self.returns_loss = returns_loss  # `output = "loss"`: forward(x, y) is the loss
         self.fixed_batch = fixed_batch  # the batch size a static export fixed (0: dynamic)
+        names: dict[str, list[str]] = {}  # canonical -> every name of it (tied weights)
+        for name, canonical in sorted(program.aliases.items()):
+            names.setdefault(canonical, []).append(name)
         for canonical, tensor in sorted(program.tensors.items()):
             kind = program.kind(canonical)
             value = tensor.clone()
             if kind == "parameter":
                 value = nn.Parameter(value, requires_grad=value.is_floating_point())
-            for name in sorted(n for n, c in program.aliases.items() if c == canonical):
+            for name in names[canonical]:
                 try:
                     owner, leaf = _owner(self, name)
                     if kind == "parameter":
