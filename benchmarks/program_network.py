@@ -27,10 +27,9 @@ import torch
 
 from benchmarks.harness import Result
 from node.localnet import ONE_THREAD, LocalNetwork, wait_for
+from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.execute import deterministic, prepare
-from training.loop import train
 from training.program.job import bind_local
 from training.spec import load_spec
 
@@ -55,20 +54,9 @@ TRUST_OFF = "[trust]\ncheckpoints = 0\nspot_check_budget = 0"
 
 
 def eager_s(spec: Path, model: torch.nn.Module) -> float:
-    bound = bind_local(load_spec(spec))
-    run = prepare(bound, None)
+    """Seconds the eager module takes through the same loop, in this process."""
     began = time.perf_counter()
-    with deterministic(bound.seed):
-        train(
-            model,
-            run.data,
-            bound,
-            loss_name=run.summary.loss,
-            batch=run.summary.batch_size,
-            total_steps=run.summary.total_steps,
-            device=run.device,
-            emit=lambda event: None,
-        )
+    train_eager(bind_local(load_spec(spec)), model)
     return time.perf_counter() - began
 
 

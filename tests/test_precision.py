@@ -12,11 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from node.work.spot_checks import BF16_TOLERANCE, TOLERANCE, tolerance_of
+from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.execute import deterministic, prepare
 from training.local import train_local
-from training.loop import train
 from training.program.job import bind_local
 from training.spec import SpecError, parse_spec, spec_to_plain
 
@@ -55,20 +54,8 @@ def test_a_bf16_program_is_its_eager_module_under_the_same_autocast(tmp_path: Pa
     }
     train_local(parse_spec(spec), tmp_path / "w.safetensors")
     ours = load_file(tmp_path / "w.safetensors")
-    bound = bind_local(parse_spec(spec))
-    run = prepare(bound, None)
-    with deterministic(bound.seed):
-        train(
-            gpt,
-            run.data,
-            bound,
-            loss_name=run.summary.loss,
-            batch=run.summary.batch_size,
-            total_steps=run.summary.total_steps,
-            device=run.device,
-            emit=lambda event: None,
-        )
-    assert all(torch.equal(ours[k], v) for k, v in gpt.state_dict().items())
+    eager = train_eager(bind_local(parse_spec(spec)), gpt)
+    assert all(torch.equal(ours[k], v) for k, v in eager.items())
 
 
 def test_precision_is_checked_kept_and_sets_the_cross_class_tolerance() -> None:

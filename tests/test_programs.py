@@ -14,11 +14,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT, GPTWithLoss, ResNet, UNetBlock
-from training.execute import deterministic, prepare
 from training.local import train_local
-from training.loop import train
 from training.program import (
     ProgramError,
     ProgramModule,
@@ -87,23 +86,6 @@ def test_the_interpreter_trains_bitwise_equal_to_eager(case: str, tmp_path: Path
     make().load_state_dict(ours.state_dict())  # the user's module takes the weights
 
 
-def _eager_through_the_loop(spec_plain: dict, module: nn.Module) -> dict[str, torch.Tensor]:
-    bound = bind_local(parse_spec(spec_plain))
-    run = prepare(bound, None)
-    with deterministic(bound.seed):
-        train(
-            module,
-            run.data,
-            bound,
-            loss_name=run.summary.loss,
-            batch=run.summary.batch_size,
-            total_steps=run.summary.total_steps,
-            device=run.device,
-            emit=lambda event: None,
-        )
-    return module.state_dict()
-
-
 def _token_spec(folder: Path, optim: dict, **model: str) -> dict:
     """A program spec for the exported pair and the token file `train.bin` in `folder`."""
     return {
@@ -131,7 +113,7 @@ def test_train_local_of_a_program_is_the_eager_module_on_the_same_batches(
     result = train_local(parse_spec(spec), tmp_path / "w.safetensors")
     assert "val_loss" in result["metrics"]
     ours = load_file(tmp_path / "w.safetensors")
-    eager = _eager_through_the_loop(spec, gpt)
+    eager = train_eager(bind_local(parse_spec(spec)), gpt)
     assert ours.keys() == eager.keys()
     assert all(torch.equal(ours[k], eager[k]) for k in ours)
     # twice the same bytes (and a second process would read the same program blob)

@@ -37,8 +37,15 @@ from safetensors.torch import load_file
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.checkpoints import Course, checkpoint_steps
 from training.errors import TrainingError
-from training.execute import Prepared, checkpointer, deterministic, emit_started, prepare
-from training.loop import Emit, evaluate, train
+from training.execute import (
+    Prepared,
+    checkpointer,
+    deterministic,
+    emit_started,
+    prepare,
+    validate,
+)
+from training.loop import Emit, train
 from training.models import build_model
 from training.ops import (
     DEFAULT_BLOCK_SIZE,
@@ -47,7 +54,7 @@ from training.ops import (
     from_wire,
     outer_nesterov_step_,
 )
-from training.optim import make_loss, make_optimizer
+from training.optim import make_optimizer
 from training.spec import ElasticSpec, JobSpec
 from training.weights import file_sha256, write_weights
 
@@ -316,16 +323,7 @@ def outer_step(
         return {}
     model = build_model(run.plan).to(run.device)
     model.load_state_dict(new_state, strict=True)
-    loss_fn = make_loss(run.summary.loss, run.data.info.task)
-    return evaluate(
-        model,
-        run.data.val,
-        loss_fn,
-        run.summary.batch_size,
-        run.device,
-        run.data.info.task,
-        run.spec.optim.precision,
-    )
+    return validate(run, model)
 
 
 def clip_factors(norms: list[float], clip: float) -> list[float]:

@@ -25,8 +25,9 @@ from training.budget import SpecSummary, summarize
 from training.data import Dataset, load_dataset
 from training.datainfo import data_ref, probe
 from training.errors import SpecError, TrainingError
-from training.loop import Emit, train
+from training.loop import Emit, evaluate, train
 from training.models import build_model
+from training.optim import make_loss
 from training.plan import ModelPlan, plan_model
 from training.spec import JobSpec
 from training.weights import write_weights
@@ -225,6 +226,24 @@ def checkpointer(
             shas.append(save_checkpoint(path, model, optimizer, step, run.device))
 
     return on_step
+
+
+def validate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:
+    """The validation metrics of `model`, as the training loop reports them ({} without
+    a validation split): a replay's check and the owner's outer step read them."""
+    if run.data.val is None:
+        return {}
+    task = run.data.info.task
+    loss_fn = make_loss(run.summary.loss, task)
+    return evaluate(
+        model,
+        run.data.val,
+        loss_fn,
+        run.summary.batch_size,
+        run.device,
+        task,
+        run.spec.optim.precision,
+    )
 
 
 def emit_started(run: Prepared, emit: Emit, notes: list[str] | None = None) -> None:

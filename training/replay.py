@@ -56,10 +56,9 @@ from training.checkpoints import (
 from training.elastic import round_delta, share_course
 from training.elastic_task import BlobFile
 from training.errors import SpecError
-from training.execute import Prepared, deterministic, emit_started, prepare
+from training.execute import Prepared, deterministic, emit_started, prepare, validate
 from training.fields import Section
-from training.loop import Emit, evaluate
-from training.optim import make_loss
+from training.loop import Emit
 from training.spec import JobSpec
 from training.weights import write_weights
 
@@ -120,7 +119,7 @@ def run_replay(
             if claimed:
                 theirs = load_checkpoint(run, blob_file(claimed), course)
                 result["distances"].append(relative_distance(state, theirs))
-            result["evaluations"].append(_evaluate(run, state.model) if wanted else {})
+            result["evaluations"].append(validate(run, state.model) if wanted else {})
             result["replayed_steps"] += end - start
             emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})
         if final and share is not None:
@@ -137,7 +136,7 @@ def run_replay(
         elif final:
             state = load_checkpoint(run, blob_file(final), course)
             result["weights_sha256"] = write_weights(out, state.model.state_dict(), run.metadata)
-            result["metrics"] = _evaluate(run, state.model)
+            result["metrics"] = validate(run, state.model)
     scratch.unlink(missing_ok=True)
     result["wall_time_s"] = time.monotonic() - began
     result["device"] = device
@@ -175,23 +174,6 @@ def _share_start(run: Prepared, claimed: TrainState, weights: Path, course: Cour
         raise SpecError(f"request.replay.share.weights do not fit the model: {exc}") from None
     torch.manual_seed(course.batch_seed)
     return claimed
-
-
-def _evaluate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:
-    """The validation metrics of `model`, as the training loop reports them."""
-    if run.data.val is None:
-        return {}
-    loss_fn = make_loss(run.summary.loss, run.data.info.task)
-    task = run.data.info.task
-    return evaluate(
-        model,
-        run.data.val,
-        loss_fn,
-        run.summary.batch_size,
-        run.device,
-        task,
-        run.spec.optim.precision,
-    )
 
 
 def _list(raw: Any) -> list:
