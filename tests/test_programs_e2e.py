@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from node.localnet import LocalNetwork, LocalNode
 from tests.programs.export import export_pair, program_toml
-from tests.programs.models import GPT, ResNet
+from tests.programs.models import GPT, ResNet, UNetBlock
 from tests.test_jobs_e2e import _cli, _job
 
 pytestmark = pytest.mark.slow
@@ -49,21 +49,23 @@ def _resnet(folder: Path) -> None:
     export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), folder)
 
 
+@pytest.mark.parametrize("make", [ResNet, UNetBlock], ids=["resnet", "unet block"])
 def test_a_peer_trains_a_program_bitwise_equal_to_train_local(
-    localnet: LocalNetwork, tmp_path: Path
+    localnet: LocalNetwork, tmp_path: Path, make: type[torch.nn.Module]
 ) -> None:
     owner, worker = localnet.start(2)
     localnet.wait_all_see_each_other(timeout=20)
-    _resnet(tmp_path)
+    torch.manual_seed(0)
+    export_pair(make(width=4), (torch.randn(4, 1, 8, 8),), tmp_path)
     spec = tmp_path / "job.toml"
-    spec.write_text(program_toml("resnet", steps=40, top='placement = "auto"'))
+    spec.write_text(program_toml("program", steps=40, top='placement = "auto"'))
     job = _completed(owner, spec)
     assert job["worker"] == worker.peer_id
     model = job["spec"]["model"]
     assert model["program"].startswith("blob:") and model["parameters"] > 0
     assert "eval_program" not in model  # folded into the program blob
     weights = _as_train_local(owner, job, spec)
-    ResNet(width=4).load_state_dict(load_file(weights))  # the user's own module takes them
+    make(width=4).load_state_dict(load_file(weights))  # the user's own module takes them
 
 
 def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
