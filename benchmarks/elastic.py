@@ -5,7 +5,7 @@ measured in the same run.
                                            [--rounds 20] [--inner-steps 50]
 
 The job is the elastic demo's: a small character transformer on meshminer's own
-module docstrings (`training.examples.char_lm_elastic_toml`).
+module docstrings (`training.spec.examples.char_lm_elastic_toml`).
 
 - **comm**: elastic (H = `--inner-steps`, int8 deltas) against synchronous data
   parallel that averages fp32 gradients every step, with the same workers, per-worker
@@ -44,8 +44,8 @@ from node.client import submit_job
 from node.demo_elastic import write_corpus
 from node.localnet import LocalNetwork, LocalNode, wait_for
 from protocol.receipts import open_receipt, parse_cosigned
-from training.examples import char_lm_elastic_toml
-from training.spec import parse_spec
+from training.spec.examples import char_lm_elastic_toml
+from training.spec.job import parse_spec
 
 
 def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int, width: int) -> str:
@@ -63,7 +63,7 @@ def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int,
 def communication(root: Path, workers: int, rounds: int, inner: int, width: int) -> Result:
     from safetensors import safe_open
 
-    from training.local import train_local
+    from training.run.local import train_local
 
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")

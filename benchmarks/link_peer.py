@@ -22,9 +22,9 @@ from nacl.signing import SigningKey
 from node.identity import Identity
 from node.net.host import MeshHost
 from node.net.relay import RelayOptions
-from node.work.blobs import BlobStore
-from node.work.transfer import (
+from node.work.blobs import (
     BlobServer,
+    BlobStore,
     fetch_blob_direct,
     fetch_blob_libp2p,
     make_request,

@@ -31,7 +31,7 @@ from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
 from training.program.job import bind_local
-from training.spec import load_spec
+from training.spec.job import load_spec
 
 SPEC = """\
 name = "bench-gpt"

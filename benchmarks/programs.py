@@ -56,8 +56,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    eager = GPT(vocab=args.vocab, context=args.context, width=args.width,
-                layers=args.layers, heads=max(1, args.width // 64), dropout=0.0)
+    eager = GPT(
+        vocab=args.vocab,
+        context=args.context,
+        width=args.width,
+        layers=args.layers,
+        heads=max(1, args.width // 64),
+        dropout=0.0,
+    )
     params = sum(p.numel() for p in eager.parameters())
     with tempfile.TemporaryDirectory() as tmp:
         example = torch.randint(0, args.vocab, (2, args.context))

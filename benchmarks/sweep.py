@@ -35,9 +35,9 @@ from typing import Any
 from benchmarks.harness import Result, run_parts
 from node.client import submit_job
 from node.localnet import LocalNetwork, wait_for
-from training.examples import sweep_toml
-from training.local import train_local
-from training.spec import parse_spec
+from training.run.local import train_local
+from training.spec.examples import sweep_toml
+from training.spec.job import parse_spec
 
 SPACE = (
     '"optim.lr" = { low = 1e-4, high = 1e-1, log = true }\n'

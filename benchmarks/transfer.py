@@ -54,10 +54,10 @@ from nacl.signing import SigningKey
 from benchmarks.harness import Result, console
 from node.identity import Identity
 from node.localnet import free_port
-from node.work.blobs import BlobStore
-from node.work.transfer import (
+from node.work.blobs import (
     CHUNK_SIZE,
     BlobServer,
+    BlobStore,
     fetch_blob_direct,
     fetch_blob_libp2p,
     make_request,

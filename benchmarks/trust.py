@@ -9,7 +9,7 @@ settings (100 checkpoints, a budget of 10% of the segments). A cheating worker s
 a fraction f of its steps (0.5, 0.1, 0.01), spread at random or all in one run of
 consecutive steps at a random place, and claims the checkpoint chain that gives
 (`tests/adversary/cheats.py`). Each of `--units` units is checked as an owner checks
-a worker on probation: segments drawn by `node.work.spot_checks.choose_segments`,
+a worker on probation: segments drawn by `node.work.trust.spot_checks.choose_segments`,
 replayed by the runner's `replay` task (in this process, without the sandbox) and
 compared by `compare_replay`. Reported per case:
 
@@ -25,7 +25,7 @@ caught within 5 units with probability >= 99% however the steps are placed, at
 <= 10% verification overhead, with zero false positives.
 
 **robust**: an elastic job (the digits MLP, 4 workers, 10 rounds of 20 inner steps)
-trained through `training.elastic`'s own inner rounds and outer step, with every
+trained through `training.elastic.rounds`'s own inner rounds and outer step, with every
 worker honest and with worker 0 sending -10x its delta every round (gradient
 ascent), each with `elastic.delta_clip` at its default (2) and off (0): the final
 validation loss. What clipping costs when all are honest, and what it saves when
@@ -44,17 +44,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.harness import Result, run_parts
-from node.work.spot_checks import choose_segments, compare_replay, replay_table
+from node.work.trust import choose_segments, compare_replay, replay_table
 from protocol.rounds import encode_round_delta
 from protocol.tensors import decode_tensor
-from training.checkpoints import checkpoint_steps
-from training.elastic import SIMULATED_JOB_ID, init_weights, inner_round, outer_step
-from training.examples import digits_toml, elastic_toml
-from training.execute import prepare
+from training.elastic.rounds import SIMULATED_JOB_ID, init_weights, inner_round, outer_step
+from training.evidence.checkpoints import checkpoint_steps
+from training.model.weights import file_sha256
 from training.ops import dequantize_blockwise, encode_delta, from_wire
-from training.runner import run_request
-from training.spec import JobSpec, parse_spec, spec_to_plain
-from training.weights import file_sha256
+from training.run.execute import prepare
+from training.run.runner import run_request
+from training.spec.examples import digits_toml, elastic_toml
+from training.spec.job import JobSpec, parse_spec, spec_to_plain
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "adversary"))
 from cheats import Claim, honest, skipping  # noqa: E402  (the cheats live with the tests)

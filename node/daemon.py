@@ -43,13 +43,12 @@ from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_pe
 from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
 from node.web.pages import PageSources, page_routes
-from node.work.availability import Availability, TrainingDays, keep_checking
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
-from node.work.jobs import JobStore
+from node.work.jobs import JobStore, UnitKeys
+from node.work.owner import SubmitError
+from node.work.run import Availability, TrainingDays, keep_checking
 from node.work.service import WorkService
-from node.work.submission import SubmitError
-from node.work.unit_keys import UnitKeys
 
 log = logging.getLogger(__name__)
 
@@ -261,10 +260,10 @@ async def _serve(
 
 
 async def probe_isolation() -> dict[str, str]:
-    """Which isolation a training subprocess gets here (`training.isolation`), measured
+    """Which isolation a training subprocess gets here (`training.run.isolation`), measured
     once at start in a throwaway child."""
     done = await trio.run_process(
-        [sys.executable, "-m", "training.isolation"],
+        [sys.executable, "-m", "training.run.isolation"],
         capture_stdout=True,
         capture_stderr=True,
         check=False,

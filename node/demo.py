@@ -22,7 +22,7 @@ from rich.table import Table
 from node.client import ApiError, NodeUnreachable, request_json
 from node.demo_elastic import run_elastic
 from node.localnet import LocalNetwork, LocalNode
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 DEMO_SPEC = digits_toml()
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from node.cli_jobs import rounds_table
+from node.cli.jobs import rounds_table
 from node.client import submit_job
 from node.localnet import LocalNetwork, LocalNode
-from training.examples import char_lm_elastic_toml
+from training.spec.examples import char_lm_elastic_toml
 
 WORKERS = 3
 ROUNDS = 6

@@ -2,7 +2,7 @@
 
 Plain functions from facts to findings: the running node's status and peers (from its
 API, when one answers), the data dir, and the machine's torch. The command
-(`node.cli_doctor`) gathers the facts and prints the findings.
+(`node.cli.doctor`) gathers the facts and prints the findings.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ BOINC's users keep a client for years because it trains when they are away and n
 when they are not. Here: time-of-day windows (`hours`), only after the machine has
 been idle for `idle_minutes`, at most `daily_gpu_hours` a day, on chosen `gpus`.
 Values are checked here, once, for the config file, the CLI and the API alike; what
-they mean for a running unit is `node.work.availability`.
+they mean for a running unit is `node.work.run.availability`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from node.preferences import PreferenceError, apply_changes, chosen_gpus, descri
 from node.store import next_counter
 from node.timeline import NodeTimeline
 from node.web.events import NodeEvents
-from node.work.availability import Availability
+from node.work.run import Availability
 from node.work.service import WorkService
 from protocol import CapacityAd, Policy, seal
 from protocol.capacity import MAX_ADDRS
@@ -189,7 +189,7 @@ class Node:
         return found.to_json()
 
     def reputation(self) -> list[dict[str, Any]]:
-        """What this node has seen of each peer's results (`node.work.reputation`)."""
+        """What this node has seen of each peer's results (`node.work.trust.reputation`)."""
         return self.work.owner.reputation.all() if self.work is not None else []
 
     def metrics(self) -> bytes:
@@ -228,7 +228,7 @@ class Node:
         return {**to_plain(self.policy), **to_plain(self.preferences)}
 
     def availability_changed(self, reason: str | None = None) -> None:
-        """The preferences may pause or allow training (`node.work.availability`)."""
+        """The preferences may pause or allow training (`node.work.run.availability`)."""
         if reason is not None:
             self.timeline.add(f"training paused: {reason}" if reason else "training allowed again")
         self._ad_changed()

@@ -3,7 +3,7 @@
 Elastic jobs move weight *deltas* every round, and volunteer links are slow, so a
 delta travels as int8 codes plus one float32 scale per block of `block_size`
 elements: about a quarter of its float32 size (a half of bfloat16). Lossless
-weights stay safetensors (`training.weights`); this encoding is lossy and used
+weights stay safetensors (`training.model.weights`); this encoding is lossy and used
 only where the training side has chosen that loss (see docs/ops.md for the bound).
 
 Wire form: one msgpack map ``{t, v, shape, dtype, block_size, codes, scales}``;

@@ -53,7 +53,7 @@ class WorkPackage:
 
     job_id: str
     unit_id: str
-    spec: bytes  # msgpack of the plain job spec (training.spec.spec_to_plain)
+    spec: bytes  # msgpack of the plain job spec (training.spec.job.spec_to_plain)
     blobs: list[str]  # sha256 of every blob the unit needs (dataset)
     blob_grant: bytes  # signed BlobGrant envelope for those blobs
     job_key: bytes  # 32-byte key for secretstream-encrypted blob transfer
@@ -168,7 +168,7 @@ class Result:
     wall_time_s: float = 0.0
     device: str = ""
     retryable: bool = False  # the failure was not the job's (handed back, data unreachable)
-    # sha256 of the training-state files at the steps of training.checkpoints
+    # sha256 of the training-state files at the steps of training.evidence.checkpoints
     # .checkpoint_steps, in order: the evidence a spot check replays (docs/threat-model.md)
     checkpoints: list[str] = field(default_factory=list)
 

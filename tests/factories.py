@@ -11,8 +11,8 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from protocol import CapacityAd, GpuInfo, Policy, peer_id_from_public_key
-from training.examples import digits_toml
-from training.spec import parse_spec, spec_to_plain
+from training.spec.examples import digits_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 
 def peer_id_of(key: SigningKey) -> str:

@@ -1,4 +1,4 @@
-"""The volunteer's preferences decide when this node trains (`node.work.availability`):
+"""The volunteer's preferences decide when this node trains (`node.work.run.availability`):
 time-of-day windows, a daily cap, idleness; a unit whose window closes is paused
 where it stands (its runner stopped) and goes on when the window opens, with a clock
 the test moves."""
@@ -22,13 +22,12 @@ from node.preferences import (
     chosen_gpus,
     parse_hours,
 )
-from node.work.availability import Availability, TrainingDays
-from node.work.executor import run_training
+from node.work.run import Availability, TrainingDays, run_training
 from node.work.service import runner_request
 from protocol import Policy
 from protocol.capacity import GpuInfo
-from training.examples import digits_toml
-from training.spec import parse_spec, spec_to_plain
+from training.spec.examples import digits_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 
 def _at(hour: int, minute: int, second: int = 0, day: int = 10) -> float:

@@ -15,15 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from node.work import blobs
-from node.work.blobs import (
-    BadBlobId,
-    BlobHashMismatch,
-    BlobNotFound,
-    BlobStore,
-    BlobStoreError,
-    BlobTooLarge,
-)
+from node.work.blobs import BlobNotFound, BlobStore, BlobStoreError
+from node.work.blobs import store as blobs
+from node.work.blobs.store import BadBlobId, BlobHashMismatch, BlobTooLarge
 from protocol import (
     GRANT_LIMITS,
     REQUEST_LIMITS,

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from training.checkpoints import checkpoint_steps
 from training.errors import SpecError, TrainingError
-from training.runner import run_request
-from training.spec import parse_spec, spec_to_plain
-from training.weights import file_sha256
+from training.evidence.checkpoints import checkpoint_steps
+from training.model.weights import file_sha256
+from training.run.runner import run_request
+from training.spec.job import parse_spec, spec_to_plain
 
 OPTIMS = {
     "adam, cosine, dropout": {"name": "adam", "lr": 0.01, "schedule": "cosine", "warmup_steps": 3},

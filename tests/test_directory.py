@@ -13,7 +13,7 @@ import pytest
 
 from node.client import ApiError
 from node.localnet import LocalNetwork, LocalNode, wait_for
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 

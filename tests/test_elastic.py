@@ -13,13 +13,13 @@ import pytest
 
 from protocol.errors import DecodeError, TooLarge
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
-from training.elastic import slot_seed
+from training.elastic.rounds import slot_seed
 from training.errors import SpecError
-from training.examples import elastic_toml
-from training.local import train_local
-from training.runner import run_request
-from training.spec import parse_spec, spec_to_plain
-from training.weights import file_sha256
+from training.model.weights import file_sha256
+from training.run.local import train_local
+from training.run.runner import run_request
+from training.spec.examples import elastic_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 
 def _spec(**elastic: object) -> dict:
@@ -302,7 +302,7 @@ def test_the_adaptive_deadline_follows_applied_shares_not_dropped_stragglers() -
     import sqlite_utils
 
     from node.work.jobs import JobStore
-    from node.work.rounds import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
+    from node.work.owner.modes import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
 
     jobs = JobStore(sqlite_utils.Database(memory=True))
     rounds = ElasticRounds(SimpleNamespace(jobs=jobs), None, lambda **kw: {})  # type: ignore[arg-type]
@@ -328,8 +328,7 @@ def test_a_share_still_live_at_its_rounds_close_is_told_it_came_late() -> None:
     import sqlite_utils
 
     from node.work.jobs import JobStore
-    from node.work.leases import Leases
-    from node.work.lifecycle import round_closed_reason
+    from node.work.owner import Leases, round_closed_reason
 
     jobs = JobStore(sqlite_utils.Database(memory=True))
     leases = Leases(SimpleNamespace(jobs=jobs), None, lambda *a: None)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import pytest
 
 from node.client import request_json
 from node.localnet import LocalNetwork, LocalNode, wait_for
-from training.examples import elastic_toml
+from training.spec.examples import elastic_toml
 
 pytestmark = pytest.mark.slow
 
@@ -111,8 +111,8 @@ def _wait_end(owner: LocalNode, job_id: str, timeout: float) -> dict:
 
 
 def _simulated_val_loss(spec: str, tmp_path: Path) -> float:
-    from training.local import train_local  # noqa: PLC0415 (torch, only here)
-    from training.spec import parse_spec
+    from training.run.local import train_local  # noqa: PLC0415 (torch, only here)
+    from training.spec.job import parse_spec
 
     result = train_local(parse_spec(tomllib.loads(spec)), tmp_path / "sim.safetensors")
     return result["rounds"][-1]["val_loss"]

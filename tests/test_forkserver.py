@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.work.executor import UnitFailed, run_training, runner_env
+from node.work.run import UnitFailed, run_training, runner_env
 from node.work.service import runner_request
-from training.examples import digits_toml
-from training.spec import parse_spec, spec_to_plain
+from training.spec.examples import digits_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 
 def _request(unit: Path, steps: int = 3) -> dict:
@@ -36,7 +36,7 @@ def _servers(folder: Path) -> list[int]:
             if (
                 proc.name.isdigit()
                 and os.readlink(proc / "cwd") == str(folder)
-                and b"training.forkserver" in (proc / "cmdline").read_bytes()
+                and b"training.run.forkserver" in (proc / "cmdline").read_bytes()
                 and not _zombie(int(proc.name))
             ):
                 found.append(int(proc.name))
@@ -55,7 +55,7 @@ def _zombie(pid: int) -> bool:
 def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, caplog) -> None:
     warm = tmp_path / "runners"
     units = [tmp_path / (c * 16) for c in "abc"]
-    caplog.set_level(logging.INFO, "node.work.executor")
+    caplog.set_level(logging.INFO, "node.work.run.executor")
     parents: list[int] = []
 
     async def main() -> list[list[int]]:
@@ -90,7 +90,7 @@ def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, 
 def _serve(tmp_path: Path, idle: str, threads: str) -> subprocess.CompletedProcess:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     env = {**runner_env(tmp_path), "OPENBLAS_NUM_THREADS": threads}
-    args = [sys.executable, "-m", "training.forkserver", str(os.getpid()), idle]
+    args = [sys.executable, "-m", "training.run.forkserver", str(os.getpid()), idle]
     try:
         return subprocess.run(
             [*args, str(theirs.fileno())],

@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from node.client import request_json
 from node.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 

@@ -682,7 +682,7 @@ def test_the_worked_examples_in_the_docs_match_the_code() -> None:
     import tomllib
 
     from training.budget import validate_for_submit
-    from training.spec import parse_spec
+    from training.spec.job import parse_spec
 
     docs = Path(__file__).parent.parent / "docs"
     doc = (docs / "ledger.md").read_text()

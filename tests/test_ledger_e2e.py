@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from node.localnet import LocalNetwork, wait_for
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 

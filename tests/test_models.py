@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from training.budget import check_budget
-from training.datainfo import DatasetInfo, probe
+from training.data.info import DatasetInfo, probe
 from training.errors import SpecError
-from training.models import build_model, count_parameters
-from training.plan import plan_model
-from training.spec import parse_spec
+from training.model.modules import build_model, count_parameters
+from training.model.plan import plan_model
+from training.spec.job import parse_spec
 
 DIGITS = DatasetInfo("classification", (64,), 1438, 359, num_classes=10)
 IMAGES = DatasetInfo("classification", (3, 12, 10), 90, 10, num_classes=4)

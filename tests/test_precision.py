@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from node.work.spot_checks import BF16_TOLERANCE, TOLERANCE, tolerance_of
+from node.work.trust import BF16_TOLERANCE, TOLERANCE, tolerance_of
 from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.local import train_local
 from training.program.job import bind_local
-from training.spec import SpecError, parse_spec, spec_to_plain
+from training.run.local import train_local
+from training.spec.job import SpecError, parse_spec, spec_to_plain
 
 MLP = {
     "name": "mlp",

@@ -17,7 +17,6 @@ from torch import nn
 from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT, GPTWithLoss, ResNet, UNetBlock
-from training.local import train_local
 from training.program import (
     ProgramError,
     ProgramModule,
@@ -27,7 +26,8 @@ from training.program import (
     figures,
 )
 from training.program.job import bind_local, program_of, spec_figures, state_shapes
-from training.spec import SpecError, parse_spec, spec_to_plain
+from training.run.local import train_local
+from training.spec.job import SpecError, parse_spec, spec_to_plain
 
 
 def _ids(g: torch.Generator | None = None, batch: int = 4) -> torch.Tensor:
@@ -50,7 +50,10 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable, Callable, Callable]] =
     "gpt: sdpa, dropout, tied embeddings": (GPT, _ids, _ids, _lm_loss),
     "resnet: batchnorm, in-place relu, +=": (ResNet, _images, _labels, F.cross_entropy),
     "unet block: conv_transpose, upsample, group norm": (
-        UNetBlock, _images, _labels, F.cross_entropy,
+        UNetBlock,
+        _images,
+        _labels,
+        F.cross_entropy,
     ),
 }
 
@@ -143,17 +146,22 @@ def test_a_specs_figures_must_be_its_programs(tmp_path: Path) -> None:
     spec = parse_spec(
         {
             "name": "r",
-            "model": {"arch": "program", "program": str(tmp_path / "model.pt2"),
-                      "eval_program": str(tmp_path / "model.eval.pt2")},
+            "model": {
+                "arch": "program",
+                "program": str(tmp_path / "model.pt2"),
+                "eval_program": str(tmp_path / "model.eval.pt2"),
+            },
             "data": {"source": "builtin:digits"},
             "optim": {"steps": 1},
         }
     )
     bound = bind_local(spec)
     program, found = program_of(bound)
-    assert found.parameters == sum(
-        p.numel() for p in ResNet(width=4).parameters()
-    ) == bound.model.parameters
+    assert (
+        found.parameters
+        == sum(p.numel() for p in ResNet(width=4).parameters())
+        == bound.model.parameters
+    )
     assert found.flops_per_sample > 0 and found.batch is None
     (tmp_path / "program").write_bytes(encode_program(program))
     plain = spec_to_plain(bound)
@@ -162,8 +170,10 @@ def test_a_specs_figures_must_be_its_programs(tmp_path: Path) -> None:
     with pytest.raises(ProgramError, match="model.flops_per_sample: the spec says"):
         program_of(parse_spec(lying), lambda sha: tmp_path / "program")
     shapes = state_shapes(program)
-    assert shapes == {k: (tuple(v.shape), "F32" if v.is_floating_point() else "I64")
-                      for k, v in ResNet(width=4).state_dict().items()}
+    assert shapes == {
+        k: (tuple(v.shape), "F32" if v.is_floating_point() else "I64")
+        for k, v in ResNet(width=4).state_dict().items()
+    }
     assert spec_figures(figures(program))["input_shape"] == [1, 8, 8]
 
 
@@ -198,8 +208,8 @@ def test_a_program_file_that_is_not_one_is_refused_by_name(tmp_path: Path) -> No
     what is wrong (the graphs inside are the hostile-program tests' business)."""
     import json
 
+    from training.model.weights import weights_bytes
     from training.program.program import PROGRAM_FORMAT
-    from training.weights import weights_bytes
 
     torch.manual_seed(0)
     export_pair(ResNet(width=4), (_images(),), tmp_path)

@@ -369,10 +369,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
 
 def _model_of(job: meshminer.Job, data_file: Path | None = None) -> nn.Module:
     """A fresh module built from the job's spec (and its uploaded data), as the node does."""
-    from training.datainfo import probe
-    from training.models import build_model
-    from training.plan import plan_model
-    from training.spec import parse_spec
+    from training.data.info import probe
+    from training.model.modules import build_model
+    from training.model.plan import plan_model
+    from training.spec.job import parse_spec
 
     spec = parse_spec(job.info["spec"])
     return build_model(plan_model(spec.model, probe(spec, data_file)))

@@ -14,7 +14,7 @@ import trio
 from factories import DIGITS_PLAIN
 from safetensors.numpy import save
 
-from training.result_check import (
+from training.evidence.result_check import (
     MAX_HEADER_BYTES,
     WeightsRejected,
     check_weights_header,
@@ -48,8 +48,8 @@ def test_the_plan_names_the_models_tensors() -> None:
 
 
 def test_real_trained_weights_pass(tmp_path: Path) -> None:
-    from training.local import train_local
-    from training.spec import parse_spec
+    from training.run.local import train_local
+    from training.spec.job import parse_spec
 
     out = tmp_path / "trained.safetensors"
     train_local(parse_spec({**DIGITS_PLAIN, "optim": {**DIGITS_PLAIN["optim"], "steps": 3}}), out)

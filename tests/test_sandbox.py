@@ -16,7 +16,8 @@ import pytest
 import trio
 
 from node.localnet import LocalNetwork, wait_for
-from node.work.executor import (
+from node.work.run import sweep
+from node.work.run.executor import (
     UnitFailed,
     _disk_quota,
     _duty_cycle,
@@ -24,15 +25,14 @@ from node.work.executor import (
     run_training,
     runner_env,
 )
-from node.work.unit_files import sweep
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 ROOT = os.geteuid() == 0
 
 CHILD = r"""
 import json, os, resource, socket, sys
 from pathlib import Path
-from training.isolation import isolate
+from training.run.isolation import isolate
 unit, blob, key, other, port = sys.argv[1:6]
 report = isolate(Path(unit), [Path(blob)], cpu_seconds=60, max_file_bytes=1 << 20)
 
@@ -138,7 +138,7 @@ def test_a_unit_over_its_disk_quota_is_killed(tmp_path: Path) -> None:
     import tomllib
 
     from node.work.service import runner_request
-    from training.spec import parse_spec, spec_to_plain
+    from training.spec.job import parse_spec, spec_to_plain
 
     spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=5, hidden=(256,)))))
     unit = tmp_path / ("d" * 16)

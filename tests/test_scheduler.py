@@ -7,7 +7,7 @@ from dataclasses import replace
 from factories import capacity_ad
 
 from node.net.peers import PeerEntry
-from node.work.scheduler import SELF, choose_worker
+from node.work.owner import SELF, choose_worker
 from protocol import GpuInfo, Policy
 
 GPU = GpuInfo(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from protocol import encode
 from training.budget import MAX_PARAMETERS, validate_for_submit
-from training.spec import (
+from training.spec.job import (
     JobSpec,
     SpecError,
     load_spec,

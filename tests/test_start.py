@@ -13,12 +13,12 @@ from safetensors.torch import load_file, save_file
 
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.bind import bind_trainable
 from training.budget import validate_for_submit
-from training.execute import run_job
-from training.local import train_local
-from training.result_check import delta_numel
-from training.spec import SpecError, parse_spec, spec_to_plain
+from training.evidence.result_check import delta_numel
+from training.model.bind import bind_trainable
+from training.run.execute import run_job
+from training.run.local import train_local
+from training.spec.job import SpecError, parse_spec, spec_to_plain
 
 BASE = {
     "name": "start",
@@ -124,9 +124,7 @@ def test_an_init_that_is_not_the_models_is_refused_naming_the_tensor(
             train_local(parse_spec(_spec(init=str(path))), tmp_path / "x.safetensors")
     (tmp_path / "garbage.safetensors").write_bytes(b"\x00" * 9)
     with pytest.raises(SpecError, match="not a readable safetensors file"):
-        train_local(
-            parse_spec(_spec(init=str(tmp_path / "garbage.safetensors"))), tmp_path / "x"
-        )
+        train_local(parse_spec(_spec(init=str(tmp_path / "garbage.safetensors"))), tmp_path / "x")
 
 
 def test_bad_start_keys_are_refused_by_name(first: Path) -> None:

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from node.web.sweep_charts import importance_bars, parallel_coordinates
+from node.work.jobs import Trial
 from node.work.service import best_trial
-from node.work.trial_store import Trial
-from training import study as studies
 from training.errors import SpecError, TrainingError
-from training.examples import sweep_toml
-from training.local import train_local
-from training.spec import parse_spec, spec_to_plain
-from training.sweep_spec import corner_params, trial_plain
-from training.trials import trial_spec
+from training.run.local import train_local
+from training.spec.examples import sweep_toml
+from training.spec.job import parse_spec, spec_to_plain
+from training.spec.sweep import corner_params, trial_plain
+from training.sweep import study as studies
+from training.sweep.trials import trial_spec
 
 
 def _sweep(**changes: object) -> dict:

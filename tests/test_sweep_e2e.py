@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from node.localnet import LocalNetwork, LocalNode, wait_for
-from training.examples import sweep_toml
+from training.spec.examples import sweep_toml
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,11 @@ def _val_loss(spec_plain: dict, weights: Path) -> float:
     import torch
     from safetensors.torch import load_file
 
-    from training.execute import prepare
-    from training.loop import evaluate
-    from training.models import build_model
-    from training.optim import make_loss
-    from training.spec import parse_spec
+    from training.model.modules import build_model
+    from training.run.execute import prepare
+    from training.run.loop import evaluate
+    from training.run.optim import make_loss
+    from training.spec.job import parse_spec
 
     run = prepare(parse_spec(spec_plain), None, "cpu")
     model = build_model(run.plan)
@@ -135,8 +135,8 @@ def test_a_sweep_spreads_its_trials_over_peers_prunes_and_returns_the_best(
 
     weights = tmp_path / "best.safetensors"
     urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/weights", weights)
-    from training.spec import spec_to_plain
-    from training.trials import trial_spec
+    from training.spec.job import spec_to_plain
+    from training.sweep.trials import trial_spec
 
     assert best["params"]["optim.lr"] != 1e-7
     plain = spec_to_plain(trial_spec(tomllib.loads(spec), best["params"], 50))

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from training import formats
-from training.data import load_dataset
-from training.datainfo import data_ref, model_context, probe
-from training.local import train_local
-from training.spec import JobSpec, SpecError, parse_spec, spec_to_plain, with_blob_source
+from training.data import formats
+from training.data.batches import load_dataset
+from training.data.info import data_ref, model_context, probe
+from training.run.local import train_local
+from training.spec.job import JobSpec, SpecError, parse_spec, spec_to_plain, with_blob_source
 
 MESHMINER = Path(sys.executable).with_name("meshminer")
 SHA = "ab" * 32
@@ -210,7 +210,7 @@ def test_meshminer_tokenize_writes_ids_that_decode_to_the_text(tmp_path: Path) -
 
 
 def test_tokenize_refuses_bad_input_by_name(tmp_path: Path) -> None:
-    from node.cli_tokenize import tokenize_file
+    from node.cli import tokenize_file
 
     (tmp_path / "bad.txt").write_bytes(b"abc \xff\xfe def\n")
     with pytest.raises(ValueError, match="bad.txt is not UTF-8 text"):
@@ -232,7 +232,7 @@ def test_tokenize_refuses_bad_input_by_name(tmp_path: Path) -> None:
 def test_a_large_vocabulary_is_written_as_uint32(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from node.cli_tokenize import tokenize_file
+    from node.cli import tokenize_file
 
     vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(70_000)}}
     words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from training.data import load_dataset, synthetic_regression
-from training.datainfo import data_ref, probe
-from training.spec import SpecError, load_spec, parse_spec
+from training.data.batches import load_dataset, synthetic_regression
+from training.data.info import data_ref, probe
+from training.spec.job import SpecError, load_spec, parse_spec
 
 
 def spec_for(source: str, **data: object) -> object:
@@ -46,7 +46,7 @@ def test_digits_are_1797_by_64_with_ten_classes() -> None:
 def test_digits_equal_scikit_learns() -> None:
     from sklearn.datasets import load_digits
 
-    from training.data import _digits
+    from training.data.batches import _digits
 
     x, y = _digits()
     reference = load_digits()
@@ -252,7 +252,7 @@ def test_a_zip_bomb_npz_is_refused_from_its_headers(tmp_path: Path) -> None:
         "import resource, sys\n"
         "from pathlib import Path\n"
         "from training.errors import SpecError\n"
-        "from training.formats import read_npz\n"
+        "from training.data.formats import read_npz\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n"
         "    read_npz(Path(sys.argv[1]), load_x=False)\n"

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from training.budget import validate_for_submit
-from training.layers import LAYER_TYPES
-from training.spec import load_spec
+from training.model.layers import LAYER_TYPES
+from training.spec.job import load_spec
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "jobspec.md"
 

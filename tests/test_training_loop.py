@@ -14,10 +14,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from training.errors import TrainingError
-from training.local import train_local
-from training.optim import lr_factor
-from training.spec import OptimSpec, parse_spec
-from training.weights import weights_bytes
+from training.model.weights import weights_bytes
+from training.run.local import train_local
+from training.run.optim import lr_factor
+from training.spec.job import OptimSpec, parse_spec
 
 
 def make_spec(text: str) -> object:
@@ -163,7 +163,7 @@ def test_deterministic_demands_deterministic_kernels_without_importing_inductor(
 
     probe = (
         "import sys, torch\n"
-        "from training.execute import deterministic\n"
+        "from training.run.execute import deterministic\n"
         "with deterministic(0):\n"
         "    inside = torch.are_deterministic_algorithms_enabled()\n"
         "print(inside, torch.are_deterministic_algorithms_enabled(),"

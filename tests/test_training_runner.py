@@ -14,9 +14,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from training.local import train_local
-from training.runner import RequestError, run_request
-from training.spec import SpecError, load_spec, spec_to_plain, with_blob_source
+from training.run.local import train_local
+from training.run.runner import RequestError, run_request
+from training.spec.job import SpecError, load_spec, spec_to_plain, with_blob_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ steps = 20
 
 def runner(stdin: bytes) -> tuple[int, list[dict], str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "training.runner"],
+        [sys.executable, "-m", "training.run.runner"],
         input=stdin,
         capture_output=True,
         cwd=ROOT,

@@ -24,13 +24,12 @@ from nacl.signing import SigningKey
 from node.identity import Identity
 from node.localnet import free_port
 from node.net.host import MeshHost
-from node.work import blob_server, transfer
-from node.work.blob_auth import seal_request
-from node.work.blobs import BlobStore
-from node.work.transfer import (
+from node.work import blobs as transfer
+from node.work.blobs import (
     CHUNK_SIZE,
     MAX_CHUNK_FRAME,
     BlobServer,
+    BlobStore,
     TransferCorrupt,
     TransferError,
     TransferRefused,
@@ -40,6 +39,8 @@ from node.work.transfer import (
     make_request,
     serve_blobs_libp2p,
 )
+from node.work.blobs import server as blob_server
+from node.work.blobs.auth import seal_request
 from protocol import (
     BlobGrant,
     BlobRequest,
@@ -557,7 +558,7 @@ def test_libp2p_fallback(tmp_path: Path) -> None:
 
 
 def test_fetch_slots_cap_fetches_per_peer_and_in_all() -> None:
-    from node.work.grants import MAX_FETCHES, MAX_FETCHES_PER_PEER, fetch_slots
+    from node.work.blobs import MAX_FETCHES, MAX_FETCHES_PER_PEER, fetch_slots
 
     peak: dict[str, int] = {}
     now: dict[str, int] = {}

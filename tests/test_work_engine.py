@@ -15,16 +15,11 @@ from nacl.signing import SigningKey
 from node.identity import Identity
 from node.net.peers import PeerTable
 from node.preferences import Preferences
-from node.work.blob_auth import Authorized, TransferError
-from node.work.blobs import BlobStore
+from node.work.blobs import Authorized, BlobStore, TransferError, fetch_granted
 from node.work.context import WorkContext
-from node.work.grants import fetch_granted
-from node.work.jobs import JobStore, StaleJob
-from node.work.leases import Leases
-from node.work.lifecycle import MAX_ATTEMPTS, Lifecycle
-from node.work.placement import BACKOFF_MAX_S, Backoff
+from node.work.jobs import JobStore, StaleJob, UnitKeys
+from node.work.owner import BACKOFF_MAX_S, MAX_ATTEMPTS, Backoff, Leases, Lifecycle
 from node.work.service import note_served
-from node.work.unit_keys import UnitKeys
 from protocol.blobs import BlobGrant
 
 WORKER = "12D3KooWworker"

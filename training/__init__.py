@@ -1,11 +1,11 @@
 """Training: job spec -> model, optimizer and data; the train loop; the runner.
 
 What the rest of meshminer calls:
-- `training.spec`: `load_spec`, `parse_spec`, `spec_to_plain`, `local_files`,
+- `training.spec.job`: `load_spec`, `parse_spec`, `spec_to_plain`, `local_files`,
   `with_blob_source`, `validate_for_submit`, `SpecError` (the job spec; no torch).
-- `training.runner`: `python -m training.runner` (the sandboxed subprocess) and
+- `training.run.runner`: `python -m training.run.runner` (the sandboxed subprocess) and
   `run_request` (the same, in-process).
-- `training.local`: `train_local` (`meshminer train-local`).
+- `training.run.local`: `train_local` (`meshminer train-local`).
 
 How a spec becomes weights, one idea per module: `fields` (typed reads that name the
 key path), `sources` (what `data.source` points at), `layers` (the layer allow-list

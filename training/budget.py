@@ -1,7 +1,7 @@
 """The budget: how big and how costly a job is, and the limits it must stay under.
 
 Checked twice, with the same code: by the owner at submit time and by the worker
-before it allocates anything. Everything is counted from the plan (`training.plan`),
+before it allocates anything. Everything is counted from the plan (`training.model.plan`),
 in Python integers, so a request for 10^12 parameters is refused in microseconds with
 the count in the message.
 
@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.datainfo import DatasetInfo, probe
+from training.data.info import DatasetInfo, probe
 from training.errors import SpecError
-from training.plan import ModelPlan, plan_model
-from training.spec import JobSpec
+from training.model.plan import ModelPlan, plan_model
+from training.spec.job import JobSpec
 
 MAX_PARAMETERS = 1_000_000_000
 MAX_MEMORY_BYTES = 256 * 2**30
@@ -154,9 +154,9 @@ def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSum
 def check_space(spec: JobSpec, data_file: Path | None = None) -> None:
     """Every choice and both ends of every range of a sweep's space give a trial that
     passes the spec's rules and the budget; the error names the key and the value."""
-    from training.spec import spec_to_plain
-    from training.sweep_spec import corner_params
-    from training.trials import trial_spec
+    from training.spec.job import spec_to_plain
+    from training.spec.sweep import corner_params
+    from training.sweep.trials import trial_spec
 
     assert spec.sweep is not None
     base = spec_to_plain(spec)

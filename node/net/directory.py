@@ -26,8 +26,7 @@ from node.metrics import NodeMetrics
 from node.net.discovery_cost import DiscoveryCost
 from node.net.gossip import DuplicateAd, check_ad
 from node.net.host import MeshHost
-from node.net.peers import PeerTable
-from node.work.scheduler import unfit_reason
+from node.net.peers import PeerTable, unfit_reason
 from protocol import AD_LIMITS, ProtocolError, open_envelope, seal
 from protocol.directory import DIRECTORY_LIMITS, DirectoryQuery, DirectoryReply
 from protocol.names import QUERY_PROTOCOL, REGISTER_PROTOCOL

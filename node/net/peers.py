@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import sqlite_utils
 
@@ -211,3 +212,38 @@ class PeerTable:
             for addr in entry.ad.addrs[:1]
             if not is_circuit(addr)
         ]
+
+
+def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
+    """Why `ad`'s node cannot take a job with `requirements`, or None if it can."""
+    policy = ad.policy
+    if not policy.accepting:
+        return "not accepting work"
+    if ad.paused:
+        return f"paused: {ad.paused}"
+    if ad.load_pct >= policy.load_limit_pct:
+        return f"at its load limit ({ad.load_pct}% of {policy.load_limit_pct}%)"
+    max_hours = float(requirements.get("max_hours", 1.0))
+    if max_hours > policy.max_job_hours:
+        return f"takes jobs up to {policy.max_job_hours:g} h, this one may run {max_hours:g} h"
+    if requirements.get("gpu") == "required":
+        need_mb = float(requirements.get("min_gpu_memory_gb", 0)) * 1024
+        if not any(g.kind == "cuda" and g.memory_total_mb >= need_mb for g in ad.gpus):
+            return f"no GPU with >= {need_mb / 1024:g} GB"
+    return None
+
+
+def fitting(
+    entries: Iterable[PeerEntry], requirements: dict[str, Any], excluded: set[str]
+) -> list[PeerEntry]:
+    """The live entries whose ads can take a job with `requirements`, but `excluded`."""
+    return [
+        e
+        for e in entries
+        if not e.stale and e.ad.peer_id not in excluded and unfit_reason(e.ad, requirements) is None
+    ]
+
+
+def free_tflops(ad: CapacityAd) -> float:
+    """The throughput an ad says is free now: what its load leaves of its TFLOP/s."""
+    return ad.tflops * (1 - ad.load_pct / 100)

@@ -4,7 +4,7 @@
 sweep's metric; each complete trial is a line across them, darker the better its
 value, the best one highlighted, so the region of good values shows at a glance.
 `importance_bars` draws the share of the value's variation each key explains
-(`training.study.importances`). Both carry counts as data attributes for tests.
+(`training.sweep.study.importances`). Both carry counts as data attributes for tests.
 """
 
 from __future__ import annotations

@@ -18,9 +18,8 @@ if TYPE_CHECKING:
 from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
 from node.work.blobs import BlobStore
-from node.work.executor import run_training
-from node.work.jobs import JobStore
-from node.work.unit_keys import UnitKeys
+from node.work.jobs import JobStore, UnitKeys
+from node.work.run import run_training
 from protocol import CapacityAd, Policy
 
 _UNIT_ID = re.compile(r"[0-9a-f]{16,32}")
@@ -54,7 +53,7 @@ class WorkContext:
 
     finder: PeerFinder | None = None  # candidates from directories, probes before offers
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
-    # why this node may not train now ("" when it may): node.work.availability
+    # why this node may not train now ("" when it may): node.work.run.availability
     paused_because: Callable[[], str] = lambda: ""
     unit_pids: set[int] = field(default_factory=set)  # runners of units, running now
     runner_pids: set[int] = field(default_factory=set)  # the other runners (checks, outer steps)
@@ -80,7 +79,7 @@ class WorkContext:
     ) -> dict[str, Any]:
         """Run one training subprocess here, under this node's duty cycle and disk
         quota (`executor.run_training`), forked from the node's fork server
-        (`training.forkserver`), which stays for the tasks that follow.
+        (`training.run.forkserver`), which stays for the tasks that follow.
 
         A `unit` (a job's training, a peer's or our own) is also paused while the
         volunteer's preferences say so, and counts towards the day's training hours;

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from node.work.blobs import issue_grant
 from node.work.context import WorkContext
-from node.work.grants import issue_grant
 from node.work.jobs import Job, Unit
 from protocol import ProtocolError, encode, open_envelope, public_key_from_peer_id, seal
 from protocol.crypto import seal_to

@@ -14,21 +14,18 @@ from typing import Any
 
 import trio
 
-from node.work.blob_auth import Authorized
-from node.work.blobs import size_text
+from node.work.blobs import Authorized, BlobServer, serve_blobs_libp2p, size_text
 from node.work.context import WorkContext
-from node.work.jobs import Job
-from node.work.owner import OwnerRole
-from node.work.submission import SubmitError, with_uploaded_data, with_uploaded_model
-from node.work.transfer import BlobServer, serve_blobs_libp2p
-from node.work.trial_store import Trial
-from node.work.unit_files import keep_sweeping
+from node.work.jobs import Job, Trial
+from node.work.owner import OwnerRole, SubmitError, with_uploaded_data, with_uploaded_model
+from node.work.run import keep_sweeping
 from node.work.worker import WorkerRole
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
 from protocol.receipts import flops_to_credit
 from protocol.work import WORK_LIMITS
 
 log = logging.getLogger(__name__)
+
 
 def runner_request(
     spec: dict[str, Any],
@@ -54,7 +51,7 @@ def runner_request(
 def credit_for(spec: dict[str, Any], data_file: Path | None) -> float:
     """This node's own figure (TFLOP) for a unit of `spec`: never the other side's word."""
     from training.budget import validate_for_submit
-    from training.spec import parse_spec
+    from training.spec.job import parse_spec
 
     summary = validate_for_submit(parse_spec(spec), data_file)
     return flops_to_credit(summary.training_flops)
@@ -67,7 +64,7 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     checked here too and an oversized model is declined with the offer; for blob data
     the runner checks it once the data is here, before anything is allocated."""
     from training.budget import validate_for_submit
-    from training.spec import SpecError, parse_spec, spec_to_plain
+    from training.spec.job import SpecError, parse_spec, spec_to_plain
 
     spec = parse_spec(plain)
     if spec.model.arch == "program" and not spec.model.program.startswith("blob:"):
@@ -171,7 +168,7 @@ class WorkService:
         """Validate a spec and its uploaded files (data, a program's archives), store them
         as blobs, queue the job. A refused job stores nothing."""
         from training.budget import validate_for_submit
-        from training.spec import SpecError, parse_spec, spec_to_plain
+        from training.spec.job import SpecError, parse_spec, spec_to_plain
 
         try:
             spec = parse_spec(tomllib.loads(spec_toml))

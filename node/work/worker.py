@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 
 import trio
 
+from node.work.blobs import fetch_granted, issue_grant
 from node.work.context import WorkContext
-from node.work.executor import UnitFailed
-from node.work.grants import fetch_granted, issue_grant
+from node.work.run import UnitFailed
 from protocol import (
     MeshminerError,
     ProtocolError,
@@ -56,7 +56,7 @@ from protocol.work import (
     WorkPackage,
     decode_ack,
 )
-from training.spec import relay_blob_bytes
+from training.spec.job import relay_blob_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -364,7 +364,9 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
             request = share_request(request, pkg.job_id, share, kept, out)
-        request["checkpoints"] = True  # the evidence a spot check replays (training.checkpoints)
+        request["checkpoints"] = (
+            True  # the evidence a spot check replays (training.evidence.checkpoints)
+        )
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):

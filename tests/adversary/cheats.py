@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from protocol.rounds import encode_round_delta
-from training.checkpoints import (
+from training.elastic.rounds import round_delta, share_checkpoint_steps, share_course
+from training.evidence.checkpoints import (
     Course,
     TrainState,
     advance,
@@ -26,10 +27,9 @@ from training.checkpoints import (
     initial_state,
     save_checkpoint,
 )
-from training.elastic import round_delta, share_checkpoint_steps, share_course
-from training.execute import Prepared, deterministic, prepare
-from training.spec import JobSpec
-from training.weights import write_weights
+from training.model.weights import write_weights
+from training.run.execute import Prepared, deterministic, prepare
+from training.spec.job import JobSpec
 
 
 @dataclass(frozen=True)

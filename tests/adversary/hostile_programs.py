@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from training.weights import weights_bytes
+from training.model.weights import weights_bytes
 
 Graph = dict[str, Any]  # torch's serialized graph_module (archive) or a program's graph
 ENOUGH = 10**12  # elements: 3.6 TiB as float32, far past the dry run's 16 GiB limit

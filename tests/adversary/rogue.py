@@ -19,8 +19,7 @@ from node.client import request_json
 from node.identity import Identity
 from node.localnet import LocalNode, free_port
 from node.net.host import MeshHost
-from node.work.blobs import BlobStore
-from node.work.transfer import serve_blobs_libp2p
+from node.work.blobs import BlobStore, serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
@@ -32,7 +31,7 @@ from protocol.names import (
     TASK_PROTOCOL,
 )
 from protocol.work import WORK_LIMITS, OfferReply, ReceiptReply, Result, WorkOffer, WorkPackage
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 
 async def api(node: LocalNode, path: str) -> Any:

@@ -32,12 +32,12 @@ from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
 from protocol.names import PROGRESS_PROTOCOL
 from protocol.work import Progress, ReceiptReply, WorkPackage, decode_ack
-from training.elastic import init_weights
-from training.examples import digits_toml, elastic_toml, sweep_toml
-from training.execute import prepare, run_job
-from training.local import train_local
-from training.spec import parse_spec
-from training.weights import file_sha256
+from training.elastic.rounds import init_weights
+from training.model.weights import file_sha256
+from training.run.execute import prepare, run_job
+from training.run.local import train_local
+from training.spec.examples import digits_toml, elastic_toml, sweep_toml
+from training.spec.job import parse_spec
 
 pytestmark = pytest.mark.slow
 

@@ -23,10 +23,10 @@ from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
 from protocol import seal
 from protocol.rounds import RoundDelta, encode_round_delta
-from training.examples import elastic_toml
+from training.evidence.result_check import expected_tensors, float_numel
 from training.ops import encode_delta
-from training.result_check import expected_tensors, float_numel
-from training.spec import parse_spec, spec_to_plain
+from training.spec.examples import elastic_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 pytestmark = pytest.mark.slow
 

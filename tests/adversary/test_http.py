@@ -244,7 +244,7 @@ def test_the_cli_sends_its_own_nodes_token_and_only_to_this_machine(
     assert "jobs" in out.stdout
     out = _cli("jobs", "--api", api, data_dir=tmp_path)  # a data dir without a token
     assert out.returncode == 1 and "401" in out.stderr + out.stdout
-    from node.cli_common import token_for
+    from node.cli import token_for
 
     monkeypatch.delenv("MESHMINER_TOKEN", raising=False)
     monkeypatch.setenv("MESHMINER_DATA_DIR", str(public.data_dir))

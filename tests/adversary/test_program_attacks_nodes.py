@@ -39,8 +39,7 @@ from node.client import ApiError, submit_job
 from node.identity import Identity
 from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import MeshHost
-from node.work.blobs import BlobStore
-from node.work.transfer import serve_blobs_libp2p
+from node.work.blobs import BlobStore, serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import new_job_key, seal_to
@@ -57,7 +56,7 @@ from protocol.work import (
 )
 from training.program import Program, convert_pt2, encode_program, figures
 from training.program.job import spec_figures
-from training.spec import parse_spec, spec_to_plain
+from training.spec.job import parse_spec, spec_to_plain
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from protocol import decode
 from protocol.names import RECEIPT_PROTOCOL, RECEIPTS_TOPIC
 from protocol.receipts import CoSignedReceipt, parse_cosigned
 from protocol.work import decode_ack
-from training.examples import digits_toml
+from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,8 @@ from nacl.signing import SigningKey
 
 from node.identity import Identity
 from node.net.inbound import InboundLimiter
-from node.work.blob_auth import TransferError, make_request
-from node.work.blobs import BlobStore
-from node.work.grants import FIXED_S, MIN_RATE, _direct, fetch_deadline_s
+from node.work.blobs import BlobStore, TransferError, make_request
+from node.work.blobs.grants import FIXED_S, MIN_RATE, _direct, fetch_deadline_s
 from protocol import seal
 from protocol.blobs import BlobGrant
 

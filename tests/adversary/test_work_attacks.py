@@ -2,7 +2,7 @@
 real node processes.
 
 Worker side: a rogue OWNER sends `/meshminer/task/1` offers built the way
-`node/work/owner.py` builds them, then broken (a flipped bit, sealed to someone else,
+`node/work/owner/role.py` builds them, then broken (a flipped bit, sealed to someone else,
 signed by the wrong key, a hostile spec). Each is declined with a reason that says what
 was wrong, and nothing runs.
 
@@ -71,9 +71,9 @@ from protocol.work import (
     WorkPackage,
     decode_ack,
 )
-from training.examples import digits_toml
-from training.result_check import expected_tensors
-from training.spec import parse_spec, spec_to_plain
+from training.evidence.result_check import expected_tensors
+from training.spec.examples import digits_toml
+from training.spec.job import parse_spec, spec_to_plain
 
 pytestmark = pytest.mark.slow
 

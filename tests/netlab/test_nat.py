@@ -18,10 +18,10 @@ from lab import Lab, LabUnavailable
 
 from node.client import request_json
 from node.localnet import LocalNode, free_port, wait_for
-from training.examples import digits_toml, elastic_toml
-from training.execute import run_job
-from training.local import train_local
-from training.spec import parse_spec
+from training.run.execute import run_job
+from training.run.local import train_local
+from training.spec.examples import digits_toml, elastic_toml
+from training.spec.job import parse_spec
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from training.execute import deterministic, prepare
-from training.loop import train
-from training.spec import JobSpec
+from training.run.execute import deterministic, prepare
+from training.run.loop import train
+from training.spec.job import JobSpec
 
 
 def train_eager(spec: JobSpec, module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -52,8 +52,13 @@ class GPT(nn.Module):
     """nanoGPT's shape: token and position embeddings, pre-norm blocks, a tied LM head."""
 
     def __init__(
-        self, vocab: int = 64, context: int = 16, width: int = 32, layers: int = 2,
-        heads: int = 2, dropout: float = 0.1,
+        self,
+        vocab: int = 64,
+        context: int = 16,
+        width: int = 32,
+        layers: int = 2,
+        heads: int = 2,
+        dropout: float = 0.1,
     ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, width)

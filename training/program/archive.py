@@ -32,9 +32,15 @@ _TENSOR_FILE = {
     "constants": re.compile(r"tensor_[0-9]{1,9}"),
 }
 _FIXED = {
-    "archive_format", "archive_version", "byteorder", ".data/version",
-    ".data/serialization_id", "models/model.json", "data/weights/model_weights_config.json",
-    "data/constants/model_constants_config.json", "data/sample_inputs/model.pt",
+    "archive_format",
+    "archive_version",
+    "byteorder",
+    ".data/version",
+    ".data/serialization_id",
+    "models/model.json",
+    "data/weights/model_weights_config.json",
+    "data/constants/model_constants_config.json",
+    "data/sample_inputs/model.pt",
 }
 _GUARD = re.compile(
     r"(?:\s|[0-9]{1,9}|[()*+<>=!-]|L\['[A-Za-z_][A-Za-z0-9_]{0,99}'\]\.size\(\)\[[0-9]{1,2}\])*"
@@ -66,9 +72,7 @@ def read_pt2(path: Path, label: str | None = None) -> Archive:
         with zipfile.ZipFile(path) as archive:
             return _read(archive, label)
     except zipfile.BadZipFile as exc:
-        raise ProgramError(
-            f"{label}: not a torch.export archive: {exc}"
-        ) from None
+        raise ProgramError(f"{label}: not a torch.export archive: {exc}") from None
 
 
 def _read(archive: zipfile.ZipFile, label: str) -> Archive:

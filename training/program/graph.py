@@ -29,8 +29,16 @@ STRING = re.compile(r"[A-Za-z0-9_.,+\-> ]{0,64}")
 SYMBOL = re.compile(r"(?:Symbol\('(s[0-9]{1,9})', positive=True, integer=True\)|(s[0-9]{1,9}))")
 # torch's ScalarType codes (torch/_export/serde/schema.py) for the dtypes a program may use
 DTYPES = {
-    1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32",
-    8: "float64", 12: "bool", 13: "bfloat16",
+    1: "uint8",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    12: "bool",
+    13: "bfloat16",
 }
 MEMORY_FORMATS = {1: "contiguous_format", 2: "channels_last", 4: "preserve_format"}
 STRIDED = 7
@@ -165,8 +173,11 @@ def _inputs(graph: dict, signature: dict, where: str, defined: set[str]) -> tupl
             dtype, sizes = _user_meta(values.get(name) if isinstance(values, dict) else None, path)
             inputs.append(Input("user_input", _define(name, defined, path), "", dtype, sizes))
             continue
-        state_key = {"parameter": "parameter_name", "buffer": "buffer_name",
-                     "tensor_constant": "tensor_constant_name"}.get(kind)
+        state_key = {
+            "parameter": "parameter_name",
+            "buffer": "buffer_name",
+            "tensor_constant": "tensor_constant_name",
+        }.get(kind)
         if state_key is None:
             raise ProgramError(
                 f"{path}: an input of kind {kind!r} is not accepted (custom and opaque "

@@ -69,8 +69,11 @@ class ProgramModule(nn.Module):
         env: dict[str, Any] = {}
         for item in graph.inputs:
             if item.kind != "user_input":
-                env[item.name] = self.get_parameter(item.target) if item.kind == "parameter" \
+                env[item.name] = (
+                    self.get_parameter(item.target)
+                    if item.kind == "parameter"
                     else self.get_buffer(item.target)
+                )
         users = graph.user_inputs
         if len(inputs) != len(users):
             raise TypeError(f"the program takes {len(users)} inputs, got {len(inputs)}")
@@ -98,8 +101,10 @@ def _step(target: str, args: tuple, kwargs: tuple, outputs: tuple) -> Step:
         kw["device"] = Device()
 
     def step(env: dict[str, Any], device: torch.device) -> None:
-        result = op(*(_resolve(a, env, device) for a in args),
-                    **{k: _resolve(v, env, device) for k, v in kw.items()})
+        result = op(
+            *(_resolve(a, env, device) for a in args),
+            **{k: _resolve(v, env, device) for k, v in kw.items()},
+        )
         _bind(outputs, result, env)
 
     return step

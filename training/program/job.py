@@ -18,7 +18,7 @@ from training.program.convert import convert_with_figures
 from training.program.errors import ProgramError
 from training.program.figures import ProgramFigures, figures
 from training.program.program import Program, decode_program, encode_program
-from training.spec import JobSpec, ProgramSpec, model_files, with_program_blob
+from training.spec.job import JobSpec, ProgramSpec, model_files, with_program_blob
 
 Locate = Callable[[str], Path]  # sha256 -> the blob's file
 _CACHE: OrderedDict[str, tuple[Program, ProgramFigures]] = OrderedDict()
@@ -87,7 +87,7 @@ def _remember(key: str, entry: tuple[Program, ProgramFigures]) -> None:
 def state_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
     """Name -> (shape, safetensors dtype) of the state dict its module writes: every
     parameter and persistent buffer under each of its names (tied weights twice)."""
-    from training.weights import DTYPES
+    from training.model.weights import DTYPES
 
     return {
         name: (tuple(program.state(name).shape), DTYPES[program.state(name).dtype])

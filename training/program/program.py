@@ -2,7 +2,7 @@
 and the initial state, in one deterministic safetensors file.
 
 This is all a volunteer ever receives of a user's model. The file is written by
-`training.weights` (sorted, byte-for-byte reproducible) with the graphs as JSON in its
+`training.model.weights` (sorted, byte-for-byte reproducible) with the graphs as JSON in its
 metadata: torch's graph schema cut down to nodes (target, arguments, outputs), inputs,
 outputs and the signature, without stack traces, module paths, guards, range
 constraints or sample inputs. Reading it goes through `check_graph` again, so a
@@ -76,7 +76,7 @@ def from_archives(
 
 def encode_program(program: Program) -> bytes:
     """The program file's bytes: equal programs give equal bytes."""
-    from training.weights import weights_bytes
+    from training.model.weights import weights_bytes
 
     layout = {
         "graphs": program.graphs_json,

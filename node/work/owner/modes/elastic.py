@@ -1,0 +1,344 @@
+"""The owner's elastic (DiLoCo) rounds: offer shares, gather deltas, take the outer step.
+
+One task per elastic job drives its rounds (`drive`). A round:
+1. starts from the global weights (and outer momentum) of the round before, kept as
+   blobs and named in node.db (`round_store.py`);
+2. offers one unit per data slot, up to `elastic.workers`, to the best peers that fit;
+   a peer that held slot s last round is offered slot s again (it kept its inner
+   optimizer state for it), newcomers take the free slots. A slot whose unit is lost
+   mid-round (the worker vanished, declined, or sent a bad delta) is offered to
+   another peer while the round has time: the slot's data does not depend on the peer;
+3. closes when every slot's delta is in, or at the deadline with at least
+   `min_workers` deltas; with fewer, the deadline is extended and the timeline says
+   why. Units still training at the close are dropped (their late deltas are refused
+   and counted);
+4. applies the deltas in slot order with the fused outer step in a runner subprocess
+   on this node (the daemon never parses the deltas' tensors), evaluates, and opens
+   the next round. The close is a compare-and-set, so no round is applied twice.
+
+The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
+slowest applied share of the last closed round (at least 60 s; 600 s before any round
+has closed), so a fast job does not wait minutes for a vanished worker and a slow one
+is not cut short.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.work.context import WorkContext
+from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit, new_id
+from node.work.owner.fanout import Fanout
+from node.work.owner.leases import unit_deadline
+from node.work.owner.lifecycle import Lifecycle, round_closed_reason
+from node.work.run import UnitFailed
+from protocol.rounds import RoundShare
+from training.evidence.result_check import delta_numel
+
+log = logging.getLogger(__name__)
+
+FIRST_ROUND_TIMEOUT_S = 600.0
+MIN_ADAPTIVE_TIMEOUT_S = 60.0
+ADAPTIVE_FACTOR = 3.0
+WAIT_S = 0.5
+
+
+class ElasticRounds:
+    def __init__(
+        self,
+        ctx: WorkContext,
+        lifecycle: Lifecycle,
+        runner_request: Callable[..., dict[str, Any]],
+    ) -> None:
+        self.ctx = ctx
+        self.store = RoundStore(ctx.jobs.db)
+        self._lifecycle = lifecycle
+        self._runner_request = runner_request
+        self._changed: dict[str, trio.Event] = {}
+        self.fanout = Fanout(ctx, lifecycle, self.unit_changed)
+
+    def unit_changed(self, job_id: str) -> None:
+        """A unit of `job_id` ended or delivered: the round may be ready to close."""
+        event = self._changed.get(job_id)
+        if event is not None:
+            event.set()
+
+    # -- the job -----------------------------------------------------------------------
+
+    async def drive(self, job_id: str) -> None:
+        """Run `job_id`'s rounds from where node.db says they stand until the last one."""
+        ctx = self.ctx
+        job = ctx.jobs.transition(job_id, ("queued",), "elastic rounds", state="running")
+        if job is None:
+            return
+        elastic = job.spec["elastic"]
+        current = self.store.latest(job_id)
+        if current is None:
+            weights = await self._init_weights(job)
+            current = self.store.open(job_id, 0, weights, "", self._deadline(job))
+            if current is None:
+                raise RuntimeError("round 0 was opened twice")
+        elif current.state == "open":
+            self.store.update(job_id, current.round, "open", deadline=self._deadline(job))
+            self.store.note(job_id, current.round, "the owner restarted; the round goes on")
+        while True:
+            job = ctx.jobs.get(job_id)
+            if job is None or job.state != "running":
+                return
+            if current.state == "open":
+                current = await self._run_round(job, current)
+                if current is None:
+                    return
+                continue
+            if current.round + 1 >= int(elastic["rounds"]):
+                self._complete(job, current)
+                return
+            current = self.store.open(
+                job_id,
+                current.round + 1,
+                current.next_weights_sha256,
+                current.next_momentum_sha256,
+                self._deadline(job),
+            ) or self.store.get(job_id, current.round + 1)
+            assert current is not None
+
+    def _complete(self, job: Job, last: Round) -> None:
+        self.fanout.backoff.drop_job(job.id)
+        self.ctx.jobs.transition(
+            job.id,
+            ("running",),
+            f"{last.round + 1} rounds done",
+            state="completed",
+            weights_sha256=last.next_weights_sha256,
+            metrics=dict(last.metrics),
+            metrics_status="local",  # this node evaluated the weights after its outer step
+            reason="",
+        )
+
+    def _deadline(self, job: Job) -> float:
+        fixed = float(job.spec["elastic"].get("round_timeout_s", 0.0))
+        if fixed:
+            return time.time() + fixed
+        closed = [r for r in self.store.of_job(job.id) if r.state == "closed"]
+        if not closed:
+            return time.time() + FIRST_ROUND_TIMEOUT_S
+        # only applied shares: one dropped at the close ran until that deadline, and
+        # counting it would triple the deadline after every round with a straggler
+        done = self._units(job.id, closed[-1].round, "done")
+        if not done:
+            return time.time() + FIRST_ROUND_TIMEOUT_S
+        slowest = max(u.ended_at - u.started_at for u in done)
+        return time.time() + max(MIN_ADAPTIVE_TIMEOUT_S, ADAPTIVE_FACTOR * slowest)
+
+    def _units(self, job_id: str, round_: int, *states: str) -> list[Unit]:
+        return [u for u in self.ctx.jobs.units_of(job_id, *states) if u.round == round_]
+
+    # -- one round ---------------------------------------------------------------------
+
+    async def _run_round(self, job: Job, current: Round) -> Round | None:
+        """Fill the round's slots and wait for its deltas; close it and return it."""
+        ctx = self.ctx
+        elastic = job.spec["elastic"]
+        workers, min_workers = int(elastic["workers"]), int(elastic["min_workers"])
+        self._changed[job.id] = trio.Event()
+        try:
+            async with trio.open_nursery() as offers:
+                while True:
+                    job = ctx.jobs.get(job.id) or job
+                    if job.state != "running":
+                        offers.cancel_scope.cancel()
+                        return None
+                    done = self._units(job.id, current.round, "done")
+                    live = self._units(job.id, current.round, *LIVE_UNIT_STATES)
+                    now = time.time()
+                    if len(done) >= workers:
+                        break
+                    if now > current.deadline:
+                        if len(done) >= min_workers:
+                            break
+                        current = self._extend(job, current, len(done), min_workers)
+                    taken = {u.slot for u in done + live}
+                    free = [s for s in range(workers) if s not in taken]
+                    offered = 0
+                    if free:
+                        busy = {u.worker for u in live}
+                        offered = await self._offer_free_slots(offers, job, current, free, busy)
+                    if not offered and not live and len(done) >= min_workers:
+                        break  # nothing in flight and nobody left to ask
+                    with trio.move_on_after(WAIT_S):
+                        await self._changed[job.id].wait()
+                    self._changed[job.id] = trio.Event()
+                offers.cancel_scope.cancel()
+        finally:
+            self._changed.pop(job.id, None)
+        return await self._close(job, current)
+
+    def _extend(self, job: Job, current: Round, have: int, need: int) -> Round:
+        deadline = self._deadline(job)
+        note = (
+            f"round {current.round}: {have} of min_workers {need} deltas at its deadline; "
+            f"extended by {deadline - time.time():.0f} s"
+        )
+        self.ctx.jobs.transition(job.id, ("running",), note)
+        self.store.note(job.id, current.round, note)
+        return self.store.update(job.id, current.round, "open", deadline=deadline) or current
+
+    async def _offer_free_slots(
+        self, nursery: trio.Nursery, job: Job, current: Round, free: list[int], busy: set[str]
+    ) -> int:
+        """Start an offer for each free slot that has a peer to ask; how many started."""
+        previous = {
+            u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
+        }
+        candidates = await self.fanout.candidates(job, busy)
+        offered = 0
+        for slot in free:
+            if not candidates:
+                break
+            peer = previous.get(slot) if previous.get(slot) in candidates else None
+            peer = peer or next(
+                (p for p in candidates if p not in previous.values()), candidates[0]
+            )
+            candidates.remove(peer)
+            unit = self.ctx.jobs.add_unit(
+                job.id,
+                peer,
+                self.ctx.lease_s * 3,
+                deadline=unit_deadline(self.ctx, job, time.time()),
+                round_=current.round,
+                slot=slot,
+            )
+            share = RoundShare(current.round, slot, current.weights_sha256)
+            note = f"round {share.round} slot {share.slot}"
+            nursery.start_soon(partial(self.fanout.offer, job, unit, note, share=share))
+            offered += 1
+        return offered
+
+    async def _close(self, job: Job, current: Round) -> Round | None:
+        """Drop what is still in flight, apply the deltas, record the round."""
+        late = self._units(job.id, current.round, *LIVE_UNIT_STATES)
+        for unit in late:
+            self._lifecycle.end(unit.unit_id, "expired", round_closed_reason(current.round))
+        done = sorted(self._units(job.id, current.round, "done"), key=lambda u: u.slot)
+        lost = self._units(job.id, current.round, "expired", "failed")
+        before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
+        workers = [u.worker for u in done]
+        began = time.monotonic()
+        weights, momentum, metrics = await self._outer_step(job, current, done)
+        numel_bytes = 4 * await self._delta_numel(job)
+        closed = self.store.update(
+            job.id,
+            current.round,
+            "open",
+            state="closed",
+            closed_at=time.time(),
+            next_weights_sha256=weights,
+            next_momentum_sha256=momentum,
+            workers=workers,
+            dropped=sorted({u.worker for u in lost} - set(workers)),
+            joined=sorted(set(workers) - before) if current.round else [],
+            left=sorted(before - set(workers)),
+            val_loss=metrics.get("val_loss"),
+            metrics=metrics,
+            bytes_in=sum(u.output_bytes for u in done),
+            full_bytes=numel_bytes * len(done),
+            seconds=time.time() - current.opened_at,
+        )
+        if closed is None:
+            return None  # closed by someone else meanwhile: never applied twice
+        rounds = int(job.spec["elastic"]["rounds"])
+        inner = int(job.spec["elastic"]["inner_steps"])
+        log.info(
+            "job %s: round %d closed with %d deltas (outer step %.1f s), val_loss %s",
+            job.id,
+            current.round,
+            len(done),
+            time.monotonic() - began,
+            metrics.get("val_loss"),
+        )
+        self._record(job, closed, rounds, inner)
+        return closed
+
+    def _record(self, job: Job, closed: Round, rounds: int, inner: int) -> None:
+        history = list(job.progress.get("history", []))
+        step = (closed.round + 1) * inner
+        history.append([step, None, closed.val_loss])  # the outer step has no training loss
+        self.ctx.jobs.transition(
+            job.id,
+            ("running",),
+            f"round {closed.round}: {len(closed.workers)} deltas applied"
+            + (f"; dropped {', '.join(p[-6:] for p in closed.dropped)}" if closed.dropped else ""),
+            progress={
+                "phase": "training",
+                "step": step,
+                "total_steps": rounds * inner,
+                "fraction": round(step / (rounds * inner), 4),
+                "loss": closed.val_loss,
+                "round": closed.round,
+                "rounds": rounds,
+                "updated_at": time.time(),
+                "history": history[-500:],
+            },
+        )
+
+    async def _delta_numel(self, job: Job) -> int:
+        """Values in one delta: the model's floating-point state, buffers included."""
+        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
+
+    # -- work on this node -------------------------------------------------------------
+
+    async def _init_weights(self, job: Job) -> str:
+        _, folder = await self._run_here(job, "elastic_init", {})
+        return await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
+
+    async def _outer_step(
+        self, job: Job, current: Round, done: list[Unit]
+    ) -> tuple[str, str, dict[str, float]]:
+        elastic: dict[str, Any] = {
+            "job_id": job.id,
+            "round": current.round,
+            "weights": current.weights_sha256,
+            "deltas": [u.output_sha256 for u in done],
+        }
+        if current.momentum_sha256:
+            elastic["momentum"] = current.momentum_sha256
+        result, folder = await self._run_here(job, "elastic_outer", elastic, "momentum")
+        weights = await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
+        momentum = await trio.to_thread.run_sync(
+            self.ctx.blobs.put_file, folder / "momentum.safetensors"
+        )
+        metrics = {k: float(v) for k, v in result.get("metrics", {}).items()}
+        return weights, momentum, metrics
+
+    async def _run_here(
+        self, job: Job, task: str, elastic: dict[str, Any], extra_out: str = ""
+    ) -> tuple[dict[str, Any], Path]:
+        """One runner task on this node, in a folder of its own; raises on failure."""
+        ctx = self.ctx
+        task_id = new_id()
+        folder = ctx.unit_dir(task_id)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        blobs = [*job.data_blobs]
+        for key in ("weights", "momentum"):
+            if key in elastic:
+                blobs.append(elastic[key])
+        blobs += elastic.get("deltas", [])
+        request = self._runner_request(
+            job.spec, {s: str(ctx.blobs.path(s)) for s in blobs}, folder / "out.safetensors"
+        )
+        if extra_out:
+            elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
+        request = {**request, "task": task, **({"elastic": elastic} if elastic else {})}
+        try:
+            result = await ctx.train(request, task_id, job.max_hours, lambda event: None)
+        except UnitFailed as exc:
+            raise RuntimeError(f"{task} failed on the owner: {exc}") from None
+        return result, folder

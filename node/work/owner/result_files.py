@@ -1,0 +1,117 @@
+"""A result's weights (an elastic share's delta) fetched under the worker's grant and
+checked against the job's model plan before anything of the result is accepted.
+
+Checked: the grant names exactly the result's files and this owner; the size is at
+most the plan's bound before a byte is fetched; the file hashes to the result's
+sha256; its safetensors header matches the plan (read in the daemon); its values are
+finite (checked in a subprocess, since the daemon parses no untrusted bulk data). A
+delta is checked as a `RoundDelta` of its round instead. What fails is not kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from node.work.blobs import fetch_granted
+from node.work.context import WorkContext
+from node.work.jobs import Job, RoundStore, Unit
+from protocol import ProtocolError, open_envelope
+from protocol.blobs import BlobGrant
+from protocol.rounds import delta_limits
+from protocol.work import WORK_LIMITS, Result
+from training.evidence.result_check import (
+    WeightsRejected,
+    check_delta_file,
+    check_weights_header,
+    check_weights_values,
+    delta_numel,
+    expected_tensors,
+    max_weights_bytes,
+)
+from training.spec.job import relay_blob_bytes
+
+
+@dataclass(frozen=True)
+class Fetched:
+    had: bool  # the weights were stored here before
+    path: str  # how they came ("" when they did not need to)
+
+    @property
+    def via(self) -> str:
+        """For the timeline: " (<path>)", or nothing when it came the usual way."""
+        return f" ({self.path})" if self.path and self.path != "direct channel" else ""
+
+
+async def fetch_and_check(
+    ctx: WorkContext, job: Job, unit: Unit, spec: dict[str, Any], peer: str, result: Result
+) -> Fetched:
+    """Fetch the weights (an elastic share: its delta) under the worker's grant, at
+    most the plan's size, and check them; what fails is not kept."""
+    grant = weights_grant(ctx, peer, result)
+    key = ctx.grant_keys.get((result.job_id, result.unit_id))
+    if key is None:
+        raise ProtocolError("no key for this unit (it ended)")
+    data = ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+    expected: dict = {}
+    numel = 0
+    if unit.round >= 0:
+        numel = await trio.to_thread.run_sync(delta_numel, spec, data, ctx.blobs.path)
+        bound = delta_limits(numel).max_bytes
+    else:
+        expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
+        bound = max_weights_bytes(expected)
+    what = "delta" if unit.round >= 0 else "weights"
+    if result.weights_size > bound:
+        raise WeightsRejected(
+            f"{what} of {result.weights_size} bytes; this model's are at most {bound}"
+        )
+    had = ctx.blobs.has(result.weights_sha256)
+    paths = await fetch_granted(
+        ctx,
+        peer,
+        grant,
+        result.weights_grant,
+        key,
+        [result.weights_sha256],
+        bound,
+        relay_blob_bytes(spec),
+    )
+    path = ctx.blobs.path(result.weights_sha256)
+    try:
+        if unit.round >= 0:
+            started = RoundStore(ctx.jobs.db).get(job.id, unit.round)
+            if started is None:
+                raise WeightsRejected(f"round {unit.round} of this job is unknown here")
+            await check_delta_file(
+                path,
+                numel,
+                job.id,
+                unit.round,
+                started.weights_sha256,
+                str(job.spec["elastic"]["compression"]),
+            )
+        else:
+            check_weights_header(path, expected)
+            await check_weights_values(path)
+    except Exception:
+        if not had:  # what was just fetched for this result is not kept
+            ctx.blobs.remove(result.weights_sha256)
+        raise
+    return Fetched(had, paths.get(result.weights_sha256, ""))
+
+
+def weights_grant(ctx: WorkContext, peer: str, result: Result) -> BlobGrant:
+    """The worker's grant for its weights and checkpoints, as the result names them."""
+    grant = open_envelope(
+        result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
+    ).message
+    if (
+        grant.grantee != ctx.peer_id
+        or grant.blobs != [result.weights_sha256, *result.checkpoints]
+        or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
+    ):
+        raise ProtocolError("the weights grant does not match the result")
+    return grant

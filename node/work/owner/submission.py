@@ -1,0 +1,103 @@
+"""What a submission's uploaded files become before its job exists: the spec rewritten
+to name blobs, and the files those blobs will be made from.
+
+Form fields carry the files the spec names: `data` (`data.source`), `program` and
+`eval_program` (a program's `.pt2` archives, converted here by our own reader into the
+program blob), `init` (`model.init`'s safetensors). `model.trainable` is counted here.
+Everything is checked before anything is stored, so a refused job stores nothing. Plain
+functions that block: the work service runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+#: the upload's suffix tells the owner what format a data file is in
+UPLOAD_FORMATS = {".csv": "csv", ".npz": "npz", ".safetensors": "safetensors", ".txt": "text"}
+MODEL_FIELDS = ("program", "eval_program", "init")
+
+Uploads = dict[str, tuple[Path, str]]  # form field -> (where it was saved, its file name)
+
+
+class SubmitError(ValueError):
+    """A job could not be accepted; the message names the field and what to do."""
+
+
+def with_uploaded_data(spec: Any, upload: tuple[Path, str] | None) -> tuple[Any, Path | None]:
+    """The spec reading its uploaded data file as a blob, and that file."""
+    from training.spec.job import local_files, with_blob_source
+
+    needs = local_files(spec)
+    if not needs:
+        if upload is not None:
+            raise SubmitError("a data file was uploaded, but data.source names no file")
+        return spec, None
+    if upload is None:
+        raise SubmitError(
+            f"data.source names a local file ({needs[0].name}): upload it with the "
+            "spec (`meshminer submit` does this); the API never reads server paths"
+        )
+    path, filename = upload
+    suffix = Path(filename).suffix.lower()
+    if str(spec.data.source).startswith("builtin:text:"):
+        fmt = "text"
+    elif suffix == ".bin":  # raw token ids: only the spec can say how wide
+        fmt = spec.data.format
+    else:
+        fmt = UPLOAD_FORMATS.get(suffix)
+    if fmt is None:
+        raise SubmitError(
+            f"data file {filename!r}: use .csv, .npz, .safetensors, .txt, or .bin "
+            'token ids with data.format = "tokens16" or "tokens32" (pickle and .pt '
+            "files are never accepted)"
+        )
+    return with_blob_source(spec, sha256_file(path), fmt), path
+
+
+def with_uploaded_model(
+    spec: Any, uploads: Uploads, data_file: Path | None, scratch: Path
+) -> tuple[Any, list[Path]]:
+    """The spec with its `[model]` files as blobs (a program converted, the init checked
+    against the model) and `model.trainable` counted; returns the files to store. The
+    converted program is written into `scratch` (the caller removes what is left)."""
+    import dataclasses
+
+    from training.model.bind import bind_trainable, meta_model
+    from training.model.start import check_init, read_init
+    from training.program.job import convert
+    from training.spec.job import model_files
+
+    wanted = model_files(spec)
+    for field in MODEL_FIELDS:
+        if field in uploads and field not in wanted:
+            raise SubmitError(f"a file came as {field!r}, but the spec sets no model.{field}")
+        if field in wanted and field not in uploads:
+            raise SubmitError(
+                f"model.{field} names {wanted[field].name}: upload it with the spec as form "
+                f"field {field!r} (`meshminer submit` and meshminer.submit do this)"
+            )
+    stored: list[Path] = []
+    blobs: dict[str, Path] = {}
+    if "program" in wanted:
+        spec, data = convert(spec, {f: uploads[f][0] for f in wanted if f != "init"})
+        sha = spec.model.program.removeprefix("blob:")
+        blobs[sha] = scratch / f"program-{sha}"
+        blobs[sha].write_bytes(data)
+        stored.append(blobs[sha])
+    if "init" in wanted:
+        path = uploads["init"][0]
+        start = dataclasses.replace(spec.start, init=f"blob:{sha256_file(path)}")
+        spec = dataclasses.replace(spec, start=start)
+        check_init(meta_model(spec, data_file, blobs.get), read_init(path))
+        stored.append(path)
+    return bind_trainable(spec, data_file, blobs.get), stored
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

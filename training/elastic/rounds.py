@@ -1,0 +1,436 @@
+"""Elastic (DiLoCo) rounds: the arithmetic, shared by the runner and `train-local`.
+
+Three steps, each from files to files, so that a network run and the one-process
+simulation (`simulate`) go through the same code and give bitwise-equal weights:
+- `init_weights`: round 0's global weights, built from the seed.
+- `inner_round`: one worker's share of round r: the global weights, H steps of the
+  inner optimizer on data slot s, with the optimizer state the worker kept from its
+  last round (or a fresh one), and back comes start - end as one flat float32 vector
+  (`protocol.rounds.RoundDelta`), blockwise int8 or plain.
+- `outer_step`: the round's deltas, in slot order, averaged into one Nesterov step
+  (`training.ops.outer_nesterov_step_` for int8), then the new global weights are
+  evaluated on the validation split.
+
+Data slots: slot s of round r draws its batches from a permutation seeded by a hash
+of (seed, s, r). Which peer trains a slot does not matter, so a replacement for a
+worker that left trains exactly the data the leaver would have.
+
+The flat vector holds the model's floating-point state (parameters and float
+buffers such as BatchNorm's running statistics) in state-dict name order; integer
+buffers stay as in the global weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from training.errors import TrainingError
+from training.evidence.checkpoints import Course, checkpoint_steps
+from training.model.modules import build_model
+from training.model.weights import file_sha256, write_weights
+from training.ops import (
+    DEFAULT_BLOCK_SIZE,
+    dequantize_blockwise,
+    encode_delta,
+    from_wire,
+    outer_nesterov_step_,
+)
+from training.run.execute import (
+    Prepared,
+    checkpointer,
+    deterministic,
+    emit_started,
+    prepare,
+    validate,
+)
+from training.run.loop import Emit, train
+from training.run.optim import make_optimizer
+from training.spec.job import ElasticSpec, JobSpec
+
+SIMULATED_JOB_ID = "0" * 16  # the job id train-local's deltas carry
+MOMENTUM = "momentum"  # the one tensor of a momentum file
+
+
+def slot_seed(seed: int, slot: int, round_: int) -> int:
+    """The seed of slot `slot`'s batches (and dropout) in round `round_`: 63 bits."""
+    digest = hashlib.sha256(f"meshminer.elastic/1:{seed}:{slot}:{round_}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def share_course(run: Prepared, slot: int, round_: int) -> Course:
+    """What one share trains through: H inner steps on the slot's batches (the
+    chain its checkpoints commit to, `training.evidence.checkpoints`)."""
+    return Course(elastic_of(run.spec).inner_steps, slot_seed(run.spec.seed, slot, round_))
+
+
+def share_checkpoint_steps(run: Prepared) -> list[int]:
+    return checkpoint_steps(elastic_of(run.spec).inner_steps, run.spec.trust.checkpoints)
+
+
+def elastic_of(spec: JobSpec) -> ElasticSpec:
+    if spec.elastic is None:
+        raise TrainingError(f"job {spec.name!r} is not an elastic job (mode {spec.mode!r})")
+    return spec.elastic
+
+
+def float_names(
+    state: Mapping[str, torch.Tensor], frozen: frozenset[str] = frozenset()
+) -> list[str]:
+    """The tensors a delta carries: floating point, and not frozen by `model.trainable`."""
+    return sorted(
+        name for name, tensor in state.items() if tensor.is_floating_point() and name not in frozen
+    )
+
+
+def flatten(state: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([state[n].detach().reshape(-1).to(torch.float32) for n in names])
+
+
+def unflatten(
+    state: Mapping[str, torch.Tensor], names: list[str], flat: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """`state` with its floating-point tensors taken from `flat`, in `names` order."""
+    out = dict(state)
+    offset = 0
+    for name in names:
+        like = state[name]
+        out[name] = flat[offset : offset + like.numel()].view(like.shape).to(like.dtype).clone()
+        offset += like.numel()
+    return out
+
+
+def numel_of(run: Prepared) -> int:
+    """The length of this model's flat vector, from a model on the meta device."""
+    with torch.device("meta"):
+        state = build_model(run.plan).state_dict()
+    return sum(state[n].numel() for n in float_names(state, run.frozen))
+
+
+def init_weights(run: Prepared, out: Path) -> str:
+    """Round 0's global weights (a fresh model from the seed); returns the sha256."""
+    with deterministic(run.spec.seed):
+        model = build_model(run.plan)
+    return write_weights(out, model.state_dict(), run.metadata)
+
+
+def _load_model(run: Prepared, weights: Path) -> torch.nn.Module:
+    model = build_model(run.plan).to(run.device)
+    try:
+        model.load_state_dict(load_file(str(weights), device=str(run.device)), strict=True)
+    except Exception as exc:  # an owner's weights that are not this model's
+        raise TrainingError(f"the round's global weights do not fit the model: {exc}") from None
+    return model
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    state = optimizer.state_dict()["state"]
+    return {
+        f"{index}.{key}": value if isinstance(value, torch.Tensor) else torch.tensor(value)
+        for index, entries in state.items()
+        for key, value in entries.items()
+    }
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor]) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        index, _, key = name.partition(".")
+        state.setdefault(int(index), {})[key] = value
+    saved = optimizer.state_dict()
+    saved["state"] = state
+    optimizer.load_state_dict(saved)
+
+
+@dataclass(frozen=True)
+class InnerOutcome:
+    delta: RoundDelta
+    train_loss: float
+    steps: int
+    samples: int
+    train_seconds: float  # in the inner steps alone (no start-up, no file work)
+    checkpoints: list[str] = field(default_factory=list)  # their sha256, in step order
+
+
+def inner_round(
+    run: Prepared,
+    *,
+    job_id: str,
+    weights: Path,
+    round_: int,
+    slot: int,
+    state_in: Path | None,
+    state_out: Path,
+    emit: Emit,
+    checkpoint_dir: Path | None = None,
+) -> InnerOutcome:
+    """Train one share of a round from `weights`; the inner optimizer state goes from
+    `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
+    `checkpoint_dir`, the training state is written there at `share_checkpoint_steps`
+    and `InnerOutcome.checkpoints` lists the files' sha256."""
+    spec = run.spec
+    model = _load_model(run, weights)
+    course = share_course(run, slot, round_)
+    checkpoints: list[str] = []
+    with deterministic(course.batch_seed):
+        optimizer = make_optimizer(spec.optim, model.parameters())
+        if state_in is not None:
+            try:
+                _load_optimizer(optimizer, load_file(str(state_in), device=str(run.device)))
+            except Exception as exc:  # our own file; a mismatch means start fresh, loudly
+                raise TrainingError(f"the kept inner optimizer state does not fit: {exc}") from None
+        on_step = None
+        if checkpoint_dir is not None:
+            steps = share_checkpoint_steps(run)
+            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints)
+        began = time.monotonic()
+        outcome = train(
+            model,
+            run.data,
+            spec,
+            loss_name=run.summary.loss,
+            batch=run.summary.batch_size,
+            total_steps=course.total_steps,
+            device=run.device,
+            emit=emit,
+            optimizer=optimizer,
+            batch_seed=course.batch_seed,
+            validate=False,
+            on_step=on_step,
+        )
+        train_seconds = time.monotonic() - began
+        write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
+    message = round_delta(
+        run, job_id=job_id, round_=round_, slot=slot, weights=weights, trained=model.state_dict()
+    )
+    return InnerOutcome(
+        message,
+        outcome.metrics["train_loss"],
+        outcome.steps,
+        outcome.samples,
+        train_seconds,
+        checkpoints,
+    )
+
+
+def round_delta(
+    run: Prepared,
+    *,
+    job_id: str,
+    round_: int,
+    slot: int,
+    weights: Path,
+    trained: Mapping[str, torch.Tensor],
+) -> RoundDelta:
+    """The share's message: the global `weights` minus the `trained` state, as one
+    flat vector, compressed as the job says. A worker builds it after its H steps,
+    and the owner's replay rebuilds it from the worker's last checkpoint, bit for bit
+    (float32 subtraction rounds the same on every device)."""
+    elastic = elastic_of(run.spec)
+    start = load_file(str(weights), device="cpu")
+    names = float_names(start, run.frozen)
+    after = {name: trained[name].detach().cpu() for name in names}
+    delta = flatten(start, names) - flatten(after, names)
+    if elastic.compression == "int8":
+        tensor = encode_delta(delta, DEFAULT_BLOCK_SIZE)
+    else:
+        if not torch.isfinite(delta).all():
+            raise TrainingError("the round's delta holds NaN or Inf; lower optim.lr")
+        tensor = delta.numpy().astype("<f4").tobytes()
+    return RoundDelta(
+        job_id=job_id,
+        round=round_,
+        slot=slot,
+        base_sha256=file_sha256(weights),
+        numel=delta.numel(),
+        compression=elastic.compression,
+        tensor=tensor,
+        steps=elastic.inner_steps,
+    )
+
+
+def outer_step(
+    run: Prepared,
+    *,
+    job_id: str,
+    round_: int,
+    weights: Path,
+    momentum: Path | None,
+    deltas: list[Path],
+    out: Path,
+    momentum_out: Path,
+) -> dict[str, float]:
+    """Average `deltas` (already in slot order) into one Nesterov step from `weights`;
+    write the new global weights and momentum; return the validation metrics."""
+    elastic = elastic_of(run.spec)
+    if not deltas:
+        raise TrainingError(f"round {round_} has no deltas to apply")
+    state = load_file(str(weights))
+    names = float_names(state, run.frozen)
+    params = flatten(state, names)
+    buffer = (
+        load_file(str(momentum))[MOMENTUM].to(torch.float32)
+        if momentum is not None
+        else torch.zeros_like(params)
+    )
+    if buffer.shape != params.shape:
+        raise TrainingError(f"the momentum has {buffer.numel()} values, the model {params.numel()}")
+    base = file_sha256(weights)
+    decoded = [
+        decode_round_delta(
+            path.read_bytes(),
+            numel=params.numel(),
+            job_id=job_id,
+            round=round_,
+            base_sha256=base,
+            compression=elastic.compression,
+        )
+        for path in deltas
+    ]
+    if elastic.compression == "int8":
+        quantized = [from_wire(d.values()) for d in decoded]
+        norms = [float(dequantize_blockwise(q).norm()) for q in quantized]
+        for q, factor in zip(quantized, clip_factors(norms, elastic.delta_clip), strict=True):
+            if factor < 1.0:
+                q.scales.mul_(factor)
+        outer_nesterov_step_(
+            params, buffer, quantized, lr=elastic.outer_lr, momentum=elastic.outer_momentum
+        )
+    else:  # the same arithmetic as the int8 op's reference, on float32 deltas
+        values = [torch.from_numpy(d.values().copy()) for d in decoded]
+        norms = [float(v.norm()) for v in values]
+        for v, factor in zip(values, clip_factors(norms, elastic.delta_clip), strict=True):
+            if factor < 1.0:
+                v.mul_(factor)
+        grad = torch.stack(values).sum(dim=0)
+        grad /= len(decoded)
+        buffer.mul_(elastic.outer_momentum).add_(grad)
+        params.add_(grad.add(buffer, alpha=elastic.outer_momentum), alpha=-elastic.outer_lr)
+    new_state = unflatten(state, names, params)
+    write_weights(out, new_state, run.metadata)
+    write_weights(momentum_out, {MOMENTUM: buffer}, {"format": "meshminer.momentum/1"})
+    if run.data.val is None:
+        return {}
+    model = build_model(run.plan).to(run.device)
+    model.load_state_dict(new_state, strict=True)
+    return validate(run, model)
+
+
+def clip_factors(norms: list[float], clip: float) -> list[float]:
+    """What each delta of a round is scaled by so that none is longer than `clip` x
+    the round's median norm (the lower median: with two deltas, the shorter one).
+
+    A bad delta (a cheat's, or a diverged worker's) then moves the global weights
+    at most as far as `clip` honest ones would, until the worker is caught; honest
+    deltas of one round have norms within a few percent of each other, so they are
+    left exactly as they are (factor 1: the same bits as no clipping)."""
+    if clip <= 0 or len(norms) < 2:
+        return [1.0] * len(norms)
+    bound = clip * sorted(norms)[(len(norms) - 1) // 2]
+    return [bound / n if n > bound else 1.0 for n in norms]
+
+
+def simulate(
+    spec: JobSpec,
+    out: Path,
+    *,
+    data_file: Path | None = None,
+    device: str = "cpu",
+    emit: Emit | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """`train-local` of an elastic spec: `workers` workers, every round, in this process,
+    through the same files and functions a network run uses. Returns the result."""
+    elastic = elastic_of(spec)
+    emit = emit or (lambda event: None)
+    began = time.monotonic()
+    run = prepare(spec, data_file, device)
+    emit_started(run, emit)
+    rounds: list[dict[str, Any]] = []
+    metrics: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="meshminer-elastic-") as tmp:
+        folder = Path(tmp)
+        weights = folder / "global-0.safetensors"
+        init_weights(run, weights)
+        momentum: Path | None = None
+        for r in range(elastic.rounds):
+            round_began = time.monotonic()
+            deltas, losses, delta_bytes = [], [], 0
+            for slot in range(elastic.workers):
+                state = folder / f"inner-{slot}.safetensors"
+                kept = folder / f"inner-{slot}-next.safetensors"
+                outcome = inner_round(
+                    run,
+                    job_id=SIMULATED_JOB_ID,
+                    weights=weights,
+                    round_=r,
+                    slot=slot,
+                    state_in=state if state.exists() else None,
+                    state_out=kept,
+                    emit=lambda event: None,
+                )
+                kept.replace(state)
+                path = folder / f"delta-{r}-{slot}.bin"
+                path.write_bytes(encode_round_delta(outcome.delta))
+                deltas.append(path)
+                losses.append(outcome.train_loss)
+                delta_bytes += path.stat().st_size
+            new_weights = folder / f"global-{r + 1}.safetensors"
+            new_momentum = folder / f"momentum-{r + 1}.safetensors"
+            metrics = outer_step(
+                run,
+                job_id=SIMULATED_JOB_ID,
+                round_=r,
+                weights=weights,
+                momentum=momentum,
+                deltas=deltas,
+                out=new_weights,
+                momentum_out=new_momentum,
+            )
+            for path in [*deltas, weights, *([momentum] if momentum else [])]:
+                path.unlink()
+            weights, momentum = new_weights, new_momentum
+            summary = {
+                "round": r,
+                "workers": elastic.workers,
+                "train_loss": sum(losses) / len(losses),
+                "bytes_in": delta_bytes,
+                "seconds": time.monotonic() - round_began,
+                **metrics,
+            }
+            rounds.append(summary)
+            emit(
+                {
+                    "event": "progress",
+                    "step": (r + 1) * elastic.inner_steps,
+                    "total_steps": elastic.rounds * elastic.inner_steps,
+                    "loss": summary["train_loss"],
+                    "samples_per_s": 0.0,
+                    "samples": (r + 1) * elastic.inner_steps * run.summary.batch_size,
+                }
+            )
+            if on_round is not None:
+                on_round(summary)
+        shutil.copyfile(weights, out)
+    steps = elastic.rounds * elastic.inner_steps
+    result = {
+        "steps": steps,
+        "samples": steps * run.summary.batch_size * elastic.workers,
+        "wall_time_s": time.monotonic() - began,
+        "device": run.device.type,
+        "metrics": {"train_loss": rounds[-1]["train_loss"], **metrics},
+        "weights_sha256": file_sha256(out),
+        "rounds": rounds,
+    }
+    emit({"event": "result", **result})
+    return result

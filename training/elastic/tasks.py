@@ -1,0 +1,165 @@
+"""The runner's elastic tasks: one step of `training.elastic.rounds` per runner request.
+
+The request's `elastic` table names the step's inputs (blobs, by sha256, each read
+only after its hash is checked) and its outputs (files in the runner's own folder,
+beside `out`). See `training.run.runner` for the request as a whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.ids import is_id
+from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
+from training.elastic import rounds as elastic
+from training.errors import SpecError
+from training.model.weights import file_sha256, write_atomic
+from training.run.execute import emit_started, prepare
+from training.run.loop import Emit
+from training.spec.fields import Section
+from training.spec.job import JobSpec
+
+BlobFile = Callable[[str], Path]  # sha256 -> its checked file
+
+
+def run_elastic_task(
+    task: str,
+    section: Section,
+    spec: JobSpec,
+    data_file: Path | None,
+    out: Path,
+    blob_file: BlobFile,
+    device: str,
+    emit: Emit,
+    checkpoints: bool = False,
+) -> dict[str, Any]:
+    """Run `task` ("elastic_init", "elastic_inner" or "elastic_outer"); emits and
+    returns its `result`. With `checkpoints`, a share keeps its evidence (the
+    training state at every checkpoint step, `training.evidence.checkpoints`)."""
+    began = time.monotonic()
+    if task == "elastic_init":
+        section.finish()
+        run = prepare(spec, data_file, device, blob_file)
+        emit_started(run, emit)
+        result: dict[str, Any] = {"weights_sha256": elastic.init_weights(run, out)}
+    else:
+        job_id = section.string("job_id", max_len=32)
+        if not is_id(job_id):
+            raise SpecError("request.elastic.job_id must be 16..32 lowercase hex characters")
+        round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
+        weights = blob_file(section.string("weights", max_len=64))
+        if task == "elastic_inner":
+            folder = out.parent / "checkpoints" if checkpoints else None
+            result = _inner(
+                section,
+                spec,
+                data_file,
+                out,
+                blob_file,
+                device,
+                emit,
+                job_id,
+                round_,
+                weights,
+                folder,
+            )
+        else:
+            result = _outer(
+                section, spec, data_file, out, blob_file, device, job_id, round_, weights
+            )
+    result["wall_time_s"] = time.monotonic() - began
+    result["device"] = device
+    emit({"event": "result", **result})
+    return result
+
+
+def _inner(
+    section: Section,
+    spec: JobSpec,
+    data_file: Path | None,
+    out: Path,
+    blob_file: BlobFile,
+    device: str,
+    emit: Emit,
+    job_id: str,
+    round_: int,
+    weights: Path,
+    checkpoint_dir: Path | None,
+) -> dict[str, Any]:
+    slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
+    state_in = _beside(out, section.string("state_in", None, max_len=4096), "state_in")
+    state_out = _beside(out, section.string("state_out", max_len=4096), "state_out")
+    section.finish()
+    assert state_out is not None
+    run = prepare(spec, data_file, device, blob_file)
+    emit_started(run, emit)
+    outcome = elastic.inner_round(
+        run,
+        job_id=job_id,
+        weights=weights,
+        round_=round_,
+        slot=slot,
+        state_in=state_in if state_in is not None and state_in.is_file() else None,
+        state_out=state_out,
+        emit=emit,
+        checkpoint_dir=checkpoint_dir,
+    )
+    write_atomic(out, encode_round_delta(outcome.delta))
+    result = {
+        "steps": outcome.steps,
+        "samples": outcome.samples,
+        "metrics": {"train_loss": outcome.train_loss, "train_seconds": outcome.train_seconds},
+        "weights_sha256": file_sha256(out),
+    }
+    if checkpoint_dir is not None:
+        result["checkpoints"] = outcome.checkpoints
+    return result
+
+
+def _outer(
+    section: Section,
+    spec: JobSpec,
+    data_file: Path | None,
+    out: Path,
+    blob_file: BlobFile,
+    device: str,
+    job_id: str,
+    round_: int,
+    weights: Path,
+) -> dict[str, Any]:
+    momentum_sha = section.string("momentum", None, max_len=64)
+    deltas = section.get("deltas")
+    if not isinstance(deltas, list) or not deltas or len(deltas) > MAX_SLOT:
+        raise SpecError(f"request.elastic.deltas must be a list of 1..{MAX_SLOT} blob hashes")
+    momentum_out = _beside(out, section.string("momentum_out", max_len=4096), "momentum_out")
+    section.finish()
+    assert momentum_out is not None
+    run = prepare(spec, data_file, device, blob_file)
+    metrics = elastic.outer_step(
+        run,
+        job_id=job_id,
+        round_=round_,
+        weights=weights,
+        momentum=blob_file(momentum_sha) if momentum_sha else None,
+        deltas=[blob_file(str(sha)) for sha in deltas],
+        out=out,
+        momentum_out=momentum_out,
+    )
+    return {
+        "metrics": metrics,
+        "weights_sha256": file_sha256(out),
+        "momentum_sha256": file_sha256(momentum_out),
+    }
+
+
+def _beside(out: Path, raw: str | None, name: str) -> Path | None:
+    """A file the request names in the runner's own folder (None when not named)."""
+    if raw is None:
+        return None
+    path = Path(raw)
+    if not path.is_absolute() or "\x00" in raw or path.parent != out.parent or path == out:
+        raise SpecError(f"request.elastic.{name} must be a file in {out.parent}, beside out")
+    return path

@@ -1,0 +1,71 @@
+"""`python -m training.evidence.check_weights PATH`: are all values in a weights file finite?
+
+`python -m training.evidence.check_weights --delta PATH NUMEL JOB_ID ROUND BASE_SHA256
+COMPRESSION`: is an elastic delta file what the owner expects
+(`protocol.rounds.decode_round_delta`)?
+
+Run by the owner in a subprocess of its own, so that reading a peer's tensor bytes
+happens outside the daemon, under an address-space limit. Prints `ok`, or one line
+naming the first problem, and exits 1.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+SLACK_BYTES = 1 << 30  # the interpreter, numpy and safetensors themselves
+
+
+def first_problem(path: Path) -> str | None:
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+            values = f.get_tensor(name)
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                return f"tensor {name!r} holds NaN or Inf values"
+    return None
+
+
+def delta_problem(
+    path: Path, numel: int, job_id: str, round_: int, base: str, compression: str
+) -> str | None:
+    from protocol.errors import ProtocolError
+    from protocol.rounds import decode_round_delta
+
+    try:
+        decode_round_delta(
+            path.read_bytes(),
+            numel=numel,
+            job_id=job_id,
+            round=round_,
+            base_sha256=base,
+            compression=compression,
+        )
+    except ProtocolError as exc:
+        return f"not this round's delta: {exc}"
+    return None
+
+
+def main() -> int:
+    delta = sys.argv[1] == "--delta"
+    path = Path(sys.argv[2] if delta else sys.argv[1])
+    limit = 3 * path.stat().st_size + SLACK_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        if delta:
+            numel, job_id, round_, base, compression = sys.argv[3:8]
+            problem = delta_problem(path, int(numel), job_id, int(round_), base, compression)
+        else:
+            problem = first_problem(path)
+    except Exception as exc:
+        problem = f"not a readable file ({type(exc).__name__}: {exc})"
+    print(problem or "ok")
+    return 1 if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The runner's `replay` task: the owner's side of a spot check, in its own sandbox.
+
+The request's `replay` table:
+
+    {"init": bool,                          build the state before step 1 and hash it
+     "init_claimed": sha256 (optional),      the worker's checkpoint 0, to measure against
+     "segments": [{"start": int, "end": int, "from": sha256,
+                   "claimed": sha256 (optional), "evaluate": bool (optional)}, ...],
+     "final": sha256 (optional),            the worker's last checkpoint
+     "share": {"job_id", "round", "slot", "weights": sha256} (optional)}
+                                             an elastic round's share, not a whole run
+
+For each segment the state in blob `from` (the worker's checkpoint at `start`) is
+trained on to `end` and hashed as a checkpoint; with `claimed` (the worker's
+checkpoint at `end`, for a check across determinism classes) the relative distance
+to it is measured too; with `evaluate`, the replayed state's validation metrics (a
+sweep trial's report at that step is checked against them). `final` is unpacked into
+a weights file exactly as the worker's runner writes one, and evaluated on the
+validation split: its sha256 must be the result's, and its metrics are the ones the
+owner shows as verified.
+
+A share's chain is its H inner steps on its data slot (`training.elastic.rounds.share_course`).
+Its checkpoint 0 is not built from the seed: it is the round's global weights
+(`weights`), the inner optimizer state the worker brought (taken from its checkpoint 0:
+it is the worker's own) and the slot's seeded RNG, so `init` rebuilds exactly that and
+hashes it (another start, or weights not the round's: another hash). `final` is
+turned into the share's `RoundDelta` against the global weights, as the worker's
+runner builds it; its sha256 must be the delta's.
+
+The comparisons themselves are the owner's (`node.work.trust.spot_checks`): a runner only
+computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from protocol.ids import is_id
+from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
+from training.elastic.rounds import round_delta, share_course
+from training.elastic.tasks import BlobFile
+from training.errors import SpecError
+from training.evidence.checkpoints import (
+    Course,
+    TrainState,
+    advance,
+    course_of,
+    initial_state,
+    load_checkpoint,
+    relative_distance,
+    save_checkpoint,
+)
+from training.model.weights import write_weights
+from training.run.execute import Prepared, deterministic, emit_started, prepare, validate
+from training.run.loop import Emit
+from training.spec.fields import Section
+from training.spec.job import JobSpec
+
+MAX_SEGMENTS = 1000
+
+
+def run_replay(
+    section: Section,
+    spec: JobSpec,
+    data_file: Path | None,
+    out: Path,
+    blob_file: BlobFile,
+    device: str,
+    emit: Emit,
+) -> dict[str, Any]:
+    began = time.monotonic()
+    init = section.boolean("init", False)
+    init_claimed = section.string("init_claimed", "", max_len=64)
+    segments = [_segment(item, i) for i, item in enumerate(_list(section.get("segments", [])))]
+    final = section.string("final", "", max_len=64)
+    share = _share(section.table("share"), blob_file) if section.has("share") else None
+    section.finish()
+    if share is not None and init and not init_claimed:
+        raise SpecError("request.replay.init_claimed: a share's checkpoint 0 is rebuilt from it")
+    run = prepare(spec, data_file, device, blob_file)
+    emit_started(run, emit)
+    course = share_course(run, share.slot, share.round) if share else course_of(run)
+    total = course.total_steps
+    result: dict[str, Any] = {"ends": [], "distances": [], "evaluations": [], "replayed_steps": 0}
+    scratch = out.parent / "replayed.safetensors"
+
+    def load(sha: str, step: int) -> TrainState:
+        state = load_checkpoint(run, blob_file(sha), course)
+        if state.step != step:
+            raise SpecError(f"request.replay: checkpoint {sha[:12]} is of step {state.step}")
+        return state
+
+    with deterministic(spec.seed):
+        if init:
+            if share is not None:
+                state = _share_start(run, load(init_claimed, 0), share.weights, course)
+            else:
+                state = initial_state(run, course)
+            result["init_sha256"] = save_checkpoint(
+                scratch, state.model, state.optimizer, 0, run.device
+            )
+            if init_claimed:
+                theirs = load_checkpoint(run, blob_file(init_claimed), course)
+                result["init_distance"] = relative_distance(state, theirs)
+        for start, end, source, claimed, wanted in segments:
+            if not 0 <= start < end <= total:
+                raise SpecError(f"request.replay: segment {start}..{end} is not within 0..{total}")
+            state = load(source, start)
+            advance(run, state, end, course)
+            result["ends"].append(
+                save_checkpoint(scratch, state.model, state.optimizer, end, run.device)
+            )
+            if claimed:
+                theirs = load_checkpoint(run, blob_file(claimed), course)
+                result["distances"].append(relative_distance(state, theirs))
+            result["evaluations"].append(validate(run, state.model) if wanted else {})
+            result["replayed_steps"] += end - start
+            emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})
+        if final and share is not None:
+            state = load(final, total)
+            delta = round_delta(
+                run,
+                job_id=share.job_id,
+                round_=share.round,
+                slot=share.slot,
+                weights=share.weights,
+                trained=state.model.state_dict(),
+            )
+            result["weights_sha256"] = hashlib.sha256(encode_round_delta(delta)).hexdigest()
+        elif final:
+            state = load_checkpoint(run, blob_file(final), course)
+            result["weights_sha256"] = write_weights(out, state.model.state_dict(), run.metadata)
+            result["metrics"] = validate(run, state.model)
+    scratch.unlink(missing_ok=True)
+    result["wall_time_s"] = time.monotonic() - began
+    result["device"] = device
+    emit({"event": "result", **result})
+    return result
+
+
+@dataclass(frozen=True)
+class _Share:
+    job_id: str
+    round: int
+    slot: int
+    weights: Path  # the round's global weights
+
+
+def _share(section: Section, blob_file: BlobFile) -> _Share:
+    job_id = section.string("job_id", max_len=32)
+    if not is_id(job_id):
+        raise SpecError("request.replay.share.job_id must be 16..32 lowercase hex characters")
+    round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
+    slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
+    weights = blob_file(section.string("weights", max_len=64))
+    section.finish()
+    return _Share(job_id, round_, slot, weights)
+
+
+def _share_start(run: Prepared, claimed: TrainState, weights: Path, course: Course) -> TrainState:
+    """A share's state before step 1: the round's global weights, the inner optimizer
+    state the worker brought (from its checkpoint 0), the slot's seeded RNG."""
+    from safetensors.torch import load_file
+
+    try:
+        claimed.model.load_state_dict(load_file(str(weights), device=str(run.device)))
+    except RuntimeError as exc:
+        raise SpecError(f"request.replay.share.weights do not fit the model: {exc}") from None
+    torch.manual_seed(course.batch_seed)
+    return claimed
+
+
+def _list(raw: Any) -> list:
+    if not isinstance(raw, list) or len(raw) > MAX_SEGMENTS:
+        raise SpecError(f"request.replay.segments must be a list of at most {MAX_SEGMENTS}")
+    return raw
+
+
+def _segment(raw: Any, index: int) -> tuple[int, int, str, str, bool]:
+    item = Section(raw, f"request.replay.segments[{index}]")
+    start = item.integer("start", lo=0, hi=2**40)
+    end = item.integer("end", lo=1, hi=2**40)
+    source = item.string("from", max_len=64)
+    claimed = item.string("claimed", "", max_len=64)
+    wanted = item.boolean("evaluate", False)
+    item.finish()
+    return start, end, source, claimed, wanted

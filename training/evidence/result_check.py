@@ -1,0 +1,220 @@
+"""Checking a worker's weights file before the owner accepts it.
+
+The daemon reads only the safetensors header (bounded, never a tensor byte): the
+file must be exactly what a run of the job's model plan writes. Values are checked
+for finiteness outside the daemon, in a subprocess (`check_weights_values`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MAX_HEADER_BYTES = 1 << 20
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_THREADS_ONE = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+Expected = dict[str, tuple[tuple[int, ...], str]]
+
+
+class WeightsRejected(ValueError):
+    """The weights are not what the job's model produces; the message says how."""
+
+
+def expected_tensors(
+    spec_plain: dict[str, Any],
+    data_file: Path | None = None,
+    locate: Callable[[str], Path] | None = None,
+) -> Expected:
+    """Tensor name -> (shape, dtype) of the weights a run of `spec_plain` writes: the
+    model's state dict, built on torch's "meta" device so nothing is allocated.
+    `data_file` is the job's own data (the owner's blob), probed for its shapes;
+    `locate` finds a program's blob."""
+    import torch
+
+    from training.data.info import probe
+    from training.model.modules import build_model
+    from training.model.plan import plan_model
+    from training.model.weights import DTYPES
+    from training.spec.job import parse_spec
+
+    spec = parse_spec(spec_plain)
+    plan = plan_model(spec.model, probe(spec, data_file))
+    if plan.program is not None:
+        from training.program.job import program_of, state_shapes
+
+        return state_shapes(program_of(spec, locate)[0])
+    with torch.device("meta"):
+        model = build_model(plan)
+    return {
+        name: (tuple(tensor.shape), DTYPES[tensor.dtype])
+        for name, tensor in model.state_dict().items()
+    }
+
+
+def float_numel(expected: Expected, frozen: frozenset[str] = frozenset()) -> int:
+    """Elements of the model's floating-point state less `frozen`: an elastic delta's length."""
+    return sum(
+        _numel(shape)
+        for name, (shape, dtype) in expected.items()
+        if dtype in _FLOAT_DTYPES and name not in frozen
+    )
+
+
+def delta_numel(
+    spec_plain: dict[str, Any],
+    data_file: Path | None = None,
+    locate: Callable[[str], Path] | None = None,
+) -> int:
+    """Values in one elastic delta of `spec_plain`: the floating-point state, buffers
+    included, less the parameters `model.trainable` freezes."""
+    from training.model.bind import meta_model
+    from training.model.start import frozen_names
+    from training.spec.job import parse_spec
+
+    expected = expected_tensors(spec_plain, data_file, locate)
+    spec = parse_spec(spec_plain)
+    if not spec.start.trainable:
+        return float_numel(expected)
+    return float_numel(expected, frozen_names(meta_model(spec, data_file, locate)))
+
+
+def max_weights_bytes(expected: Expected) -> int:
+    if not expected:
+        return 4 << 30
+    data = sum(_numel(shape) * DTYPE_BYTES[dtype] for shape, dtype in expected.values())
+    return 8 + MAX_HEADER_BYTES + data
+
+
+def check_weights_header(path: Path, expected: Expected) -> None:
+    """Read the header only; raise WeightsRejected unless it is a consistent
+    safetensors file matching `expected` (when given) whose data exactly fills it."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise WeightsRejected("not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_BYTES or length + 8 > size:
+            raise WeightsRejected(f"not a safetensors file (header length {length})")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as exc:
+            raise WeightsRejected(f"not a safetensors file (header: {exc})") from None
+    if not isinstance(header, dict):
+        raise WeightsRejected("not a safetensors file (header is not a map)")
+    header.pop("__metadata__", None)
+    if expected:
+        _compare(header, expected)
+    end = 0
+    for name, info in sorted(header.items(), key=lambda kv: _offsets(kv)[0]):
+        dtype, shape = info.get("dtype"), tuple(info.get("shape", ()))
+        start, stop = _offsets((name, info))
+        if (
+            dtype not in DTYPE_BYTES
+            or start != end
+            or stop - start != _numel(shape) * DTYPE_BYTES[dtype]
+        ):
+            raise WeightsRejected(f"tensor {name!r}: inconsistent dtype, shape or offsets")
+        end = stop
+    if 8 + length + end != size:
+        raise WeightsRejected("the tensors do not exactly fill the file")
+
+
+def _compare(header: dict[str, Any], expected: Expected) -> None:
+    missing = sorted(set(expected) - set(header))
+    extra = sorted(set(header) - set(expected))
+    if missing or extra:
+        raise WeightsRejected(
+            f"tensor names differ from the model's: missing {missing[:5]}, unexpected "
+            f"{[name[:64] for name in extra[:5]]}"
+        )
+    for name, (shape, dtype) in expected.items():
+        info = header[name]
+        found = (tuple(info.get("shape", ())), info.get("dtype")) if isinstance(info, dict) else ()
+        if found != (shape, dtype):
+            raise WeightsRejected(
+                f"tensor {name!r}: expected {dtype} {list(shape)}, found "
+                f"{found[1] if found else '?'} {list(found[0]) if found else '?'}"
+            )
+
+
+async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
+    """Every value finite: read in a subprocess (`python -m training.evidence.check_weights`),
+    since the daemon parses no untrusted bulk data itself."""
+    await _check_in_subprocess([str(path)], time_limit_s)
+
+
+async def check_delta_file(
+    path: Path,
+    numel: int,
+    job_id: str,
+    round_: int,
+    base_sha256: str,
+    compression: str,
+    time_limit_s: float = 300.0,
+) -> None:
+    """An elastic delta file is this job's, this round's, from these weights, of this
+    model's size, with finite values: read in a subprocess like the weights."""
+    args = ["--delta", str(path), str(numel), job_id, str(round_), base_sha256, compression]
+    await _check_in_subprocess(args, time_limit_s)
+
+
+async def _check_in_subprocess(args: list[str], time_limit_s: float) -> None:
+    import subprocess
+    import sys
+
+    import trio
+
+    with trio.move_on_after(time_limit_s) as deadline:
+        done = await trio.run_process(
+            [sys.executable, "-m", "training.evidence.check_weights", *args],
+            env={**_THREADS_ONE, "PATH": "/usr/bin:/bin"},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    if deadline.cancelled_caught:
+        raise WeightsRejected(f"checking the values took over {time_limit_s:g} s")
+    answer = done.stdout.decode(errors="replace").strip()[-500:]
+    if done.returncode != 0 or answer != "ok":
+        raise WeightsRejected(answer or f"the value check exited with {done.returncode}")
+
+
+def _offsets(item: tuple[str, Any]) -> tuple[int, int]:
+    name, info = item
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise WeightsRejected(f"tensor {name!r}: bad data_offsets")
+    return offsets[0], offsets[1]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        if not isinstance(d, int) or d < 0:
+            raise WeightsRejected(f"bad shape {shape!r}")
+        n *= d
+    return n
