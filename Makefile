@@ -9,7 +9,7 @@ TORCH_VERSION := 2.13.0
 # nothing later resolves a multi-GB CUDA wheel. With a GPU, the default build is wanted.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo test lint install install-test clean
+.PHONY: demo test test-fast lint install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ AND_MARK := $(if $(MARK), and ($(MARK)))
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 -m "not solo$(AND_MARK)" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "solo$(AND_MARK)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The inner loop: unit tests only, none that starts a subprocess, a node, a libp2p host
+# or a browser (those are marked `process`, `slow` or `browser`; under --no-processes,
+# tests/conftest.py fails a test that starts a process unmarked). MARK narrows it too.
+FAST_MARK := not slow and not solo and not browser and not process
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 --dist worksteal --no-processes -m "$(FAST_MARK)$(AND_MARK)" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

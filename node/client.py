@@ -25,6 +25,9 @@ class ApiError(Exception):
 def api_url(cli_value: str | None) -> str:
     return (cli_value or os.environ.get("MESHMINER_API") or DEFAULT_API).rstrip("/")
 
+READ_TIMEOUT_S = 15.0
+WRITE_TIMEOUT_S = 120.0
+
 
 def request_json(
     api: str,
@@ -32,8 +35,13 @@ def request_json(
     path: str,
     body: Any = None,
     token: str | None = None,
-    timeout: float = 5.0,
+    timeout: float | None = None,
 ) -> Any:
+    """One API call; its JSON answer. A read waits `READ_TIMEOUT_S` by default, a write
+    (a submission validates its spec first) `WRITE_TIMEOUT_S`: a busy node is slow, not
+    gone."""
+    if timeout is None:
+        timeout = READ_TIMEOUT_S if method == "GET" else WRITE_TIMEOUT_S
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(f"{api}{path}", data=data, method=method)
     req.add_header("Accept", "application/json")

@@ -1,7 +1,9 @@
 """The running node: wires identity, capacity, host, gossip, discovery and HTTP.
 
-`run_node` owns shutdown. SIGINT/SIGTERM stop the HTTP thread, close libp2p (its
-listener included) and SQLite, within a few seconds.
+`run_node` owns shutdown. SIGINT/SIGTERM hand running units back, stop the HTTP
+thread, end the node's tasks (runner subprocesses are killed), close libp2p (its
+listener included) and SQLite: each step under its own deadline, the whole within
+`SHUTDOWN_S` or the process ends anyway (`node.shutdown`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
 from node.net.registration import Registration
 from node.net.relay import RelayOptions
+from node.shutdown import Shutdown, in_thread
 from node.state import Node
 from node.store import lock_data_dir, open_node_db
 from node.web.api import WriteGuard, make_app
@@ -53,6 +56,7 @@ from node.work.service import WorkService
 log = logging.getLogger(__name__)
 
 HAND_BACK_S = 3.0  # at shutdown, how long running units have to reach their owners
+HTTP_STOP_S = 3.0  # at shutdown, how long the HTTP thread has to end (its join waits 3 s)
 
 
 class Stores(NamedTuple):
@@ -69,28 +73,36 @@ async def run_node(
     rebenchmark: bool = False,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until SIGINT/SIGTERM (or cancellation)."""
+    """Run until SIGINT/SIGTERM (or cancellation). A signal that arrives while the node
+    starts arms the shutdown deadline at once; the stop begins once it is up."""
     lock = lock_data_dir(data_dir)
+    stop = Shutdown()
     with lock, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        capacity = await trio.to_thread.run_sync(local_capacity, data_dir, rebenchmark)
-        token = load_or_create_api_token(data_dir)
-        db = open_node_db(data_dir)
-        ledger = Ledger.open(data_dir, identity.signing_key)
-        audit = AuditLog.open(data_dir)
+        # a system task, not a nursery: run_node's own errors reach the CLI unwrapped
+        trio.lowlevel.spawn_system_task(stop.watch, signals, name="signals")
         try:
-            await _serve(
-                settings,
-                identity,
-                data_dir,
-                capacity,
-                Stores(db, ledger, audit),
-                token,
-                signals,
-                task_status,
-            )
+            capacity = await trio.to_thread.run_sync(local_capacity, data_dir, rebenchmark)
+            token = load_or_create_api_token(data_dir)
+            db = open_node_db(data_dir)
+            ledger = Ledger.open(data_dir, identity.signing_key)
+            audit = AuditLog.open(data_dir)
+            try:
+                await _serve(
+                    settings,
+                    identity,
+                    data_dir,
+                    capacity,
+                    Stores(db, ledger, audit),
+                    token,
+                    stop,
+                    task_status,
+                )
+            finally:
+                stop.doing = "closing the stores"
+                for store in (audit, ledger, db):
+                    store.close()
         finally:
-            for store in (audit, ledger, db):
-                store.close()
+            stop.finished()
     log.info("node stopped")
 
 
@@ -101,7 +113,7 @@ async def _serve(
     capacity: LocalCapacity,
     stores: Stores,
     token: str,
-    signals: Any,
+    stop: Shutdown,
     task_status: Any,
 ) -> None:
     db, ledger, audit = stores
@@ -180,6 +192,7 @@ async def _serve(
                 memory_limit_mb=_memory_limit_mb(),
             )
             ctx = work.ctx
+            stop.runner_pids = lambda: ctx.unit_pids | ctx.runner_pids
 
             def training_share() -> float:
                 return ctx.duty_cycle() / 100 if ctx.unit_pids else 0.0
@@ -249,14 +262,15 @@ async def _serve(
                     settings.http,
                 )
                 task_status.started(node)
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    break
+                await stop.requested.wait()
                 if work.worker is not None:
-                    await work.worker.hand_back_all(HAND_BACK_S)
+                    hand_back = work.worker.hand_back_all
+                    await stop.step("handing back units", HAND_BACK_S + 1, hand_back, HAND_BACK_S)
             finally:
-                await trio.to_thread.run_sync(http.stop)
+                await stop.step("stopping the HTTP server", HTTP_STOP_S, in_thread, http.stop)
+                stop.doing = "ending the node's tasks (runners, blob server)"
                 nursery.cancel_scope.cancel()
+        stop.doing = "closing the libp2p host"
 
 
 async def probe_isolation() -> dict[str, str]:

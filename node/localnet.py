@@ -124,7 +124,7 @@ class LocalNode:
         return path.read_text().strip() if path.exists() else None
 
     def get(self, path: str) -> Any:
-        return request_json(self.api, "GET", path, token=self.token, timeout=5)
+        return request_json(self.api, "GET", path, token=self.token)
 
     def submit_spec(self, spec_toml: str) -> str:
         """Submit a job whose spec needs no data file; its id."""
@@ -201,8 +201,12 @@ class LocalNode:
         except OSError:
             return ""
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
-        """Send `sig` and wait for exit (SIGKILL after `timeout`); returns the exit code."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        """Send `sig` and wait for exit (SIGKILL after `timeout`); returns the exit code.
+
+        The node bounds its own stop (`node.shutdown.SHUTDOWN_S`, 10 s); the default
+        here is well beyond it, so that only a node that ignores its deadline is killed,
+        however loaded the machine."""
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(sig)

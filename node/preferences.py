@@ -3,8 +3,10 @@
 BOINC's users keep a client for years because it trains when they are away and not
 when they are not. Here: time-of-day windows (`hours`), only after the machine has
 been idle for `idle_minutes`, at most `daily_gpu_hours` a day, on chosen `gpus`.
-Values are checked here, once, for the config file, the CLI and the API alike; what
-they mean for a running unit is `node.work.run.availability`.
+Each is a setting (`node.settings`), where its type, default and range are declared;
+what the windows, GPUs and peer ids must look like is checked here, for the config
+file, the CLI and the API alike; what they mean for a running unit is
+`node.work.run.availability`.
 """
 
 from __future__ import annotations
@@ -83,16 +85,10 @@ class Preferences:
     deny_owners: list[str] = field(default_factory=list)  # never take work from these
 
     def check(self) -> None:
-        """Raise `PreferenceError` naming the first bad key."""
+        """Raise `PreferenceError` naming the first bad key. What a value of each key
+        must be (its type, its range) is declared with the setting (`node.settings`) and
+        checked there; here: what the hours, GPUs and peer ids must look like."""
         parse_hours(self.hours)
-        if not 0 <= self.idle_minutes <= 24 * 60:
-            raise PreferenceError("idle_minutes must be 0..1440 (0: train whenever allowed)")
-        if not 0 <= self.idle_load_pct <= 100:
-            raise PreferenceError("idle_load_pct must be 0..100")
-        if not 0 <= self.daily_gpu_hours <= 24:
-            raise PreferenceError("daily_gpu_hours must be 0..24 (0: no daily cap)")
-        if len(self.gpus) > MAX_GPUS or any(not 0 <= g < MAX_GPUS for g in self.gpus):
-            raise PreferenceError(f"gpus must be device indexes 0..{MAX_GPUS - 1}, like [0, 1]")
         if len(set(self.gpus)) != len(self.gpus):
             raise PreferenceError("gpus lists a device twice")
         for key in ("allow_owners", "deny_owners"):
@@ -111,23 +107,20 @@ class Preferences:
 
 POLICY_KEYS = tuple(f.name for f in fields(Policy))
 PREFERENCE_KEYS = tuple(f.name for f in fields(Preferences))
-_LISTS = {"gpus": int, "allow_owners": str, "deny_owners": str}
 
 
 def apply_changes(
     policy: Policy, preferences: Preferences, changes: dict[str, Any]
 ) -> tuple[Policy, Preferences]:
-    """`changes` (JSON from the API or the page) applied to both; raises
-    `PreferenceError` naming the first bad key and leaves both untouched."""
+    """`changes`, of the settings' types (`node.settings.api_changes` converts and
+    checks what the API receives), applied to both; raises `PreferenceError` naming the
+    first bad key and leaves both untouched."""
     unknown = set(changes) - set(POLICY_KEYS) - set(PREFERENCE_KEYS)
     if unknown:
-        known = ", ".join((*POLICY_KEYS, *PREFERENCE_KEYS))
-        raise PreferenceError(f"unknown preference {sorted(unknown)[0]!r}; known: {known}")
-    typed = {key: _typed(key, value, _current(policy, preferences, key))
-             for key, value in changes.items()}  # fmt: skip
-    new_policy = replace(policy, **{k: v for k, v in typed.items() if k in POLICY_KEYS})
+        raise PreferenceError(f"unknown preference {sorted(unknown)[0]!r}")
+    new_policy = replace(policy, **{k: v for k, v in changes.items() if k in POLICY_KEYS})
     new_preferences = replace(
-        preferences, **{k: v for k, v in typed.items() if k in PREFERENCE_KEYS}
+        preferences, **{k: v for k, v in changes.items() if k in PREFERENCE_KEYS}
     )
     try:
         new_policy.check("policy")
@@ -135,38 +128,6 @@ def apply_changes(
         raise PreferenceError(str(exc).removeprefix("policy.")) from exc
     new_preferences.check()
     return new_policy, new_preferences
-
-
-def _current(policy: Policy, preferences: Preferences, key: str) -> Any:
-    return getattr(policy if key in POLICY_KEYS else preferences, key)
-
-
-def _typed(key: str, value: Any, current: Any) -> Any:
-    if key in _LISTS:
-        kind = _LISTS[key]
-        if isinstance(value, str):  # the page's text field: "0, 1" or one id a line
-            value = [v for v in re.split(r"[\s,]+", value) if v]
-            if kind is int and not all(v.isdigit() for v in value):
-                raise PreferenceError(f"{key} must be device indexes like 0, 1")
-            value = [kind(v) for v in value]
-        if not isinstance(value, list) or not all(
-            isinstance(v, kind) and not isinstance(v, bool) for v in value
-        ):
-            raise PreferenceError(f"{key} must be a list of {kind.__name__}s")
-        return list(value)
-    if isinstance(current, bool):
-        if not isinstance(value, bool):
-            raise PreferenceError(f"{key} must be true or false")
-        return value
-    if isinstance(current, str):
-        if not isinstance(value, str) or len(value) > 1000:
-            raise PreferenceError(f"{key} must be text")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PreferenceError(f"{key} must be a number")
-    if isinstance(current, int) and value != int(value):
-        raise PreferenceError(f"{key} must be a whole number")
-    return type(current)(value)
 
 
 def chosen_gpus(gpus: list[GpuInfo], chosen: list[int]) -> list[GpuInfo]:

@@ -24,6 +24,7 @@ from node.net.host import MeshHost
 from node.net.peers import PeerTable
 from node.net.registration import Registration
 from node.preferences import PreferenceError, apply_changes, chosen_gpus, describe_changes
+from node.settings import api_changes
 from node.store import next_counter
 from node.timeline import NodeTimeline
 from node.web.events import NodeEvents
@@ -208,6 +209,7 @@ class Node:
         running = changes.pop("running", "finish")
         if running not in ("finish", "hand_back"):
             raise PreferenceError("'running' must be 'finish' or 'hand_back'")
+        changes = api_changes(changes)  # typed, in range, or PreferenceError
         before = self.preferences_plain()
         self.policy, self.preferences = apply_changes(self.policy, self.preferences, changes)
         after = self.preferences_plain()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +49,64 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `--dist worksteal`: under xdist's default, one worker's first batch would hold
     every slow test and the other could take none of them.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# -- `make test-fast`: no processes ------------------------------------------------------
+# The inner loop's selection is `-m "not slow and not solo and not browser and not
+# process"` under `--no-processes`. A test that starts a subprocess (a node, a runner,
+# the CLI), forks, or opens a libp2p host is marked `process` (its module's
+# `pytestmark`, or the test); one that does so unmarked fails there, saying so.
+
+
+STARTS_PROCESSES = ("process", "slow", "browser")  # the marks that say a test may
+
+
+class StartsProcesses(RuntimeError):
+    """A test run under --no-processes started a process or a libp2p host."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-processes",
+        action="store_true",
+        default=False,
+        help="fail a test that starts a subprocess, forks or opens a libp2p host "
+        "without being marked `process` (make test-fast)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ARG001
+    marked = any(item.get_closest_marker(name) for name in STARTS_PROCESSES)
+    if marked or not item.config.getoption("no_processes"):
+        yield
+        return
+    with _refusing_processes(item.nodeid):
+        yield
+
+
+@contextlib.contextmanager
+def _refusing_processes(nodeid: str) -> Iterator[None]:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise StartsProcesses(
+            f"{nodeid} starts a process or a libp2p host: mark it `process` "
+            "(make test-fast runs none)"
+        )
+
+    targets: list[tuple[object, str]] = [
+        (subprocess.Popen, "__init__"),
+        (os, "fork"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+    ]
+    host = sys.modules.get("node.net.host")
+    if host is not None:
+        targets.append((host.MeshHost, "start"))
+    saved = [(owner, name, vars(owner)[name]) for owner, name in targets if name in vars(owner)]
+    try:
+        for owner, name, _ in saved:
+            setattr(owner, name, refuse)
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)

@@ -22,8 +22,7 @@ from node.preferences import (
     chosen_gpus,
     parse_hours,
 )
-from node.work.run import Availability, TrainingDays, run_training
-from node.work.service import runner_request
+from node.work.run import Availability, RunnerRequest, TrainingDays, run_training
 from protocol import Policy
 from protocol.capacity import GpuInfo
 from training.spec.examples import digits_toml
@@ -169,7 +168,7 @@ def test_a_closing_window_pauses_a_running_unit_and_the_opening_one_resumes_it(
     availability, _ = _availability(Preferences(hours="22:00-07:00"), clock, tmp_path)
     spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=6000, hidden=(16,)))))
     unit = tmp_path / "unit"
-    request = runner_request(
+    request = RunnerRequest.for_spec(
         spec, {}, unit / "weights.safetensors", gpu_memory_fraction=1.0, memory_limit_mb=0
     )
     steps: list[int] = []

@@ -13,6 +13,8 @@ import pytest
 
 from node.capacity import CACHE_FILE, LocalCapacity, local_capacity
 
+pytestmark = pytest.mark.process  # each test starts a fresh interpreter
+
 READ_IN_A_FRESH_INTERPRETER = """
 import json, sys
 from pathlib import Path

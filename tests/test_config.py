@@ -72,6 +72,7 @@ def test_every_setting_is_documented() -> None:
     assert all(r[3] for r in rows)
 
 
+@pytest.mark.process
 def test_node_with_bad_config_does_not_start(tmp_path: Path) -> None:
     (tmp_path / "meshminer.toml").write_text("[policy]\nload_limit = 50\n")
     proc = subprocess.run(
@@ -133,6 +134,7 @@ def test_bad_addresses_are_refused_before_anything_starts(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_second_node_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     from node.store import DataDirInUse, lock_data_dir
 

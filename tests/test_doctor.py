@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from node.doctor import PROBLEM, data_dir_findings, node_findings
 from node.localnet import LocalNetwork, wait_for
 
@@ -56,6 +58,7 @@ def test_a_data_dir_others_can_read_is_a_problem(tmp_path: Path) -> None:
     assert found["permissions: identity.key"].state == PROBLEM
 
 
+@pytest.mark.process
 def test_doctor_reports_a_running_node_as_json(localnet: LocalNetwork) -> None:
     first, second = localnet.start(2)
     wait_for(

@@ -302,10 +302,16 @@ def test_the_adaptive_deadline_follows_applied_shares_not_dropped_stragglers() -
     import sqlite_utils
 
     from node.work.jobs import JobStore
-    from node.work.owner.modes import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
+    from node.work.owner.modes import (
+        ADAPTIVE_FACTOR,
+        FIRST_ROUND_TIMEOUT_S,
+        ElasticRounds,
+        OwnerParts,
+    )
 
     jobs = JobStore(sqlite_utils.Database(memory=True))
-    rounds = ElasticRounds(SimpleNamespace(jobs=jobs), None, lambda **kw: {})  # type: ignore[arg-type]
+    ctx = SimpleNamespace(jobs=jobs)
+    rounds = ElasticRounds(OwnerParts(ctx, None, None, lambda **kw: {}, None, lambda: None))  # type: ignore[arg-type]
     job = jobs.create("el", {"elastic": {"round_timeout_s": 0.0}}, "auto", {}, [])
 
     def ends_in(seconds: float) -> float:
@@ -317,7 +323,8 @@ def test_the_adaptive_deadline_follows_applied_shares_not_dropped_stragglers() -
     for peer, state, took in (("fast", "done", 30.0), ("slow", "done", 40.0),
                               ("straggler", "expired", 600.0)):  # fmt: skip
         unit = jobs.add_unit(job.id, peer, 10, round_=0, slot=0)
-        jobs.unit_transition(unit.unit_id, ("offered",), state=state,
+        jobs.unit_transition(unit.unit_id, ("offered",), state="running")
+        jobs.unit_transition(unit.unit_id, ("running",), state=state,
                              ended_at=unit.started_at + took)  # fmt: skip
     assert abs(ends_in(ADAPTIVE_FACTOR * 40.0)) < 5
 
@@ -331,7 +338,7 @@ def test_a_share_still_live_at_its_rounds_close_is_told_it_came_late() -> None:
     from node.work.owner import Leases, round_closed_reason
 
     jobs = JobStore(sqlite_utils.Database(memory=True))
-    leases = Leases(SimpleNamespace(jobs=jobs), None, lambda *a: None)  # type: ignore[arg-type]
+    leases = Leases(SimpleNamespace(jobs=jobs), None)  # type: ignore[arg-type]
     job = jobs.create("el", {}, "auto", {}, [])
     late, vanished = (jobs.add_unit(job.id, "peer", 10, round_=3, slot=s) for s in (0, 1))
     jobs.unit_transition(late.unit_id, ("offered",), state="expired", reason=round_closed_reason(3))

@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.work.run import UnitFailed, run_training, runner_env
-from node.work.service import runner_request
+from node.work.run import RunnerRequest, UnitFailed, run_training, runner_env
 from training.spec.examples import digits_toml
 from training.spec.job import parse_spec, spec_to_plain
 
+pytestmark = pytest.mark.process  # the fork server and its runners
 
-def _request(unit: Path, steps: int = 3) -> dict:
+
+def _request(unit: Path, steps: int = 3) -> RunnerRequest:
     spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=steps, hidden=(8,)))))
-    return runner_request(
+    return RunnerRequest.for_spec(
         spec, {}, unit / "weights.safetensors", gpu_memory_fraction=1.0, memory_limit_mb=0
     )
 

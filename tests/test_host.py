@@ -12,6 +12,8 @@ from node.identity import load_or_create_identity
 from node.localnet import free_port
 from node.net.host import HostError, MeshHost
 
+pytestmark = pytest.mark.process  # libp2p hosts, in this process
+
 
 def _dial(port: int) -> bool:
     with socket.socket() as s:

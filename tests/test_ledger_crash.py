@@ -20,9 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from ledger_factories import cosigned, key_from, peer_id_of
 
 from ledger import Ledger
+
+pytestmark = pytest.mark.process  # kills appender processes
 
 NODE = key_from(21)
 OWNER = key_from(22)

@@ -22,6 +22,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from training.ops import _kernels  # noqa: E402
 
+pytestmark = pytest.mark.process  # Triton's compiler runs ptxas in a subprocess
+
 ALIGNED = [["tt.divisibility", 16]]  # what Triton assumes of 16-byte aligned arguments
 BLOCKWISE = {
     "n": "i32",

@@ -21,6 +21,7 @@ pytest.importorskip("triton", reason="triton is not installed (the test extra ha
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.process
 def test_kernels_match_their_references_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(

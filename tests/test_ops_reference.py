@@ -532,6 +532,7 @@ def test_triton_on_cpu_needs_the_interpreter_from_the_start():
     assert not _dispatch._FORCE_ON_CPU
 
 
+@pytest.mark.process
 def test_the_base_install_without_triton_uses_the_references():
     code = (
         "import sys; sys.modules['triton'] = None\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 from nacl.signing import SigningKey
 
@@ -25,6 +26,7 @@ def _listen() -> str:
     return f"/ip4/127.0.0.1/tcp/{free_port()}"
 
 
+@pytest.mark.process  # libp2p hosts
 def test_a_peer_known_only_by_its_circuit_address_is_reached_through_the_relay(
     tmp_path: Path,
 ) -> None:

@@ -47,6 +47,7 @@ def test_the_plan_names_the_models_tensors() -> None:
     assert max_weights_bytes(EXPECTED) == 8 + MAX_HEADER_BYTES + data
 
 
+@pytest.mark.process
 def test_real_trained_weights_pass(tmp_path: Path) -> None:
     from training.run.local import train_local
     from training.spec.job import parse_spec
@@ -122,6 +123,7 @@ def test_lying_offsets_are_rejected(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.process
 def test_non_finite_values_are_rejected_outside_the_daemon(tmp_path: Path, bad: float) -> None:
     tensors = _honest()
     tensors["body.2.weight"][3, 4] = bad

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from node.localnet import LocalNetwork, wait_for
-from node.work.run import sweep
+from node.work.run import remove_old_unit_folders
 from node.work.run.executor import (
     UnitFailed,
     _disk_quota,
@@ -61,6 +61,7 @@ print(json.dumps({
 
 
 @pytest.mark.skipif(not ROOT, reason="full isolation (network namespace) needs root here")
+@pytest.mark.process
 def test_a_runner_cannot_read_the_nodes_files_nor_reach_the_network(tmp_path: Path) -> None:
     data = tmp_path / "data"
     unit, other = data / "units" / ("a" * 16), data / "units" / ("b" * 16)
@@ -105,6 +106,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.process
 def test_the_duty_cycle_caps_cpu_time_and_follows_changes() -> None:
     """A CPU-bound process under a 40% duty cycle gets about 40% of a core; raised to
     100% while it runs, all of it."""
@@ -134,15 +136,16 @@ def test_the_duty_cycle_caps_cpu_time_and_follows_changes() -> None:
     assert full > limited + 0.2
 
 
+@pytest.mark.process
 def test_a_unit_over_its_disk_quota_is_killed(tmp_path: Path) -> None:
     import tomllib
 
-    from node.work.service import runner_request
+    from node.work.run import RunnerRequest
     from training.spec.job import parse_spec, spec_to_plain
 
     spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=5, hidden=(256,)))))
     unit = tmp_path / ("d" * 16)
-    request = runner_request(
+    request = RunnerRequest.for_spec(
         spec, {}, unit / "weights.safetensors", gpu_memory_fraction=1.0, memory_limit_mb=0
     )
     unit.mkdir()
@@ -151,6 +154,7 @@ def test_a_unit_over_its_disk_quota_is_killed(tmp_path: Path) -> None:
     assert folder_bytes(unit) < 1 << 20
 
 
+@pytest.mark.process
 def test_a_unit_over_quota_with_its_evidence_says_so(tmp_path: Path) -> None:
     """When most of what a unit wrote is its spot-check evidence, the failure says which
     setting lowers it."""
@@ -169,7 +173,7 @@ def test_a_unit_over_quota_with_its_evidence_says_so(tmp_path: Path) -> None:
     assert "trust.checkpoints" in over[0]
 
 
-def test_old_finished_unit_folders_are_swept_and_running_ones_kept(tmp_path: Path) -> None:
+def test_old_finished_unit_folders_are_removed_and_running_ones_kept(tmp_path: Path) -> None:
     units = tmp_path / "units"
     now = time.time()
     for name, age_h in (("old", 30), ("running", 30), ("fresh", 1)):
@@ -178,7 +182,7 @@ def test_old_finished_unit_folders_are_swept_and_running_ones_kept(tmp_path: Pat
         (folder / "stderr.log").write_text("x")
         for path in (folder / "stderr.log", folder):
             os.utime(path, (now - age_h * 3600, now - age_h * 3600))
-    assert sweep(units, 24 * 3600, {"running"}, now) == ["old"]
+    assert remove_old_unit_folders(units, 24 * 3600, {"running"}, now) == ["old"]
     assert sorted(p.name for p in units.iterdir()) == ["fresh", "running"]
 
 

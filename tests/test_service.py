@@ -23,6 +23,7 @@ def _cli(*args: str, config: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_install_service_writes_a_unit_with_the_data_dir_and_flags(tmp_path: Path) -> None:
     data = tmp_path / "data dir"  # a space: quoted in ExecStart
     done = _cli("node", "install-service", "--no-start", "--data-dir", str(data), "--",

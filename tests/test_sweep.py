@@ -10,7 +10,7 @@ import pytest
 
 from node.web.sweep_charts import importance_bars, parallel_coordinates
 from node.work.jobs import Trial
-from node.work.service import best_trial
+from node.work.owner import best_trial
 from training.errors import SpecError, TrainingError
 from training.run.local import train_local
 from training.spec.examples import sweep_toml

@@ -217,6 +217,7 @@ def test_wrongly_typed_fields_raise_only_protocol_errors(value):
         decode_tensor(data)
 
 
+@pytest.mark.process
 def test_protocol_does_not_import_torch():
     code = "import sys, protocol.tensors; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

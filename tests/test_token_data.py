@@ -176,6 +176,7 @@ def _text(path: Path) -> str:
     return text
 
 
+@pytest.mark.process
 def test_meshminer_tokenize_writes_ids_that_decode_to_the_text(tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 

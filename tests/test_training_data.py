@@ -240,6 +240,7 @@ def _zip_bomb(path: Path, y_bytes: int) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_a_zip_bomb_npz_is_refused_from_its_headers(tmp_path: Path) -> None:
     """Probing (what the node daemon does for credit) never inflates the bomb: it is
     refused from the declared sizes, and the peak memory of the probe grows < 64 MiB."""

@@ -155,6 +155,7 @@ def test_weights_bytes_do_not_depend_on_insertion_order() -> None:
     assert weights_bytes(a, meta) == weights_bytes(b, dict(reversed(list(meta.items()))))
 
 
+@pytest.mark.process
 def test_deterministic_demands_deterministic_kernels_without_importing_inductor() -> None:
     """`deterministic()` sets torch's flag itself: the public call would import
     torch._inductor (1.5-2.5 s of CPU in every runner) to set a flag nothing here reads."""

@@ -18,6 +18,8 @@ from training.run.local import train_local
 from training.run.runner import RequestError, run_request
 from training.spec.job import SpecError, load_spec, spec_to_plain, with_blob_source
 
+pytestmark = pytest.mark.process  # each test runs the runner in a subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CSV_JOB = """

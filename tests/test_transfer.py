@@ -492,6 +492,7 @@ def _sha(data: bytes) -> str:
 # -- the libp2p fallback -----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_libp2p_fallback(tmp_path: Path) -> None:
     """Two hosts in one trio run (one start/stop cycle for all the cases: py-libp2p
     leaks a little per host cycle)."""

@@ -19,7 +19,10 @@ from node.work.blobs import Authorized, BlobStore, TransferError, fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import JobStore, StaleJob, UnitKeys
 from node.work.owner import BACKOFF_MAX_S, MAX_ATTEMPTS, Backoff, Leases, Lifecycle
+from node.work.owner.modes import MODES, JobMode, OwnerParts, mode_name
+from node.work.owner.placement import Placement
 from node.work.service import note_served
+from node.work.trust import Reputation
 from protocol.blobs import BlobGrant
 
 WORKER = "12D3KooWworker"
@@ -51,8 +54,14 @@ def ctx(tmp_path: Path) -> WorkContext:
 
 
 def _lifecycle(ctx: WorkContext) -> tuple[Lifecycle, list[int]]:
+    """The owner's lifecycle with the default modes (a woken engine is counted)."""
     woken: list[int] = []
-    return Lifecycle(ctx, lambda: woken.append(1)), woken
+    modes: dict[str, JobMode] = {}
+    life = Lifecycle(ctx, lambda job: modes[mode_name(job.spec) if job else "single"])
+    placement = Placement(ctx, life, Reputation(ctx.jobs.db))
+    parts = OwnerParts(ctx, life, placement, None, None, lambda: woken.append(1))  # type: ignore[arg-type]
+    modes.update({mode.name: mode for mode in (make(parts) for make in MODES)})
+    return life, woken
 
 
 def _job_with_unit(ctx: WorkContext, worker: str = WORKER):
@@ -74,14 +83,16 @@ def test_transition_is_compare_and_set(ctx: WorkContext) -> None:
     assert ctx.jobs.get(job.id).state == "running"
 
 
-def test_transition_writes_only_the_named_columns(ctx: WorkContext) -> None:
+def test_writes_touch_only_the_named_columns(ctx: WorkContext) -> None:
     job = ctx.jobs.create("j", {}, "auto", {}, [])
-    ctx.jobs.transition(job.id, ("queued",), reason="waiting")
-    ctx.jobs.transition(job.id, ("queued",), progress={"step": 3})
+    ctx.jobs.amend(job.id, ("queued",), reason="waiting")
+    ctx.jobs.amend(job.id, ("queued",), progress={"step": 3})
     fresh = ctx.jobs.get(job.id)
     assert (fresh.reason, fresh.progress) == ("waiting", {"step": 3})
     with pytest.raises(ValueError, match="unknown job fields"):
-        ctx.jobs.transition(job.id, ("queued",), nonsense=1)
+        ctx.jobs.amend(job.id, ("queued",), nonsense=1)
+    with pytest.raises(ValueError, match="unknown job fields"):
+        ctx.jobs.transition(job.id, ("queued",), state="running", nonsense=1)
 
 
 def test_two_results_for_one_unit_one_wins(ctx: WorkContext) -> None:
@@ -98,7 +109,7 @@ def test_lease_renewal_never_passes_the_deadline(ctx: WorkContext) -> None:
     unit = ctx.jobs.add_unit(job.id, WORKER, 5, deadline=deadline)
     renewed = ctx.jobs.renew_lease(unit.unit_id, time.time() + 3600)
     assert renewed is not None and renewed.lease_expires == pytest.approx(deadline)
-    ctx.jobs.unit_transition(unit.unit_id, ("offered",), state="done")
+    ctx.jobs.unit_transition(unit.unit_id, ("offered",), state="expired")
     assert ctx.jobs.renew_lease(unit.unit_id, time.time() + 1) is None
 
 
@@ -217,7 +228,7 @@ def test_recovery_keeps_units_with_keys_and_loses_the_rest(tmp_path: Path) -> No
     # a restart: new context over the same node.db
     again = _ctx(tmp_path, seed)
     relife, _ = _lifecycle(again)
-    Leases(again, relife, lambda *a: None).recover()
+    Leases(again, relife).recover()
     assert again.jobs.unit(kept.unit_id).state == "running"
     assert again.grant_keys[(kept_job.id, kept.unit_id)] == b"k" * 32
     assert again.jobs.get(kept_job.id).state == "running"
@@ -292,11 +303,30 @@ def test_the_owners_timeline_names_the_path_each_served_blob_took(ctx: WorkConte
     unit = ctx.jobs.add_unit(job.id, WORKER, 30, deadline=time.time() + 3600)
     ctx.jobs.transition(job.id, ("queued",), state="running")
     grant = BlobGrant(job.id, unit.unit_id, ctx.peer_id, WORKER, [data], 3 << 20, 0.0, 0)
+    life, _ = _lifecycle(ctx)
     for sha, path in ((data, "through a relay"), ("e" * 64, "direct channel")):
-        note_served(ctx, Authorized(grant, WORKER, sha, 3 << 20, b""), path)
+        note_served(ctx, life.mode_of, Authorized(grant, WORKER, sha, 3 << 20, b""), path)
     notes = [e["note"] for e in ctx.jobs.get(job.id).timeline]
     assert f"the data (3 MiB) fetched by {WORKER} (through a relay)" in notes
     assert f"blob {'e' * 12} (3 MiB) fetched by {WORKER} (direct channel)" in notes
     other = Authorized(dataclasses.replace(grant, job_id="elsewhere"), WORKER, data, 1, b"")
-    note_served(ctx, other, "direct channel")  # a job this node does not own: no note
+    note_served(ctx, life.mode_of, other, "direct channel")  # a job this node does not own
     assert len(ctx.jobs.get(job.id).timeline) == len(notes)
+
+
+def test_a_node_db_with_the_old_receipts_column_keeps_its_receipts(tmp_path: Path) -> None:
+    """`receipts.envelope` (its name before `cosigned`) is renamed in place."""
+    db = sqlite_utils.Database(tmp_path / "node.db")
+    db.execute(
+        "CREATE TABLE receipts (unit_id TEXT PRIMARY KEY, job_id TEXT, role TEXT, "
+        "owner TEXT, worker TEXT, envelope BLOB, issued_at FLOAT)"
+    )
+    db.execute("INSERT INTO receipts VALUES ('u1', 'j1', 'owner', 'o', 'w', ?, 1.0)", [b"signed"])
+    db.conn.commit()
+    jobs = JobStore(sqlite_utils.Database(tmp_path / "node.db"))
+    assert jobs.receipt("u1") == b"signed"
+    jobs.add_receipt("u2", "j1", "worker", "o", "w", b"co-signed")
+    assert jobs.receipt("u2") == b"co-signed"
+    again = sqlite_utils.Database(tmp_path / "node.db")
+    assert "envelope" not in again["receipts"].columns_dict
+    assert JobStore(again).receipt("u1") == b"signed"

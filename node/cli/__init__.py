@@ -1,21 +1,22 @@
-"""PACKAGE node.cli.
+"""The `meshminer` command line (typer).
 
-Modules:
+`app` builds the command tree and each other module registers the commands of one
+topic. Commands talk to a node through its HTTP API (`node.client`), never through
+its state; only `node run` (which starts a node), `train-local`, `tokenize` and the
+ledger commands given `--data-dir` (which read a stopped node's files) work without
+one. docs/operations/cli.md.
 
-    app               The `meshminer` command line.
-    common            What the CLI's command modules share: consoles, common options,
-                      failing cleanly.
-    doctor            `meshminer doctor`: reachability, addresses, peers, clock, ports,
-                      permissions, torch and isolation, each problem with its fix
-                      (`node.doctor`).
-    jobs              CLI commands about jobs: submit, jobs, jobs show, train-local;
-                      node pause/resume/prefs.
-    ledger            CLI commands about the ledger: recent entries and balances,
-                      verify, export.
-    service           CLI commands for the node as a service: node install-service,
-                      uninstall-service, status.
-    tokenize          `meshminer tokenize`: text to the token-id file that a
-                      `tokens16`/`tokens32` job reads.
+- `app`: the command tree; `node run`, `status`, `peers`, `demo`.
+- `common`: what the command modules share: consoles, common options, the token to
+  send, failing cleanly.
+- `settings_options`: the options of `node run` that set settings, made from their
+  declarations (`node.settings`).
+- `jobs`: submit, jobs, jobs show, train-local; node pause, resume, prefs.
+- `ledger`: the ledger's recent entries and balances, verify, export.
+- `service`: node install-service, uninstall-service, status.
+- `doctor`: `meshminer doctor` (`node.doctor`).
+- `tokenize`: `meshminer tokenize`: text to the token-id file of a `tokens16` or
+  `tokens32` job.
 """
 
 from node.cli.app import app

@@ -18,6 +18,7 @@ from node.cli import ledger as cli_ledger
 from node.cli import service as cli_service
 from node.cli import tokenize as cli_tokenize
 from node.cli.common import ApiOption, DataDirOption, console, err, fail, get, short
+from node.cli.settings_options import with_setting_options
 
 app = typer.Typer(
     help="meshminer: a peer-to-peer volunteer GPU compute network.",
@@ -41,122 +42,18 @@ def _main(
 
 
 @node_app.command("run")
+@with_setting_options
 def node_run(
+    overrides: dict[str, Any],
     data_dir: DataDirOption = None,
-    listen: Annotated[
-        str | None, typer.Option(help="libp2p listen multiaddr [default /ip4/0.0.0.0/tcp/4470]")
-    ] = None,
-    http: Annotated[
-        str | None, typer.Option(help="HTTP API HOST:PORT [default 127.0.0.1:8470]")
-    ] = None,
-    bootstrap: Annotated[
-        list[str] | None,
-        typer.Option(help="peer multiaddr ending in /p2p/<id> to join through (repeatable)"),
-    ] = None,
-    mdns: Annotated[
-        bool | None, typer.Option("--mdns/--no-mdns", help="LAN discovery [default on]")
-    ] = None,
-    reachability: Annotated[
-        str | None,
-        typer.Option(help="auto|public|private: behind a NAT, hold relay slots [default auto]"),
-    ] = None,
-    relay: Annotated[
-        bool | None,
-        typer.Option("--relay/--no-relay", help="relay for NATed peers when public [default on]"),
-    ] = None,
-    serve_directory: Annotated[
-        bool | None,
-        typer.Option(
-            "--directory/--no-directory",
-            help="keep volunteers' registered ads and answer owners' queries [default off]",
-        ),
-    ] = None,
-    directory_peers: Annotated[
-        int | None, typer.Option(help="directories to register this node's ad with [default 2]")
-    ] = None,
-    gossip_max_peers: Annotated[
-        int | None,
-        typer.Option(
-            help="network size (as directories count it) above which this node's ad is no "
-            "longer gossiped [default 100]"
-        ),
-    ] = None,
-    log_level: Annotated[str | None, typer.Option(help="debug|info|warning|error")] = None,
-    publish_interval: Annotated[
-        float | None, typer.Option(help="seconds between capacity ad refreshes [default 30]")
-    ] = None,
-    peer_ttl: Annotated[
-        float | None,
-        typer.Option(help="seconds before a silent peer is dropped [default 3 x publish interval]"),
-    ] = None,
-    gossip_rate_limit: Annotated[
-        float | None, typer.Option(help="gossip msgs/s accepted per peer and topic [default 20]")
-    ] = None,
-    target_peers: Annotated[
-        int | None, typer.Option(help="connections to keep open [default 8]")
-    ] = None,
-    max_connections: Annotated[
-        int | None,
-        typer.Option(help="above this many connections, close idle ones [default 16]"),
-    ] = None,
-    connection_idle: Annotated[
-        float | None,
-        typer.Option(help="seconds without a new stream before a connection is idle [default 60]"),
-    ] = None,
-    accepting: Annotated[
-        bool | None,
-        typer.Option("--accepting/--not-accepting", help="accept work from peers [default yes]"),
-    ] = None,
-    load_limit: Annotated[
-        int | None,
-        typer.Option(help="train at most this percent of the time (duty cycle) [default 100]"),
-    ] = None,
-    max_job_hours: Annotated[
-        float | None, typer.Option(help="longest job accepted, hours [default 24]")
-    ] = None,
-    max_gpu_memory_share: Annotated[
-        float | None, typer.Option(help="largest GPU memory share per job (0-1] [default 0.9]")
-    ] = None,
-    lease: Annotated[
-        float | None,
-        typer.Option(
-            help="seconds without a worker heartbeat before its unit is re-offered [default 15]"
-        ),
-    ] = None,
-    max_upload_mb: Annotated[
-        int | None, typer.Option(help="largest data file accepted with a job [default 1024]")
-    ] = None,
-    max_units: Annotated[
-        int | None, typer.Option(help="units this node trains at once [default 1]")
-    ] = None,
-    allow_owner: Annotated[
-        list[str] | None,
-        typer.Option(help="take work only from this peer id (repeatable)"),
-    ] = None,
-    deny_owner: Annotated[
-        list[str] | None, typer.Option(help="never take work from this peer id (repeatable)")
-    ] = None,
-    hours: Annotated[
-        str | None,
-        typer.Option(help='train only in these local-time windows, e.g. "22:00-07:00"'),
-    ] = None,
-    idle_minutes: Annotated[
-        float | None,
-        typer.Option(help="train only after this many minutes without input [default 0: off]"),
-    ] = None,
-    daily_gpu_hours: Annotated[
-        float | None, typer.Option(help="most hours of training a day [default 0: no cap]")
-    ] = None,
-    gpus: Annotated[
-        str | None, typer.Option(help='CUDA devices training may use, e.g. "0,1" [default all]')
-    ] = None,
     rebenchmark: Annotated[
         bool, typer.Option(help="re-measure TFLOP/s instead of using the cached figure")
     ] = False,
 ) -> None:
     """Run the node daemon in the foreground (Ctrl-C or SIGTERM stops it).
 
-    Settings come from meshminer.toml in the data dir; flags override them.
+    Settings come from meshminer.toml in the data dir; flags override them
+    (docs/settings.md lists them all).
     """
     import trio
 
@@ -166,40 +63,10 @@ def node_run(
     from node.identity import KEY_FILE, IdentityError, load_or_create_identity
     from node.logs import setup_logging
     from node.net.host import HostError
+    from node.shutdown import exit_now
     from node.store import DataDirInUse
 
     directory = data_dir_from(data_dir)
-    overrides: dict[str, Any] = {
-        "listen": listen,
-        "http": http,
-        "bootstrap": bootstrap or None,
-        "mdns": mdns,
-        "reachability": reachability,
-        "relay": relay,
-        "directory": serve_directory,
-        "directory_peers": directory_peers,
-        "gossip_max_peers": gossip_max_peers,
-        "log_level": log_level,
-        "publish_interval_s": publish_interval,
-        "peer_ttl_s": peer_ttl,
-        "gossip_rate_limit": gossip_rate_limit,
-        "target_peers": target_peers,
-        "max_connections": max_connections,
-        "connection_idle_s": connection_idle,
-        "accepting": accepting,
-        "load_limit_pct": load_limit,
-        "max_job_hours": max_job_hours,
-        "max_gpu_memory_share": max_gpu_memory_share,
-        "lease_s": lease,
-        "max_upload_mb": max_upload_mb,
-        "max_units": max_units,
-        "allow_owners": allow_owner or None,
-        "deny_owners": deny_owner or None,
-        "hours": hours,
-        "idle_minutes": idle_minutes,
-        "daily_gpu_hours": daily_gpu_hours,
-        "gpus": _gpu_list(gpus),
-    }
     first_start = not (directory / KEY_FILE).exists()
     try:
         settings = load_settings(directory, overrides)
@@ -218,6 +85,9 @@ def node_run(
         raise fail(
             f"{exc}\nIs another node using this port? Pick another with --http or --listen."
         ) from None
+    # stopped and its stores closed: leave without the interpreter's teardown, which
+    # took seconds of CPU time on a loaded machine (node.shutdown)
+    exit_now(0)
 
 
 @app.command()
@@ -370,15 +240,6 @@ def _banner(settings: Any, peer_id: str, directory: Path, log_file: Path, first:
         f"{peer_id}",
         highlight=False,
     )
-
-
-def _gpu_list(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    parts = [p for p in text.replace(",", " ").split() if p]
-    if not all(p.isdigit() for p in parts):
-        raise typer.BadParameter('device indexes like "0,1"', param_hint="--gpus")
-    return [int(p) for p in parts]
 
 
 def _device(g: dict) -> str:

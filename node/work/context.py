@@ -19,7 +19,7 @@ from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
 from node.work.blobs import BlobStore
 from node.work.jobs import JobStore, UnitKeys
-from node.work.run import run_training
+from node.work.run import RunnerRequest, run_training
 from protocol import CapacityAd, Policy
 
 _UNIT_ID = re.compile(r"[0-9a-f]{16,32}")
@@ -68,32 +68,56 @@ class WorkContext:
         self.units_here.discard(unit_id)
         self.on_load(self.load_pct())
 
-    async def train(
+    async def train_unit(
         self,
-        request: dict[str, Any],
+        request: RunnerRequest,
         unit_id: str,
         max_hours: float,
         on_event: Callable[[dict[str, Any]], None],
-        *,
-        unit: bool = False,
     ) -> dict[str, Any]:
-        """Run one training subprocess here, under this node's duty cycle and disk
-        quota (`executor.run_training`), forked from the node's fork server
-        (`training.run.forkserver`), which stays for the tasks that follow.
+        """Train a unit (a job's training, a peer's or our own) here: paused while the
+        volunteer's preferences say so (`duty_cycle`), and counted towards the day's
+        training hours (`unit_pids`). See `_run` for the rest."""
+        return await self._run(
+            request, unit_id, max_hours, on_event, self.duty_cycle, self.unit_pids
+        )
 
-        A `unit` (a job's training, a peer's or our own) is also paused while the
-        volunteer's preferences say so, and counts towards the day's training hours;
-        the owner's short checking tasks (replays, an elastic job's outer steps) are
-        not, so that jobs waiting on this node keep moving."""
+    async def run_owner_task(
+        self,
+        request: RunnerRequest,
+        task_id: str,
+        max_hours: float,
+        on_event: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Run one of the owner's short tasks here (a spot check's replay, an elastic
+        job's first or outer step): only under the load limit, never paused by the
+        volunteer's preferences, so that jobs waiting on this node keep moving."""
+        return await self._run(
+            request, task_id, max_hours, on_event, self.load_limit, self.runner_pids
+        )
+
+    async def _run(
+        self,
+        request: RunnerRequest,
+        unit_id: str,
+        max_hours: float,
+        on_event: Callable[[dict[str, Any]], None],
+        duty_cycle: Callable[[], float],
+        pids: set[int],
+    ) -> dict[str, Any]:
+        """Run one training subprocess in `unit_id`'s folder, under `duty_cycle` and
+        this node's disk quota (`executor.run_training`), forked from the node's fork
+        server (`training.run.forkserver`), which stays for the tasks that follow; `pids`
+        holds the runner's pid while it runs."""
         return await run_training(
             request,
             self.unit_dir(unit_id),
             max_hours * 3600,
             on_event,
-            duty_cycle=self.duty_cycle if unit else self.load_limit,
+            duty_cycle=duty_cycle,
             disk_quota_bytes=self.unit_disk_quota_bytes,
             warm_dir=self.data_dir / "runners",
-            pids=self.unit_pids if unit else self.runner_pids,
+            pids=pids,
         )
 
     def load_limit(self) -> float:

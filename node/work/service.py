@@ -8,6 +8,7 @@ import logging
 import shutil
 import tempfile
 import tomllib
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,9 @@ import trio
 
 from node.work.blobs import Authorized, BlobServer, serve_blobs_libp2p, size_text
 from node.work.context import WorkContext
-from node.work.jobs import Job, Trial
-from node.work.owner import OwnerRole, SubmitError, with_uploaded_data, with_uploaded_model
-from node.work.run import keep_sweeping
+from node.work.jobs import Job
+from node.work.owner import JobMode, OwnerRole, SubmitError, with_uploaded_data, with_uploaded_model
+from node.work.run import RunnerRequest, keep_removing_old_folders
 from node.work.worker import WorkerRole
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
 from protocol.receipts import flops_to_credit
@@ -26,26 +27,7 @@ from protocol.work import WORK_LIMITS
 
 log = logging.getLogger(__name__)
 
-
-def runner_request(
-    spec: dict[str, Any],
-    blobs: dict[str, str],
-    out: Path,
-    *,
-    gpu_memory_fraction: float,
-    memory_limit_mb: int,
-    gpus: list[int] | None = None,
-) -> dict[str, Any]:
-    device = "cpu" if spec.get("requirements", {}).get("gpu") == "none" else "auto"
-    return {
-        "spec": spec,
-        "blobs": blobs,
-        "out": str(out),
-        "device": device,
-        "gpu_memory_fraction": gpu_memory_fraction,
-        "memory_limit_mb": memory_limit_mb,
-        **({"gpus": list(gpus)} if gpus else {}),
-    }
+BLOB_STOP_S = 2.0  # at shutdown, how long the blob server's threads have to end
 
 
 def credit_for(spec: dict[str, Any], data_file: Path | None) -> float:
@@ -80,7 +62,9 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     return spec_to_plain(spec)
 
 
-def note_served(ctx: WorkContext, auth: Authorized, path: str) -> None:
+def note_served(
+    ctx: WorkContext, mode_of: Callable[[Job], JobMode], auth: Authorized, path: str
+) -> None:
     """The owner's timeline says which path each blob it handed a worker took (the
     job's data, a round's weights); blobs this node served as a worker are not noted."""
     job = ctx.jobs.get(auth.grant.job_id)  # only jobs this node owns are there
@@ -90,12 +74,11 @@ def note_served(ctx: WorkContext, auth: Authorized, path: str) -> None:
     if auth.sha256 in job.data_blobs:
         program = job.spec.get("model", {}).get("arch") == "program"
         what = "the program" if program and auth.sha256 != job.data_sha256 else "the data"
-    elif unit is not None and unit.round >= 0:
-        what = f"round {unit.round}'s weights"
     else:
-        what = f"blob {auth.sha256[:12]}"
+        named = mode_of(job).served_name(unit) if unit is not None else None
+        what = named or f"blob {auth.sha256[:12]}"
     note = f"{what} ({size_text(auth.size)}) fetched by {auth.requester} ({path})"
-    ctx.jobs.transition(job.id, ("running",), note)
+    ctx.jobs.note(job.id, note)
 
 
 class WorkService:
@@ -115,8 +98,8 @@ class WorkService:
         self.owner = OwnerRole(ctx, self._request)
         self.worker: WorkerRole | None = None
 
-    def _request(self, spec: dict[str, Any], blobs: dict[str, str], out: Path) -> dict[str, Any]:
-        return runner_request(
+    def _request(self, spec: dict[str, Any], blobs: dict[str, str], out: Path) -> RunnerRequest:
+        return RunnerRequest.for_spec(
             spec,
             blobs,
             out,
@@ -129,7 +112,7 @@ class WorkService:
         """From any thread: a blob went out whole; noted in the trio thread."""
         if self._token is not None:
             with suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(note_served, self.ctx, auth, path)
+                self._token.run_sync_soon(note_served, self.ctx, self.owner.mode_of, auth, path)
 
     async def run(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -153,14 +136,16 @@ class WorkService:
                 log.info("blob data channel on port %d", self.ctx.data_port)
                 nursery.start_soon(self.owner.run)
                 nursery.start_soon(
-                    keep_sweeping,
+                    keep_removing_old_folders,
                     self.ctx.data_dir / "units",
                     self.ctx.unit_files_keep_s,
                     lambda: set(self.ctx.units_here),
                 )
                 await trio.sleep_forever()
         finally:
-            self.blob_server.stop()  # quick; the scope may already be cancelled
+            # quick, but the node's stop bounds it (and the scope may already be cancelled)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + BLOB_STOP_S):
+                await trio.to_thread.run_sync(self.blob_server.stop, abandon_on_cancel=True)
 
     # -- the API's calls -------------------------------------------------------------
 
@@ -206,22 +191,12 @@ class WorkService:
         job = self.ctx.jobs.get(job_id)
         if job is None:
             return None
-        out = labelled_job(job, self.ctx.peer_id)
-        if job.spec.get("mode") == "elastic":
-            out["rounds"] = [r.to_json() for r in self.owner.rounds.store.of_job(job_id)]
-        if job.spec.get("mode") == "sweep":
-            trials = self.owner.sweeps.store.of_job(job_id)
-            out["trials"] = [t.to_json() for t in trials]
-            out["best"] = best_trial(trials, job.spec["sweep"]["direction"])
-        return out
+        return {**labelled_job(job, self.ctx.peer_id), **self.owner.mode_of(job).describe(job)}
 
     def study_path(self, job_id: str) -> Path | None:
         """A sweep job's study file (Optuna journal storage), once it exists."""
         job = self.ctx.jobs.get(job_id)
-        if job is None or job.spec.get("mode") != "sweep":
-            return None
-        path = self.owner.sweeps.study_path(job_id)
-        return path if path.is_file() else None
+        return None if job is None else self.owner.mode_of(job).study_path(job)
 
     def weights_path(self, job_id: str) -> Path | None:
         job = self.ctx.jobs.get(job_id)
@@ -232,16 +207,6 @@ class WorkService:
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         job = self.owner.cancel(job_id)
         return None if job is None else labelled_job(job, self.ctx.peer_id)
-
-
-def best_trial(trials: list[Trial], direction: str) -> dict[str, Any] | None:
-    """The best complete trial so far: `number`, `params`, `value` (None before one)."""
-    done = [t for t in trials if t.state == "complete" and t.value is not None]
-    if not done:
-        return None
-    sign = 1.0 if direction == "minimize" else -1.0
-    best = min(done, key=lambda t: (sign * (t.value or 0.0), t.number))
-    return {"number": best.number, "params": best.params, "value": best.value}
 
 
 def labelled_job(job: Job, me: str) -> dict[str, Any]:

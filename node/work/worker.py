@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 
 import trio
 
+from node.work import receipts
 from node.work.blobs import fetch_granted, issue_grant
 from node.work.context import WorkContext
-from node.work.run import UnitFailed
+from node.work.run import RequestBuilder, RunnerRequest, UnitFailed
 from protocol import (
     MeshminerError,
     ProtocolError,
@@ -36,12 +37,9 @@ from protocol import (
 from protocol.blobs import BlobGrant
 from protocol.crypto import open_from
 from protocol.ids import is_id
-from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL
+from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL
 from protocol.receipts import (
     NO_WEIGHTS_SHA256,
-    countersign,
-    open_receipt,
-    parse_cosigned,
     partial_credit,
 )
 from protocol.rounds import RoundShare
@@ -82,7 +80,7 @@ def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[str]) -> Non
 
 def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
     """Where this node keeps its inner optimizer state for `slot` of an elastic job
-    between rounds (under units/, so the sweep of old unit folders clears it)."""
+    between rounds (under units/, so it goes with the old unit folders)."""
     if not is_id(job_id):
         raise ValueError(f"not a job id: {job_id[:80]!r}")
     folder = data_dir / "units" / job_id
@@ -91,8 +89,8 @@ def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
 
 
 def share_request(
-    request: dict[str, Any], job_id: str, share: RoundShare, kept: Path, out: Path
-) -> dict[str, Any]:
+    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path, out: Path
+) -> RunnerRequest:
     """The runner request for one share of a round: the kept inner state (copied in
     beside `out`, since the runner reads nothing else of this node's) and the files
     it writes back."""
@@ -108,7 +106,7 @@ def share_request(
         state_in = out.parent / "state_in.safetensors"
         shutil.copyfile(kept, state_in)
         elastic["state_in"] = str(state_in)
-    return {**request, "task": "elastic_inner", "elastic": elastic}
+    return request.elastic_task("elastic_inner", elastic)
 
 
 class Declined(Exception):
@@ -136,7 +134,7 @@ class WorkerRole:
     def __init__(
         self,
         ctx: WorkContext,
-        runner_request: Callable[..., dict[str, Any]],
+        runner_request: RequestBuilder,
         validate_spec: Callable[[dict[str, Any]], dict[str, Any]],
         nursery: trio.Nursery,
     ) -> None:
@@ -364,16 +362,15 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
             request = share_request(request, pkg.job_id, share, kept, out)
-        request["checkpoints"] = (
-            True  # the evidence a spot check replays (training.evidence.checkpoints)
-        )
+        # the evidence a spot check replays (training.evidence.checkpoints)
+        request = request.with_checkpoints()
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
 
         try:
-            result = await ctx.train(request, pkg.unit_id, pkg.max_hours, on_event, unit=True)
+            result = await ctx.train_unit(request, pkg.unit_id, pkg.max_hours, on_event)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         if kept is not None:  # the inner state this node keeps for the job's next round
@@ -487,55 +484,22 @@ class WorkerRole:
                 "unit %s: receipt from %s not countersigned: %s", result.unit_id, owner, exc
             )
 
-    async def _countersign(self, unit: RunningUnit, result: Result, half_signed: bytes) -> None:
-        """Check the owner's receipt against our result and our own credit figure, sign
-        it and hand it back; once the owner has recorded it, record it in our ledger
-        and gossip it."""
+    async def _countersign(self, unit: RunningUnit, result: Result, half: bytes) -> None:
+        """Check the owner's receipt against our result and our own credit figure (a
+        pruned trial's: the share of it for the steps before the stop), then hand it
+        back countersigned (`node.work.receipts`)."""
         ctx = self.ctx
-        receipt = parse_cosigned(half_signed)
-        issued = open_receipt(receipt.receipt)
-        partial = issued.weights_sha256 == NO_WEIGHTS_SHA256  # a pruned trial's share
-        weights = NO_WEIGHTS_SHA256 if partial or not result.ok else result.weights_sha256
-        if (issued.owner, issued.job_id, issued.unit_id, issued.worker, issued.weights_sha256) != (
-            unit.owner,
-            result.job_id,
-            result.unit_id,
-            ctx.peer_id,
-            weights,
-        ):
-            raise ProtocolError("the receipt does not match the result sent")
+        issued = receipts.check_issued(ctx, unit.owner, result, half)
         data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
         credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
-        if partial:  # a pruned trial: the steps before the report that stopped it
+        if issued.weights_sha256 == NO_WEIGHTS_SHA256:  # a pruned trial's share
             total = int(unit.progress.get("total_steps", 0))
             if not 0 < issued.steps <= result.steps or total <= 0:
                 raise ProtocolError(
                     f"a receipt for {issued.steps} steps; this node trained {result.steps}"
                 )
             credit = partial_credit(credit, issued.steps, total)
-        cosigned = countersign(half_signed, ctx.identity.signing_key, credit)
-
-        async def hand_back() -> tuple[bool, str]:
-            raw = await ctx.host.request(
-                unit.owner, RECEIPT_PROTOCOL, cosigned, WORK_LIMITS.max_bytes
-            )
-            return decode_ack(raw)
-
-        answer = await self._with_retries(
-            hand_back, unit.owner, f"receipt of unit {result.unit_id}"
-        )
-        if answer is None or not answer[0]:
-            why = "no answer" if answer is None else answer[1]
-            log.warning(
-                "unit %s: owner did not take the receipt (%s); no credit", result.unit_id, why
-            )
-            return
-        ctx.ledger.append_work("work_done", cosigned, credit, credit)
-        ctx.jobs.add_receipt(
-            result.unit_id, result.job_id, "worker", unit.owner, ctx.peer_id, cosigned
-        )
-        await ctx.publish_receipt(cosigned)
-        log.info("unit %s done; co-signed receipt recorded (%.6f TFLOP)", result.unit_id, credit)
+        await receipts.hand_back(ctx, unit.owner, result, half, credit, self._with_retries)
 
     async def _with_retries(
         self, call: Callable[[], Awaitable[T]], peer: str, what: str

@@ -261,6 +261,7 @@ _CAPPED = textwrap.dedent(
 
 
 @pytest.mark.parametrize("kind", ["archive", "program"])
+@pytest.mark.process
 def test_a_factory_node_without_a_device_still_allocates_nothing(
     honest: Honest, honest_program: bytes, tmp_path: Path, kind: str
 ) -> None:

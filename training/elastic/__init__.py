@@ -1,9 +1,12 @@
-"""PACKAGE training.elastic.
+"""Elastic: the arithmetic of DiLoCo rounds, shared by the network and `train-local`.
 
-Modules:
+Every step goes from files to files (weights, inner optimizer state, deltas, momentum),
+so a network run and the one-process simulation go through the same code and give
+bitwise-equal weights. The owner's side of the rounds is
+`node/work/owner/modes/elastic.py`; docs/design/elastic.md.
 
-    rounds            Elastic (DiLoCo) rounds: the arithmetic, shared by the runner and
-                      `train-local`.
-    tasks             The runner's elastic tasks: one step of `training.elastic.rounds`
-                      per runner request.
+- `rounds`: slot seeds, the flat delta, one share (`inner_round`), the outer step,
+  `simulate`.
+- `tasks`: the runner's tasks `elastic_init`, `elastic_inner`, `elastic_outer`: one
+  step of `rounds` per request.
 """

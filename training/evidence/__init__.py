@@ -1,12 +1,15 @@
-"""PACKAGE training.evidence.
+"""Evidence: what lets an owner check a worker without trusting it.
 
-Modules:
+A worker's runner writes its training state at checkpoint steps and signs their
+hashes in its result (`checkpoints`); the owner replays segments in its own runner
+(`replay`). A returned weights file is checked before anything of it is accepted: its
+header in the daemon (`result_check`), its values in a subprocess of their own
+(`check_weights`), so the daemon parses no peer's tensor bytes. The comparisons are
+the owner's (`node/work/trust/`); docs/design/trust.md.
 
-    check_weights     `python -m training.evidence.check_weights PATH`: are all values
-                      in a weights file finite?
-    checkpoints       Checkpoints as evidence: the full training state every k steps,
-                      and its replay.
-    replay            The runner's `replay` task: the owner's side of a spot check, in
-                      its own sandbox.
-    result_check      Checking a worker's weights file before the owner accepts it.
+- `checkpoints`: the full training state every k steps, its hash, replaying a segment.
+- `replay`: the runner's `replay` task: the owner's side of a spot check.
+- `result_check`: a weights file or an elastic delta checked against the model plan.
+- `check_weights`: `python -m training.evidence.check_weights`: are a file's values
+  finite; is a delta this round's.
 """

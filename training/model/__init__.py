@@ -1,22 +1,16 @@
-"""PACKAGE training.model.
+"""Model: what a spec builds, counted before any tensor exists, then built.
 
-Modules:
+A model is data, never code: a named architecture or a stack of allow-listed layers.
+It is planned in Python integers (`plan`), so the budget is checked before torch
+allocates anything, and built as torch modules (`modules`) from that plan only.
+`layers` and `plan` import no torch; the rest runs in a runner, or in the owner's
+checks.
 
-    bind              Counting what a spec's model will train, before anything is
-                      allocated: the module on the `meta` device with `model.trainable`
-                      applied. The owner's node binds a spec this way at submit (and
-                      `train-local` here); the owner also reads an elastic delta's
-                      length from it. Kept apart from `training.model.start`, which
-                      `training.model.modules` imports.
-    layers            The allow-list of torch layers for `arch = "layers"`, and shape
-                      propagation over it.
-    modules           Torch modules built from a model plan (`training.model.plan`),
-                      never from peer code.
-    plan              A model's plan: every layer with its resolved sizes, worked out
-                      before any tensor exists.
-    start             `model.init` and `model.trainable` applied to a module
-                      (`training.spec.start` is the spec side): the init's tensors
-                      loaded, checked name by name against the model, and every
-                      parameter outside the trainable patterns frozen.
-    weights           Trained weights as safetensors with deterministic bytes.
+- `layers`: the allow-list of torch layers for `arch = "layers"`, and shape
+  propagation over it.
+- `plan`: every layer with its resolved sizes, parameters and FLOPs.
+- `modules`: torch modules built from a plan, never from peer code.
+- `start`: `model.init` and `model.trainable` applied to a module.
+- `bind`: counting what a spec's model will train, on the `meta` device.
+- `weights`: trained weights as safetensors with deterministic bytes.
 """

@@ -15,11 +15,11 @@ What the rest of meshminer calls:
 Every op is a `torch.library` custom op (`torch.ops.meshminer.*`) with a fake
 implementation, so it traces under torch.compile. It runs its Triton kernel
 (`_kernels`) on CUDA tensors when Triton is installed, and its reference
-(`reference`) otherwise: on CPU, and in the base install, which has no Triton.
-In a process started with `TRITON_INTERPRET=1`, `testing.triton_on_cpu()` runs the
-kernels on CPU tensors in Triton's interpreter: that is how the tests check kernels
-against references without a GPU. See docs/ops.md for tolerances, error bounds,
-dispatch and benchmarks.
+(`reference`) otherwise: on CPU, and in the base install, which has no Triton; the
+choice is `_dispatch`'s. In a process started with `TRITON_INTERPRET=1`,
+`triton_on_cpu()` (`testing`) runs the kernels on CPU tensors in Triton's
+interpreter: that is how the tests check kernels against references without a GPU.
+See docs/ops.md for tolerances, error bounds, dispatch and benchmarks.
 """
 
 from training.ops._dispatch import triton_available

@@ -14,6 +14,9 @@ The map, in the order a program travels:
 - `interpreter`: `ProgramModule`, an `nn.Module` that runs the nodes; autograd does
   the backward.
 - `convert`: `.pt2` -> program on the owner's side; `check_pt2` for the user's.
+- `job`: a spec's program: converted from the user's archives (the owner, `train-local`)
+  or read from its blob and checked against the figures the spec states.
+- `errors`: `ProgramError`, the one error the reader, checker and interpreter raise.
 
 Nothing here imports `node`; `meshminer.export` uses `check_pt2`.
 """

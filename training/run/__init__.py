@@ -1,21 +1,17 @@
-"""PACKAGE training.run.
+"""Run: the runner subprocess, and the path from a spec to a weights file.
 
-Modules:
+`python -m training.run.runner` is what a node starts for every task: it reads one
+request, limits and isolates itself before it parses the spec or imports torch, and
+trains. `train-local` takes the same path in-process, so both give bitwise-equal
+weights. A runner never reads a file its request does not name as a blob.
 
-    execute           One job from spec to weights file: the path shared by the runner
-                      and `train_local`.
-    forkserver        A warm parent for runners: imports torch once, then forks one
-                      runner per task.
-    isolation         What a training subprocess does to itself before it touches a
-                      peer's job.
-    local             Train a spec on this machine, with no network: `meshminer train-
-                      local JOB.toml`.
-    loop              The train loop: seeded, deterministic, throttled progress,
-                      evaluation at the end (and every `optim.validate_every` steps,
-                      reported with the progress).
-    optim             Optimizer, learning-rate schedule and loss from the spec's
-                      `[optim]` table.
-    runner            The sandboxed training subprocess: `python -m
-                      training.run.runner`.
-    sandbox           Limits a runner subprocess puts on itself before training.
+- `runner`: the sandboxed subprocess; its docstring lists the request and the tasks.
+- `isolation`: what a runner does to itself before it touches a peer's job:
+  parent-death signal, rlimits, an empty network namespace, Landlock.
+- `sandbox`: the memory limits a runner puts on itself.
+- `forkserver`: a warm parent that imports torch once and forks one runner per task.
+- `execute`: one job from spec to weights file, shared by the runner and `train_local`.
+- `loop`: the train loop: seeded, deterministic, throttled progress, validation.
+- `optim`: optimizer, learning-rate schedule and loss from `[optim]`.
+- `local`: `meshminer train-local JOB.toml`, with no network.
 """

@@ -1,17 +1,16 @@
-"""PACKAGE training.spec.
+"""Spec: the job spec, read from TOML and checked, with no torch.
 
-Modules:
+A spec arrives as plain data from a file or a peer; every read checks type and range
+and names the key path, and a key nobody read is an error. Nothing here imports torch,
+so the daemon validates specs and a runner checks its request before torch loads.
+docs/jobspec.md.
 
-    examples          Example job specs: the digits MLP (single and elastic) and the
-                      character LM the demos train, and the tests' starting point.
-    fields            Typed, path-naming reads from a parsed TOML table.
-    job               The job spec: what to train, on which data, how, and what it
-                      needs.
-    program           A program's `[model]` table (`arch = "program"`): the user's
-                      `.pt2` files, or the converted program blob and the figures
-                      counted from it (docs/programs.md).
-    start             Where training starts and what trains: `model.init` and
-                      `model.trainable`, for every arch (fine-tuning, LoRA).
-    sweep             A sweep job's `[sweep]` table: the study's settings and its search
-                      space.
+- `job`: the job spec (`JobSpec`): what to train, on which data, how, what it needs;
+  `parse_spec`, `load_spec`, `spec_to_plain`.
+- `fields`: typed, path-naming reads from a parsed TOML table.
+- `start`: `model.init` and `model.trainable`, for every arch (fine-tuning).
+- `program`: a program's `[model]` table (`arch = "program"`; docs/programs.md).
+- `sweep`: a sweep job's `[sweep]` table: the study's settings and its search space.
+- `examples`: example specs: the digits MLP (single and elastic) and the character LM
+  the demos train.
 """

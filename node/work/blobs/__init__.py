@@ -1,16 +1,21 @@
-"""Blob transfer, both roles and both paths: serving blobs under a grant, and fetching them.
+"""Blobs: content-addressed files and their transfer under a grant, both paths.
 
-This module is the public face of blob transfer; the code lives in one module per idea:
+This package never sees jobs or the work context (what grants need of a node is the
+`GrantParty` protocol); it is the public face of blob storage and transfer, with the
+code in one module per idea:
 
-    node/work/blobs/auth.py    requests, the server's checks (`authorize`), the replay
-                              guard, `Refusal` and the `Transfer*` errors
-    node/work/blobs/frames.py  the exchange's bounds and timeouts, the answer frames, and
-                              the two ends of a stream of encrypted chunks
-    node/work/blobs/sockets.py      blocking socket frames and the thread pipeline (`_Ahead`)
-                              of the direct channel
-    node/work/blobs/server.py  `BlobServer`, the direct channel's server
-    node/work/blobs/fetch.py   `fetch_blob_direct`, the direct channel's client
-    node/work/blobs/libp2p.py  `serve_blobs_libp2p` and `fetch_blob_libp2p`, the fallback
+    store     `BlobStore`: content-addressed files under `<root>/blobs/<ab>/<sha256>`
+    grants    issuing a grant, and fetching what it allows (direct channel, relay,
+              libp2p), with caps on the fetches in flight
+    auth      requests, the server's checks (`authorize`), the replay guard,
+              `Refusal` and the `Transfer*` errors
+    frames    the exchange's bounds and timeouts, the answer frames, and the two ends
+              of a stream of encrypted chunks
+    sockets   blocking socket frames and the thread pipeline (`_Ahead`) of the direct
+              channel
+    server    `BlobServer`, the direct channel's server
+    fetch     `fetch_blob_direct`, the direct channel's client
+    libp2p    `serve_blobs_libp2p` and `fetch_blob_libp2p`, the fallback
 
 py-libp2p streams move bulk bytes at about 0.1 of raw TCP and burn a core doing it
 (the project notes), so blobs go over a **direct data channel** where the serving

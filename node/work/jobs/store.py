@@ -24,12 +24,9 @@ from typing import Any
 
 import sqlite_utils
 
-log = logging.getLogger(__name__)
+from node.work.jobs.states import check_job, check_unit  # the tables of allowed changes
 
-JOB_STATES = ("queued", "running", "completed", "failed", "cancelled")
-FINAL_STATES = ("completed", "failed", "cancelled")
-UNIT_STATES = ("offered", "running", "verifying", "done", "failed", "expired", "cancelled")
-LIVE_UNIT_STATES = ("offered", "running", "verifying")
+log = logging.getLogger(__name__)
 
 _JSON_FIELDS = ("spec", "summary", "progress", "metrics", "data_blobs", "timeline", "excluded")
 TIMELINE_MAX = 200  # a job's timeline keeps its newest entries
@@ -97,12 +94,6 @@ class Unit:
     output_bytes: int = 0
     trial: int = -1  # a sweep job's unit: the number of the trial it trains (else -1)
 
-    @property
-    def in_many(self) -> bool:
-        """One of many units of its job (a round's share, a trial): its end tells
-        the job's driver, which decides the job."""
-        return self.round >= 0 or self.trial >= 0
-
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
 _UNIT_COLUMNS = {f.name for f in fields(Unit)}
@@ -120,25 +111,9 @@ class JobStore:
             pk="id",
             if_not_exists=True,
         )
+        kinds = {"str": str, "float": float, "int": int}  # Unit's annotations, as text
         db["units"].create(
-            {
-                "unit_id": str,
-                "job_id": str,
-                "worker": str,
-                "state": str,
-                "lease_expires": float,
-                "started_at": float,
-                "ended_at": float,
-                "reason": str,
-                "deadline": float,
-                "round": int,
-                "slot": int,
-                "output_sha256": str,
-                "output_bytes": int,
-                "trial": int,
-            },
-            pk="unit_id",
-            if_not_exists=True,
+            {f.name: kinds[f.type] for f in fields(Unit)}, pk="unit_id", if_not_exists=True
         )
         # node.db files written before these columns existed
         if "metrics_status" not in db["jobs"].columns_dict:
@@ -162,12 +137,14 @@ class JobStore:
                 "role": str,
                 "owner": str,
                 "worker": str,
-                "envelope": bytes,
+                "cosigned": bytes,  # the receipt, half- or co-signed (protocol.receipts)
                 "issued_at": float,
             },
             pk="unit_id",
             if_not_exists=True,
         )
+        if "envelope" in db["receipts"].columns_dict:  # its name in older node.db files
+            db.execute("ALTER TABLE receipts RENAME COLUMN envelope TO cosigned")
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -213,14 +190,41 @@ class JobStore:
     def transition(
         self, job_id: str, from_states: Iterable[str], note: str = "", **changes: Any
     ) -> Job | None:
-        """Apply `changes` if the job is in one of `from_states`; None if it is not.
+        """Set the state `changes` names (and its other fields) if the job is in one of
+        `from_states`, else None. `IllegalTransition` if a named start may not change to
+        it (`JOB_TRANSITIONS`); a write of no state is `note`, `set_progress` or `amend`."""
+        if "state" not in changes:
+            raise ValueError("transition() changes the state: use note, set_progress or amend")
+        check_job(tuple(from_states), changes["state"])
+        return self._write(job_id, tuple(from_states), note, changes)
 
-        One transaction: the row is re-read, checked and only the named columns are
+    def amend(
+        self, job_id: str, from_states: Iterable[str], note: str = "", **fields: Any
+    ) -> Job | None:
+        """Write `fields` (never the state: that is `transition`) if the job is in one of
+        `from_states`, with a timeline entry when `note` is given; None if it is not."""
+        if "state" in fields:
+            raise ValueError("amend() never changes the state: use transition")
+        return self._write(job_id, tuple(from_states), note, fields)
+
+    def note(self, job_id: str, text: str, from_states: Iterable[str] = ("running",)) -> Job | None:
+        """Add `text` to the job's timeline if it is in one of `from_states` (by default
+        running: what happens during its run); None if it is in none."""
+        return self.amend(job_id, from_states, text)
+
+    def set_progress(self, job_id: str, progress: dict[str, Any], note: str = "") -> Job | None:
+        """Replace a running job's progress (with a timeline `note` in the same write);
+        None when it is not running: a late heartbeat never writes over a final job."""
+        return self.amend(job_id, ("running",), note, progress=progress)
+
+    def _write(
+        self, job_id: str, allowed: tuple[str, ...], note: str, changes: dict[str, Any]
+    ) -> Job | None:
+        """One transaction: the row is re-read, checked and only the named columns are
         written; the timeline gets an entry when the state changes or `note` is given."""
         unknown = set(changes) - _JOB_COLUMNS
         if unknown:
             raise ValueError(f"unknown job fields: {sorted(unknown)}")
-        allowed = tuple(from_states)
         with self._tx():
             job = self.get(job_id)
             if job is None or job.state not in allowed:
@@ -247,7 +251,8 @@ class JobStore:
     def update(self, job: Job, note: str = "", **changes: Any) -> Job:
         """Compare-and-set from the state `job` was read in (see `transition`); raises
         `StaleJob` when the job has moved on since."""
-        updated = self.transition(job.id, (job.state,), note, **changes)
+        write = self.transition if "state" in changes else self.amend
+        updated = write(job.id, (job.state,), note, **changes)
         if updated is None:
             raise StaleJob(f"job {job.id} changed state since it was read")
         return updated
@@ -319,11 +324,13 @@ class JobStore:
     def unit_transition(
         self, unit_id: str, from_states: Iterable[str], **changes: Any
     ) -> Unit | None:
-        """Compare-and-set on a unit: apply `changes` only if it is in `from_states`."""
+        """Compare-and-set on a unit: set the state `changes` names (and its other
+        fields) only if it is in `from_states`, else None; checked as `transition` is."""
         unknown = set(changes) - _UNIT_COLUMNS
-        if unknown:
-            raise ValueError(f"unknown unit fields: {sorted(unknown)}")
+        if unknown or "state" not in changes:
+            raise ValueError(f"unit_transition() needs state=; unknown: {sorted(unknown)}")
         allowed = tuple(from_states)
+        check_unit(allowed, changes["state"])
         marks = ", ".join("?" for _ in allowed)
         cols = ", ".join(f"{k} = ?" for k in changes)
         with self._tx():
@@ -360,7 +367,7 @@ class JobStore:
     # -- receipts --------------------------------------------------------------------
 
     def add_receipt(
-        self, unit_id: str, job_id: str, role: str, owner: str, worker: str, envelope: bytes
+        self, unit_id: str, job_id: str, role: str, owner: str, worker: str, cosigned: bytes
     ) -> None:
         with self._tx():
             self._db["receipts"].upsert(
@@ -370,7 +377,7 @@ class JobStore:
                     "role": role,
                     "owner": owner,
                     "worker": worker,
-                    "envelope": envelope,
+                    "cosigned": cosigned,
                     "issued_at": time.time(),
                 },
                 pk="unit_id",
@@ -378,7 +385,7 @@ class JobStore:
 
     def receipt(self, unit_id: str) -> bytes | None:
         try:
-            return self._db["receipts"].get(unit_id)["envelope"]
+            return self._db["receipts"].get(unit_id)["cosigned"]
         except sqlite_utils.db.NotFoundError:
             return None
 

@@ -1,32 +1,25 @@
-"""PACKAGE node.work.owner.
+"""The owner: what a node does for the jobs submitted to it.
 
-Modules:
+`OwnerRole` (role) is the engine: it drives each queued job through its mode
+(`modes/`), keeps the leases of the units out on workers, and answers their results.
+Every unit and job change is a compare-and-set through the lifecycle, in the states
+`node/work/jobs/states.py` allows. The modes are the only code that knows what kind
+of job it runs; the engine's parts ask them.
 
-    fanout            Offering one job's many units at once (a round's shares, a sweep's
-                      trials).
-    leases            Leases: a remote unit lives while its worker's heartbeats keep
-                      coming, and never past the job's `max_hours`.
-    lifecycle         What happens to a job when one of its units starts, ends, fails or
-                      is lost.
-    placement         Placement: which worker gets a job's next unit, and what a decline
-                      means.
-    result_files      A result's weights (an elastic share's delta) fetched under the
-                      worker's grant and checked against the job's model plan before
-                      anything of the result is accepted.
-    results           A worker's result: verified, its weights fetched and checked,
-                      answered with a receipt.
-    role              The owner's side of its jobs: the loop that places units, and the
-                      parts it is made of.
-    submission        What a submission's uploaded files become before its job exists:
-                      the spec rewritten to name blobs, and the files those blobs will
-                      be made from.
-    worker_choice     Choosing a worker for a job: requirements, the worker's policy,
-                      throughput, load.
-    modes             (package)
+    role            `OwnerRole`: the engine, training on this node, its guard
+    lifecycle       what a unit's start or end does to its job, asked of its mode
+    placement       the one offer path: candidates, offers, backoff, what an answer means
+    worker_choice   choosing the one worker of a `single` job's unit (a pure function)
+    leases          heartbeats, expiry, the `max_hours` deadline, restart recovery
+    results         a worker's result: checked, fetched, spot-checked, then accepted
+    result_files    a result's weights (or a share's delta) fetched and checked
+    submission      what a submission's uploads become before its job exists
+    modes/          `single`, `elastic`, `sweep` behind `JobMode`
 """
 
 from node.work.owner.leases import Leases
-from node.work.owner.lifecycle import MAX_ATTEMPTS, Lifecycle, round_closed_reason
+from node.work.owner.lifecycle import Lifecycle, round_closed_reason
+from node.work.owner.modes import MAX_ATTEMPTS, JobMode, best_trial
 from node.work.owner.placement import BACKOFF_MAX_S, Backoff
 from node.work.owner.role import OwnerRole
 from node.work.owner.submission import SubmitError, with_uploaded_data, with_uploaded_model
@@ -34,13 +27,15 @@ from node.work.owner.worker_choice import SELF, choose_worker
 
 __all__ = [
     "BACKOFF_MAX_S",
+    "MAX_ATTEMPTS",
+    "SELF",
     "Backoff",
+    "JobMode",
     "Leases",
     "Lifecycle",
-    "MAX_ATTEMPTS",
     "OwnerRole",
-    "SELF",
     "SubmitError",
+    "best_trial",
     "choose_worker",
     "round_closed_reason",
     "with_uploaded_data",

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 import trio
 
@@ -42,13 +40,9 @@ class Leases:
         self,
         ctx: WorkContext,
         lifecycle: Lifecycle,
-        record_progress: Callable[[str, str, dict[str, Any]], None],
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
-        # a trial's heartbeat: "" to go on, or why the sweep stops it (pruned)
-        self.report_trial: Callable[[Unit, Progress], str] = lambda unit, progress: ""
-        self._record_progress = record_progress
         self._paused: set[str] = set()  # live units whose worker said "paused"
 
     def active_unit(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit | None, str]:
@@ -83,25 +77,10 @@ class Leases:
             return encode_ack(False, "the unit ended")
         if unit.state == "offered":  # the owner restarted before it saw the acceptance
             self._lifecycle.start(unit, f"{peer} still training; re-attached")
-        if unit.trial >= 0:  # its validation values go to the study, whose pruner may stop it
-            stop = self.report_trial(unit, progress)
-            return encode_ack(not stop, stop)
         self._note_pause(unit, peer, progress.phase)
-        if unit.in_many:  # a round's share: the job's progress is its rounds
-            return encode_ack(True)
-        self._record_progress(
-            progress.job_id,
-            progress.phase,
-            {
-                "step": progress.step,
-                "total_steps": progress.total_steps,
-                "loss": progress.loss,
-                "samples_per_s": progress.samples_per_s,
-                "samples": progress.samples,
-                "val_loss": progress.val_loss,
-            },
-        )
-        return encode_ack(True)
+        # "" to go on, or why the unit stops (a sweep's pruner stopped its trial)
+        stop = self._lifecycle.mode_of(self.ctx.jobs.get(unit.job_id)).progress(unit, progress)
+        return encode_ack(not stop, stop)
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
         """The job's timeline says when a worker's volunteer pauses its unit, and when
@@ -114,7 +93,7 @@ class Leases:
         else:
             self._paused.discard(unit.unit_id)
         what = "paused by its volunteer's preferences" if now else "training again"
-        self.ctx.jobs.transition(unit.job_id, ("running",), f"unit {unit.unit_id}: {peer} {what}")
+        self.ctx.jobs.note(unit.job_id, f"unit {unit.unit_id}: {peer} {what}")
 
     async def run(self) -> None:
         """End every remote unit whose lease or deadline has passed."""
@@ -147,11 +126,7 @@ class Leases:
         now = time.time()
         for unit in ctx.jobs.units_in_state("offered", "running", "verifying"):
             key = keys.get((unit.job_id, unit.unit_id))
-            if unit.round >= 0:  # the round resumes; its slot is offered afresh
-                self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
-                continue
-            if unit.trial >= 0:  # the sweep resumes; the trial is offered afresh, at no cost
-                self._lifecycle.end(unit.unit_id, "expired", "owner restarted")
+            if self._lifecycle.mode_of(ctx.jobs.get(unit.job_id)).recover_unit(unit):
                 continue
             if unit.worker == ctx.peer_id or key is None:
                 why = (
@@ -166,12 +141,7 @@ class Leases:
                 ctx.jobs.unit_transition(unit.unit_id, ("verifying",), state="running")
             ctx.jobs.renew_lease(unit.unit_id, now + 3 * ctx.lease_s + RECONNECT_S)
             log.info("unit %s: waiting for %s to re-attach", unit.unit_id, unit.worker)
-        for job in ctx.jobs.in_state("running"):  # a running job with no live unit left
-            if job.spec.get("mode") == "elastic":  # its round driver starts again
-                ctx.jobs.transition(
-                    job.id, ("running",), "owner restarted; resuming its rounds", state="queued"
-                )
-            elif not ctx.jobs.units_of(job.id, "offered", "running"):
-                ctx.jobs.transition(
-                    job.id, ("running",), "owner restarted; re-offering", state="queued"
-                )
+        for job in ctx.jobs.in_state("running"):  # its mode says whether to queue it again
+            note = self._lifecycle.mode_of(job).recover_job(job)
+            if note:
+                ctx.jobs.transition(job.id, ("running",), note, state="queued")

@@ -1,10 +1,11 @@
 """What happens to a job when one of its units starts, ends, fails or is lost.
 
 The rules in one place, so placement, leases, results and cancellation agree: each
-step is a compare-and-set on the unit, then on the job (`jobs.py`), so whichever of
-two racing events lands first wins and the other finds the row moved on and does
-nothing. A `single` job has one live unit at a time; an `elastic` job one per slot
-of its open round (`rounds.py` decides how many), ended through the same calls.
+step is a compare-and-set on the unit, then on the job (`node/work/jobs/store.py`),
+so whichever of two racing events lands first wins and the other finds the row moved
+on and does nothing. What a unit's end means for its job is the job's mode's to say
+(`node/work/owner/modes/`): a `single` job is queued again or fails; an elastic
+round's share or a sweep's trial only tells its driver.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from node.work.context import WorkContext
-from node.work.jobs import FINAL_STATES, LIVE_UNIT_STATES, Job, Unit
+from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 
 log = logging.getLogger(__name__)
 
@@ -25,30 +26,33 @@ def round_closed_reason(round_: int) -> str:
     return f"round {round_} closed before its delta came"
 
 
-MAX_ATTEMPTS = 3
-
-
-def has_driver(job: Job | None) -> bool:
-    """A job of many units (elastic rounds, a sweep's trials) run by its own driver."""
-    return job is not None and job.spec.get("mode") in ("elastic", "sweep")
-
-
 def replicas_of(job: Job) -> int:
     """How many workers train each unit of `job` (the spec's `trust.replicas`)."""
     return int(job.spec.get("trust", {}).get("replicas", 1))
 
 
-class Lifecycle:
-    """A single job follows its one unit. An elastic job's units are shares of rounds,
-    a sweep's are trials: their ends only tell the job's driver (`rounds.py`,
-    `sweeps.py`), which decides the job."""
+class UnitEnds(Protocol):
+    """What the lifecycle asks of a job's mode (`node.work.owner.modes.JobMode`)."""
 
-    def __init__(self, ctx: WorkContext, wake: Callable[[], None]) -> None:
+    many_units: bool
+
+    def unit_ended(self, unit: Unit) -> None: ...
+
+    def unit_lost(self, unit: Unit, reason: str, state: str) -> None: ...
+
+    def unit_fatal(self, unit: Unit, reason: str) -> None: ...
+
+
+class Lifecycle:
+    """Unit and job changes, each a compare-and-set; the job's mode decides what a
+    unit's end does to its job."""
+
+    def __init__(self, ctx: WorkContext, mode_of: Callable[[Job | None], Any]) -> None:
         self.ctx = ctx
-        self._wake = wake  # the placement loop: a job wants a unit again
-        self.unit_changed: Callable[[str], None] = lambda job_id: None  # the drivers
-        # a trial's unit ended without a result: (unit, reason, whether to offer again)
-        self.trial_lost: Callable[[Unit, str, bool], None] = lambda unit, why, retry: None
+        self.mode_of = mode_of  # the mode that runs a job (the owner's)
+
+    def mode(self, job_id: str) -> UnitEnds:
+        return self.mode_of(self.ctx.jobs.get(job_id))
 
     def start(self, unit: Unit, note: str) -> Job | None:
         """The worker took `unit`: unit offered -> running, job queued -> running.
@@ -59,8 +63,8 @@ class Lifecycle:
         job = jobs.get(unit.job_id)
         if job is None:
             return None
-        if unit.in_many:
-            return jobs.transition(job.id, ("running",), note)
+        if self.mode_of(job).many_units:
+            return jobs.note(job.id, note)
         started = jobs.transition(
             job.id,
             ("queued", "running"),
@@ -89,75 +93,24 @@ class Lifecycle:
         )
         if unit is not None:
             self.ctx.forget_unit_key(unit.job_id, unit.unit_id)
-            if unit.in_many:
-                self.unit_changed(unit.job_id)
+            self.mode(unit.job_id).unit_ended(unit)
         return unit
 
     def lost(self, unit_id: str, reason: str, state: str = "failed") -> None:
         """A unit ended without a result that counts (declined, vanished, rejected,
-        handed back): the job is offered again elsewhere, or fails after
-        MAX_ATTEMPTS."""
+        handed back): its mode offers it again or gives up (`JobMode.unit_lost`)."""
         unit = self.end(unit_id, state, reason)
         if unit is None:
             return
         log.info("unit %s of job %s lost: %s", unit_id, unit.job_id, reason)
-        job = self.ctx.jobs.get(unit.job_id)
-        if unit.in_many:  # its slot or trial is offered again (the driver decides)
-            if job is not None and job.state == "running":
-                excluded = job.excluded
-                if state == "failed":  # a bad result or a failed unit: not this peer again
-                    excluded = sorted({*excluded, unit.worker} - {self.ctx.peer_id})
-                where = f"round {unit.round}" if unit.round >= 0 else f"trial {unit.trial}"
-                self.ctx.jobs.transition(
-                    job.id, ("running",), f"{where}: {reason}", excluded=excluded
-                )
-            if unit.trial >= 0:
-                self.trial_lost(unit, reason, True)
-            return
-        if (
-            job is None
-            or job.state in FINAL_STATES
-            or self.ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)
-        ):
-            return
-        excluded = sorted({*job.excluded, unit.worker} - {self.ctx.peer_id})
-        if job.attempts >= MAX_ATTEMPTS * replicas_of(job):
-            self.ctx.jobs.transition(
-                job.id,
-                ("queued", "running"),
-                f"giving up after {job.attempts} attempts",
-                state="failed",
-                reason=reason,
-            )
-            return
-        self.ctx.jobs.transition(
-            job.id,
-            ("queued", "running"),
-            reason,
-            state="queued",
-            worker="",
-            unit_id="",
-            reason=reason,
-            excluded=excluded,
-        )
-        self._wake()
+        self.mode(unit.job_id).unit_lost(unit, reason, state)
 
     def fatal(self, unit_id: str, reason: str) -> None:
-        """The unit failed in a way any worker would repeat (the spec itself): the job
-        fails now instead of burning more volunteers' time."""
+        """The unit failed in a way any worker would repeat (the spec itself): no more
+        volunteers' time is burnt on it (`JobMode.unit_fatal`)."""
         unit = self.end(unit_id, "failed", reason)
-        if unit is None:
-            return
-        if unit.trial >= 0:  # the trial's sampled values fail, not the sweep
-            self.trial_lost(unit, reason, False)
-            return
-        self.ctx.jobs.transition(
-            unit.job_id,
-            ("queued", "running"),
-            "training failed",
-            state="failed",
-            reason=reason,
-        )
+        if unit is not None:
+            self.mode(unit.job_id).unit_fatal(unit, reason)
 
     def share_done(
         self,
@@ -178,7 +131,7 @@ class Lifecycle:
         )
         if unit is None:
             return False
-        self.ctx.jobs.transition(unit.job_id, ("running",), note)
+        self.ctx.jobs.note(unit.job_id, note)
         return True
 
     def done(

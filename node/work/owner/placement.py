@@ -1,9 +1,16 @@
-"""Placement: which worker gets a job's next unit, and what a decline means.
+"""Placement: which workers get a job's units, and what an answer to an offer means.
 
-A job that wants a unit (mode `single`: queued and no live unit) gets one peer chosen
-by the scheduler; the offer goes out; the answer decides:
+The one offer path of the owner. A `single` job that wants a unit (queued, no live
+unit) gets the one peer `worker_choice.choose_worker` picks (`place`); a job of many
+units (a round's shares, a sweep's trials) asks for `candidates` and offers each unit
+itself. Candidates are fresh, fit the spec's requirements, are not excluded from the
+job or by a failed spot check (`node.work.trust.reputation`), not waiting out a
+backoff, not busy with another unit of it; best first: trusted peers, then by
+`tflops x (1 - load)`. A worker whose ad is not fresh is probed before its offer
+(late binding). The answer decides (`offer`):
 - accepted: the unit runs (`Lifecycle.start`);
-- declined for this job (policy, requirements): the peer is excluded from the job;
+- declined for this job (policy, requirements): the unit fails and the peer is
+  excluded from the job;
 - declined for now (busy, unreachable): the unit row is dropped again, so retries
   leave no trail of dead units, and that peer waits out an exponential backoff
   before this job asks it again, so placement never spins on one peer.
@@ -14,17 +21,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
+from node.net.peers import fitting, free_tflops
 from node.work.context import WorkContext
-from node.work.jobs import LIVE_UNIT_STATES, Job
-from node.work.offers import send_offer
+from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
+from node.work.offers import offer_if_fit
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import Lifecycle, replicas_of
 from node.work.owner.worker_choice import SELF, choose_worker
 from node.work.trust import Reputation
 from protocol.crypto import new_job_key
+from protocol.rounds import RoundShare
+from protocol.work import OfferReply
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,10 @@ class Backoff:
         self._until[(job_id, peer)] = (now + delay, delay)
         return delay
 
+    def delay(self, job_id: str, peer: str) -> float:
+        """The backoff `peer` waits out now before `job_id` asks it again."""
+        return self._until.get((job_id, peer), (0.0, 0.0))[1]
+
     def succeeded(self, job_id: str, peer: str) -> None:
         self._until.pop((job_id, peer), None)
 
@@ -70,21 +85,15 @@ def wants_unit(ctx: WorkContext, job: Job) -> bool:
 
 
 class Placement:
-    def __init__(
-        self,
-        ctx: WorkContext,
-        lifecycle: Lifecycle,
-        train_here: Callable[[Job, str], Awaitable[None]],
-        reputation: Reputation,
-    ) -> None:
+    def __init__(self, ctx: WorkContext, lifecycle: Lifecycle, reputation: Reputation) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
-        self._train_here = train_here
         self._reputation = reputation
         self.backoff = Backoff()
 
-    async def place(self, job_id: str) -> None:
-        """Offer `job_id`'s next unit until a peer takes it or none is left to ask."""
+    async def place(self, job_id: str, train_here: Callable[[Job, str], Awaitable[None]]) -> None:
+        """Offer `job_id`'s next unit until a peer takes it or none is left to ask;
+        `train_here` when the choice is this node."""
         ctx = self.ctx
         while True:
             job = ctx.jobs.get(job_id)
@@ -123,17 +132,12 @@ class Placement:
                     await trio.sleep(REPLICA_RETRY_S)
                     continue
                 if job.reason != choice.reason:
-                    ctx.jobs.transition(job.id, ("queued",), reason=choice.reason)
+                    ctx.jobs.amend(job.id, ("queued",), reason=choice.reason)
                 return
             if choice.worker == SELF:
-                await self._train_here(job, choice.reason)
+                await train_here(job, choice.reason)
                 return
-            if ctx.finder is not None and not await ctx.finder.still_fits(
-                choice.worker, requirements
-            ):  # late binding: it left, or is busy or paused now
-                self.backoff.failed(job.id, choice.worker, time.time())
-                continue
-            if await self._offer(job, choice.worker) and replicas_of(job) == 1:
+            if await self._offer_single(job, choice.worker) and replicas_of(job) == 1:
                 return
 
     def _replica_misfits(self, job: Job) -> set[str]:
@@ -148,38 +152,69 @@ class Placement:
         wanted = {classes.get(peer, "") for peer in holders}
         return holders | {peer for peer, cls in classes.items() if cls not in wanted}
 
-    async def _offer(self, job: Job, peer: str) -> bool:
+    async def _offer_single(self, job: Job, peer: str) -> bool:
         """True when the unit is placed; False to choose another peer."""
         ctx = self.ctx
-        now = time.time()
         unit = ctx.jobs.add_unit(
-            job.id, peer, ctx.lease_s * 3, deadline=unit_deadline(ctx, job, now)
+            job.id, peer, ctx.lease_s * 3, deadline=unit_deadline(ctx, job, time.time())
         )
+        reply = await self.offer(job, unit, f"accepted by {peer}")
+        if reply.transient:
+            delay = self.backoff.delay(job.id, peer)
+            ctx.jobs.amend(
+                job.id, ("queued",), reason=f"{peer}: {reply.reason}; asking again in {delay:g} s"
+            )
+        return reply.accepted  # (or its result already arrived and was handled)
+
+    async def candidates(self, job: Job, busy: set[str]) -> list[str]:
+        """Peers that fit the job and are not in `busy`, best first (directories are
+        asked for more when few are known)."""
+        now = time.time()
+        excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
+        excluded |= self._reputation.excluded(now)
+        trusted = self._reputation.trusted()
+        requirements = job.spec.get("requirements", {})
+        if self.ctx.finder is not None:
+            await self.ctx.finder.top_up(requirements, excluded)
+        fits = [e.ad for e in fitting(self.ctx.peers.entries(), requirements, excluded)]
+        fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), ad.peer_id))
+        return [ad.peer_id for ad in fits]
+
+    async def offer(
+        self,
+        job: Job,
+        unit: Unit,
+        note: str,
+        *,
+        share: RoundShare | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> OfferReply:
+        """Offer `unit` (with a round's `share`, or a trial's own `spec`) to its worker
+        and act on the answer; the unit's mode hears of any end (`Lifecycle.end`)."""
+        ctx = self.ctx
+        peer = unit.worker
         key = new_job_key()
         ctx.remember_unit_key(job.id, unit.unit_id, key)
-        reply = await send_offer(ctx, job, unit, key)
+        reply = await offer_if_fit(ctx, job, unit, key, share, spec)
         if reply.accepted:
             self.backoff.succeeded(job.id, peer)
             log.info("job %s: unit %s accepted by %s", job.id, unit.unit_id, peer)
             current = ctx.jobs.unit(unit.unit_id)
             if current is not None and current.state == "offered":
-                self._lifecycle.start(current, f"accepted by {peer} ({ctx.path_to(peer)})")
-            return True  # (or its result already arrived and was handled)
+                self._lifecycle.start(current, f"{note} ({ctx.path_to(peer)})")
+            return reply
         log.info("job %s: %s declined: %s", job.id, peer, reply.reason)
         if reply.transient:
             if ctx.jobs.forget_unit(unit.unit_id):
                 ctx.forget_unit_key(job.id, unit.unit_id)
-            delay = self.backoff.failed(job.id, peer, time.time())
-            ctx.jobs.transition(
-                job.id, ("queued",), reason=f"{peer}: {reply.reason}; asking again in {delay:g} s"
+            self.backoff.failed(job.id, peer, time.time())
+        else:
+            self._lifecycle.end(unit.unit_id, "failed", reply.reason)
+            fresh = ctx.jobs.get(job.id) or job
+            ctx.jobs.amend(
+                job.id,
+                (fresh.state,),
+                f"{peer} declined: {reply.reason}",
+                excluded=sorted({*fresh.excluded, peer}),
             )
-            return False
-        self._lifecycle.end(unit.unit_id, "failed", reply.reason)
-        fresh = ctx.jobs.get(job.id) or job
-        ctx.jobs.transition(
-            job.id,
-            ("queued",),
-            f"{peer} declined: {reply.reason}",
-            excluded=sorted({*fresh.excluded, peer}),
-        )
-        return False
+        return reply

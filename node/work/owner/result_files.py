@@ -17,7 +17,7 @@ import trio
 
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
-from node.work.jobs import Job, RoundStore, Unit
+from node.work.jobs import Job, RoundStore
 from protocol import ProtocolError, open_envelope
 from protocol.blobs import BlobGrant
 from protocol.rounds import delta_limits
@@ -46,10 +46,16 @@ class Fetched:
 
 
 async def fetch_and_check(
-    ctx: WorkContext, job: Job, unit: Unit, spec: dict[str, Any], peer: str, result: Result
+    ctx: WorkContext,
+    job: Job,
+    spec: dict[str, Any],
+    peer: str,
+    result: Result,
+    delta_round: int | None,
 ) -> Fetched:
-    """Fetch the weights (an elastic share: its delta) under the worker's grant, at
-    most the plan's size, and check them; what fails is not kept."""
+    """Fetch the weights (a round's share: its delta from `delta_round`'s weights)
+    under the worker's grant, at most the plan's size, and check them; what fails is
+    not kept."""
     grant = weights_grant(ctx, peer, result)
     key = ctx.grant_keys.get((result.job_id, result.unit_id))
     if key is None:
@@ -57,13 +63,13 @@ async def fetch_and_check(
     data = ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
     expected: dict = {}
     numel = 0
-    if unit.round >= 0:
+    if delta_round is not None:
         numel = await trio.to_thread.run_sync(delta_numel, spec, data, ctx.blobs.path)
         bound = delta_limits(numel).max_bytes
     else:
         expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
         bound = max_weights_bytes(expected)
-    what = "delta" if unit.round >= 0 else "weights"
+    what = "weights" if delta_round is None else "delta"
     if result.weights_size > bound:
         raise WeightsRejected(
             f"{what} of {result.weights_size} bytes; this model's are at most {bound}"
@@ -81,15 +87,15 @@ async def fetch_and_check(
     )
     path = ctx.blobs.path(result.weights_sha256)
     try:
-        if unit.round >= 0:
-            started = RoundStore(ctx.jobs.db).get(job.id, unit.round)
+        if delta_round is not None:
+            started = RoundStore(ctx.jobs.db).get(job.id, delta_round)
             if started is None:
-                raise WeightsRejected(f"round {unit.round} of this job is unknown here")
+                raise WeightsRejected(f"round {delta_round} of this job is unknown here")
             await check_delta_file(
                 path,
                 numel,
                 job.id,
-                unit.round,
+                delta_round,
                 started.weights_sha256,
                 str(job.spec["elastic"]["compression"]),
             )

@@ -14,36 +14,39 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from node.work import receipts
 from node.work.context import WorkContext
-from node.work.jobs import Job, Trial, Unit
+from node.work.jobs import Job, Unit
 from node.work.owner.leases import Leases
 from node.work.owner.lifecycle import Lifecycle, round_closed_reason
-from node.work.owner.modes import SweepTrials
+from node.work.owner.modes import JobMode
 from node.work.owner.result_files import fetch_and_check, weights_grant
 from node.work.trust import Replicas, SpotChecks, Submitted, Verdict
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
-from protocol.receipts import (
-    NO_WEIGHTS_SHA256,
-    flops_to_credit,
-    issue,
-    open_cosigned,
-    open_receipt,
-    parse_cosigned,
-)
 from protocol.work import (
     RESULT_BEING_CHECKED,
     WORK_LIMITS,
-    Receipt,
     ReceiptReply,
     Result,
-    encode_ack,
 )
 
 log = logging.getLogger(__name__)
 
 RESULT_FETCH_S = 900.0  # the result stream's timeout: verification holds the unit this long
+
+
+@dataclass(frozen=True)
+class CheckedResult:
+    """A result that passed every check, as its job's mode accepts it."""
+
+    result: Result
+    metrics: dict[str, Any]  # the figures the job shows
+    status: str  # "verified" (evaluated here by a spot check) or "claimed"
+    via: str  # for the timeline: how the weights came, when not the usual way
+    found: str  # for the timeline: what the check found ("" or "; ...")
 
 
 class Results:
@@ -52,13 +55,12 @@ class Results:
         ctx: WorkContext,
         lifecycle: Lifecycle,
         leases: Leases,
-        sweeps: SweepTrials,
         spot_checks: SpotChecks,
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
         self._leases = leases
-        self._sweeps = sweeps
+        self._mode_of = lifecycle.mode_of
         self._spot_checks = spot_checks
         self._replicas = Replicas(spot_checks)
 
@@ -70,22 +72,21 @@ class Results:
             return self._reply(False, f"bad result: {exc}")
         unit, why = self._leases.active_unit(peer, result.job_id, result.unit_id)
         job = self.ctx.jobs.get(result.job_id)
-        # a trial the pruner stopped: whatever its worker sends (a stop report, or a
-        # result that crossed the stop) earns the share for the steps before it
-        pruned = self._sweeps.pruned(peer, result.job_id, result.unit_id)
-        if pruned is not None and job is not None:
-            return self._accept_pruned(job, *pruned, peer)
+        # a unit its job stopped early (a trial the pruner stopped): whatever its worker
+        # sends (a stop report, or a result that crossed the stop) earns the share for
+        # the steps before the stop
+        stopped = self._mode_of(job).stopped_steps(peer, job, result.unit_id) if job else None
+        if stopped is not None and job is not None:
+            return self._accept_stopped(job, result.unit_id, stopped, peer)
         if unit is None or job is None:
-            issued = self._issued_for(peer, result)
+            issued = receipts.issued_for(self.ctx, peer, result)
             if issued is not None:  # the answer to the first copy was lost in transit
                 return self._reply(True, "", issued)
             log.info("result from %s for unit %s rejected: %s", peer, result.unit_id, why)
             # a late result for a unit this peer really had; a late failure report
             # (a pruned trial's, say) or a late share is no misconduct
             if job is not None and why != "unknown unit" and result.ok:
-                self.ctx.jobs.transition(
-                    job.id, (job.state,), f"late result from {peer} rejected: {why}"
-                )
+                self.ctx.jobs.note(job.id, f"late result from {peer} rejected: {why}", (job.state,))
                 if not self._late_share(result.unit_id, why):
                     self._record_rejection(job.id, result.unit_id, peer, f"result rejected: {why}")
             return self._reply(False, f"result rejected: {why}")
@@ -103,9 +104,11 @@ class Results:
         )
         if verifying is None:  # a copy sent again: the first is being checked
             return self._reply(False, RESULT_BEING_CHECKED)
+        mode = self._mode_of(job)
         try:
-            spec = self._spec_of(job, unit)
-            fetched = await fetch_and_check(self.ctx, job, unit, spec, peer, result)
+            spec = mode.unit_spec(job, unit)
+            delta_round = mode.delta_round(unit)
+            fetched = await fetch_and_check(self.ctx, job, spec, peer, result, delta_round)
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -119,154 +122,48 @@ class Results:
                 if not fetched.had:  # weights that failed are not kept
                     self.ctx.blobs.remove(result.weights_sha256)
                 return await self._invalidate(job, unit, peer, verdict)
-            self._spot_checks.reputation.valid(peer, self._credit(job, unit))
+            self._spot_checks.reputation.valid(peer, mode.credit(job, unit))
         try:
-            if unit.round >= 0:
-                return self._accept_share(job, unit, peer, result, fetched.via)
-            if unit.trial >= 0:
-                return self._accept_trial(job, unit, peer, result, verdict, fetched.via)
-            return self._accept(job, unit, peer, result, verdict, fetched.via)
+            return self._accept(mode, job, unit, peer, result, verdict, fetched.via)
         except Exception as exc:  # a bug here loses this unit, never the node
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
             return self._reply(False, "the owner could not record the result; it retries")
 
-    def _issued_for(self, peer: str, result: Result) -> bytes | None:
-        """The receipt this node issued for this very result (the worker asks again
-        when the answer to its first copy was lost), else None."""
-        issued = self.ctx.jobs.receipt(result.unit_id)
-        if issued is None or not result.ok:
-            return None
-        try:
-            receipt = open_receipt(parse_cosigned(issued).receipt)
-        except ProtocolError:
-            return None
-        same = (receipt.worker, receipt.job_id, receipt.weights_sha256)
-        return issued if same == (peer, result.job_id, result.weights_sha256) else None
-
     def _late_share(self, unit_id: str, why: str) -> bool:
         unit = self.ctx.jobs.unit(unit_id)
         return unit is not None and why == round_closed_reason(unit.round)
 
-    def _accept_share(self, job: Job, unit: Unit, peer: str, result: Result, via: str) -> bytes:
-        """An elastic round's delta, checked: the half-signed receipt for its H inner
-        steps; the round applies the delta when it closes."""
-        half_signed = self._half_signed(job, unit, peer, result)
-        if not self._lifecycle.share_done(
-            unit.unit_id,
-            result.weights_sha256,
-            self.ctx.blobs.size(result.weights_sha256),  # as fetched, not as claimed
-            f"round {unit.round}: delta from {peer}{via} checked; receipt issued",
-        ):
-            return self._reply(False, "result rejected: the round closed while it was checked")
-        self.ctx.jobs.add_receipt(
-            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
-        )
-        return self._reply(True, "", half_signed)
-
-    def _accept_trial(
-        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None, via: str
-    ) -> bytes:
-        """A sweep trial's weights, checked: the receipt for its run, and the trial
-        complete with the metric the worker reported."""
-        half_signed = self._half_signed(job, unit, peer, result)
-        if not self._lifecycle.share_done(
-            unit.unit_id,
-            result.weights_sha256,
-            self.ctx.blobs.size(result.weights_sha256),
-            f"trial {unit.trial}: weights from {peer}{via} checked; receipt issued",
-        ):
-            return self._reply(False, "result rejected: the sweep ended while it was checked")
-        self.ctx.jobs.add_receipt(
-            unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
-        )
-        metrics, _ = self._metrics(result, verdict)
-        self._sweeps.trial_done(job, unit, result.weights_sha256, metrics)
-        return self._reply(True, "", half_signed)
-
-    def _accept_pruned(self, job: Job, unit: Unit, trial: Trial, peer: str) -> bytes:
-        """A pruned trial's worker reports its stop: the receipt for the steps before
-        the report that pruned it (no weights), issued once."""
-        issued = self.ctx.jobs.receipt(unit.unit_id)
-        if issued is None:
-            receipt = seal(
-                Receipt(
-                    job.id,
-                    unit.unit_id,
-                    self.ctx.peer_id,
-                    peer,
-                    NO_WEIGHTS_SHA256,
-                    trial.steps,
-                    0,
-                    {"pruned_at_step": float(trial.steps)},
-                    time.time(),
-                ),
-                self.ctx.identity.signing_key,
-            )
-            issued = issue(receipt, self._credit(job, unit), self.ctx.identity.signing_key)
-            self.ctx.jobs.add_receipt(unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, issued)
-        return self._reply(True, "", issued)
-
-    def _half_signed(self, job: Job, unit: Unit, peer: str, result: Result) -> bytes:
-        receipt = seal(
-            Receipt(
-                job.id,
-                unit.unit_id,
-                self.ctx.peer_id,
-                peer,
-                result.weights_sha256,
-                result.steps,
-                result.samples,
-                dict(result.metrics),
-                time.time(),
-            ),
-            self.ctx.identity.signing_key,
-        )
-        return issue(receipt, self._credit(job, unit), self.ctx.identity.signing_key)
-
-    def _credit(self, job: Job, unit: Unit) -> float:
-        """A unit's credit, from the spec it trained (a trial's own), never the worker."""
-        if unit.trial >= 0:
-            return self._sweeps.credit(job.id, unit)
-        return credit_of(job)
+    def _accept_stopped(self, job: Job, unit_id: str, steps: int, peer: str) -> bytes:
+        """The worker of a unit its job stopped early reports the stop: the receipt for
+        the steps before it (no weights), issued once."""
+        unit = self.ctx.jobs.unit(unit_id)
+        assert unit is not None  # the mode found it to say it was stopped
+        credit = self._mode_of(job).credit(job, unit)
+        return self._reply(True, "", receipts.for_stopped(self.ctx, job, unit, steps, credit))
 
     def _accept(
-        self, job: Job, unit: Unit, peer: str, result: Result, verdict: Verdict | None, via: str
+        self,
+        mode: JobMode,
+        job: Job,
+        unit: Unit,
+        peer: str,
+        result: Result,
+        verdict: Verdict | None,
+        via: str,
     ) -> bytes:
-        """Issue the half-signed receipt, then complete the unit and the job; a job
-        cancelled while the weights were checked stays cancelled and gives no receipt."""
-        half_signed = self._half_signed(job, unit, peer, result)
+        """Issue the half-signed receipt; the job's mode records the result (a job or
+        round that ended while the weights were checked gives no receipt)."""
+        half_signed = receipts.for_result(self.ctx, peer, result, mode.credit(job, unit))
         metrics, status = self._metrics(result, verdict)
         found = f"; {verdict.note}" if verdict is not None and verdict.note else ""
-        completed = self._lifecycle.done(
-            unit.unit_id,
-            ("verifying",),
-            result.weights_sha256,
-            {**metrics, "device": result.device},
-            status,
-            f"result from {peer}{via} checked{found}; receipt issued",
-        )
-        if completed is None and not self._replica_of_completed(job.id, unit, result):
-            return self._reply(False, "result rejected: the job ended while it was checked")
-        # a replica still training is not needed any more (one being checked settles)
-        for other in self.ctx.jobs.units_of(job.id, "offered", "running"):
-            self._lifecycle.end(other.unit_id, "cancelled", "the unit settled without it")
+        why = mode.accept(job, unit, peer, CheckedResult(result, metrics, status, via, found))
+        if why:
+            return self._reply(False, f"result rejected: {why}")
         self.ctx.jobs.add_receipt(
             unit.unit_id, job.id, "owner", self.ctx.peer_id, peer, half_signed
         )
-        log.info("job %s completed by %s", job.id, peer)
         return self._reply(True, "", half_signed)
-
-    def _replica_of_completed(self, job_id: str, unit: Unit, result: Result) -> bool:
-        """The partner replica completed the job with these very weights first."""
-        now, job = self.ctx.jobs.unit(unit.unit_id), self.ctx.jobs.get(job_id)
-        return (
-            now is not None
-            and now.state == "done"
-            and job is not None
-            and job.state == "completed"
-            and job.weights_sha256 == result.weights_sha256
-        )
 
     def _metrics(self, result: Result, verdict: Verdict | None) -> tuple[dict[str, Any], str]:
         """The figures the job shows: evaluated here when the result was spot-checked
@@ -293,15 +190,26 @@ class Results:
         """Replay a few segments of the result (`node.work.trust.spot_checks`) and, for a job
         with replicas, compare it with its partner's (`node.work.trust.replicas`). A check
         that cannot run (the worker serves no checkpoint) fails the result."""
-        spec = self._spec_of(job, unit)
+        mode = self._mode_of(job)
+        spec = mode.unit_spec(job, unit)
         key = self.ctx.grant_keys.get((result.job_id, result.unit_id), b"")
-        self.ctx.jobs.transition(job.id, (job.state,), f"spot-checking the result of {peer}")
+        self.ctx.jobs.note(job.id, f"spot-checking the result of {peer}", (job.state,))
         try:
             grant = weights_grant(self.ctx, peer, result)
-            reports, metric = (
-                self._sweeps.reports_of(job, unit.trial) if unit.trial >= 0 else ({}, "")
+            reports, metric = mode.spot_check_reports(job, unit)
+            sub = Submitted(
+                job,
+                unit,
+                spec,
+                peer,
+                result,
+                envelope,
+                grant,
+                key,
+                reports,
+                metric,
+                delta_round=mode.delta_round(unit),
             )
-            sub = Submitted(job, unit, spec, peer, result, envelope, grant, key, reports, metric)
             verdict = await self._spot_checks.check(sub)
         except Exception as exc:
             log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
@@ -337,38 +245,10 @@ class Results:
         return self._reply(False, f"spot check failed: {verdict.reason}")
 
     async def handle_countersigned(self, peer: str, data: bytes) -> bytes:
-        """The worker's countersigned receipt: record it in the ledger and gossip it.
-        Idempotent: a worker retrying after a lost answer gets the same yes."""
-        try:
-            verified = open_cosigned(data)
-        except ProtocolError as exc:
-            return encode_ack(False, f"bad receipt: {exc}")
-        if verified.worker != peer or verified.owner != self.ctx.peer_id:
-            return encode_ack(False, "the receipt names other peers")
-        issued = self.ctx.jobs.receipt(verified.unit_id)
-        job = self.ctx.jobs.get(verified.job_id)
-        unit = self.ctx.jobs.unit(verified.unit_id)
-        if (
-            issued is None
-            or job is None
-            or unit is None
-            or parse_cosigned(issued).receipt != verified.cosigned.receipt
-        ):
-            return encode_ack(False, "this node issued no such receipt")
-        if issued == data:
-            return encode_ack(True)  # recorded already
-        expected = self._credit(job, unit)
-        try:
-            self.ctx.ledger.append_work("work_received", data, verified.credit, expected)
-        except MeshminerError as exc:  # the ledger's refusals, credit disagreements too
-            log.warning("receipt for unit %s not recorded: %s", verified.unit_id, exc)
-            return encode_ack(False, str(exc))
-        self.ctx.jobs.add_receipt(verified.unit_id, job.id, "owner", self.ctx.peer_id, peer, data)
-        await self.ctx.publish_receipt(data)
-        log.info(
-            "unit %s: co-signed receipt recorded (%.6f TFLOP)", verified.unit_id, verified.credit
+        """The worker's co-signed receipt (`node.work.receipts.take_cosigned`)."""
+        return await receipts.take_cosigned(
+            self.ctx, peer, data, lambda job, unit: self._mode_of(job).credit(job, unit)
         )
-        return encode_ack(True)
 
     def _record_rejection(self, job_id: str, unit_id: str, worker: str, reason: str) -> None:
         try:
@@ -376,14 +256,5 @@ class Results:
         except MeshminerError as exc:
             log.warning("rejection of unit %s not recorded: %s", unit_id, exc)
 
-    def _spec_of(self, job: Job, unit: Unit) -> dict[str, Any]:
-        """The plain spec `unit` trained: a sweep trial's own, else the job's."""
-        return self._sweeps.trial_spec(job, unit.trial) if unit.trial >= 0 else job.spec
-
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
         return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)
-
-
-def credit_of(job: Job) -> float:
-    """The credit a unit of `job` earns, from the spec's summary computed at submit."""
-    return flops_to_credit(int(job.summary.get("training_flops", 0)))

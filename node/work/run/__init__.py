@@ -1,27 +1,32 @@
-"""PACKAGE node.work.run.
+"""Run: one task of training, in a subprocess of its own.
 
-Modules:
+The daemon never trains: it writes one request (`request`) to a runner subprocess,
+`python -m training.run.runner`, watches it (`executor`: the time limit, the
+volunteer's duty cycle and pauses, the disk quota) and reads its JSON lines. A crash
+or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
+`node/work`, so the worker's training and the owner's replays and outer steps share it.
 
-    availability      Whether this node may train now, by its volunteer's preferences
-                      (`node.preferences`).
-    executor          Running one unit of training in its own subprocess (`python -m
-                      training.run.runner`).
-    forks             The node's side of `training.run.forkserver`: a warm parent that
-                      forks runners.
-    unit_folders      Finished units' folders are removed after a while.
+- `request`: the request a runner reads, typed (`RunnerRequest`).
+- `executor`: running one task in its own subprocess (`run_training`).
+- `forks`: the node's side of `training.run.forkserver`, a warm parent that forks runners.
+- `availability`: whether this node may train now, by its volunteer's preferences.
+- `unit_folders`: finished units' folders are removed after a while.
 """
 
 from node.work.run.availability import Availability, TrainingDays, keep_checking
 from node.work.run.executor import UnitFailed, run_training, runner_env
-from node.work.run.unit_folders import keep_sweeping, sweep
+from node.work.run.request import RequestBuilder, RunnerRequest
+from node.work.run.unit_folders import keep_removing_old_folders, remove_old_unit_folders
 
 __all__ = [
     "Availability",
+    "RequestBuilder",
+    "RunnerRequest",
     "TrainingDays",
     "UnitFailed",
     "keep_checking",
-    "keep_sweeping",
+    "keep_removing_old_folders",
+    "remove_old_unit_folders",
     "run_training",
     "runner_env",
-    "sweep",
 ]

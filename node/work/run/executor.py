@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from node.work.run.forks import ForkedRunner, ForkServer, ForkServerGone
+from node.work.run.request import RunnerRequest
 from protocol import encode
 from training.run.forkserver import UNSAFE
 
@@ -58,7 +59,7 @@ class UnitFailed(Exception):
 
 
 async def run_training(
-    request: dict[str, Any],
+    request: RunnerRequest,
     workdir: Path,
     time_limit_s: float,
     on_event: Callable[[dict[str, Any]], None],
@@ -86,8 +87,8 @@ async def run_training(
     proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
     pids = set() if pids is None else pids
     pids.add(proc.pid)
-    request = {
-        **request,
+    plain = {
+        **request.as_plain(),
         "isolation": {
             "cpu_seconds": int(time_limit_s * (os.cpu_count() or 1)) + 60,
             "disk_quota_bytes": disk_quota_bytes,
@@ -101,7 +102,7 @@ async def run_training(
                 if disk_quota_bytes:
                     watchers.start_soon(_disk_quota, proc, workdir, disk_quota_bytes, over_quota)
                 async with stdin:
-                    await stdin.send_all(encode(request))
+                    await stdin.send_all(encode(plain))
                 async for event in _json_lines(stdout):
                     kind = event.get("event")
                     if kind == "result":

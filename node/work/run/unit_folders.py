@@ -17,10 +17,12 @@ import trio
 
 log = logging.getLogger(__name__)
 
-SWEEP_EVERY_S = 600.0
+CHECK_EVERY_S = 600.0
 
 
-def sweep(units_dir: Path, keep_s: float, busy: Iterable[str], now: float) -> list[str]:
+def remove_old_unit_folders(
+    units_dir: Path, keep_s: float, busy: Iterable[str], now: float
+) -> list[str]:
     """Remove unit folders older than `keep_s` that are not in `busy`; their names."""
     if not units_dir.is_dir():
         return []
@@ -39,11 +41,16 @@ def sweep(units_dir: Path, keep_s: float, busy: Iterable[str], now: float) -> li
     return removed
 
 
-async def keep_sweeping(units_dir: Path, keep_s: float, busy: Callable[[], set[str]]) -> None:
+async def keep_removing_old_folders(
+    units_dir: Path, keep_s: float, busy: Callable[[], set[str]]
+) -> None:
+    """`remove_old_unit_folders` every `CHECK_EVERY_S`, sparing the units `busy()` names."""
     while True:
-        removed = await trio.to_thread.run_sync(sweep, units_dir, keep_s, set(busy()), time.time())
+        removed = await trio.to_thread.run_sync(
+            remove_old_unit_folders, units_dir, keep_s, set(busy()), time.time()
+        )
         if removed:
             log.info(
                 "removed %d finished unit folder(s) older than %g h", len(removed), keep_s / 3600
             )
-        await trio.sleep(SWEEP_EVERY_S)
+        await trio.sleep(CHECK_EVERY_S)

@@ -1,13 +1,16 @@
-"""PACKAGE node.work.trust.
+"""Trust: how an owner checks a worker's result without taking its word.
 
-Modules:
+A worker commits, in its signed result, to the hash of its training state every k
+steps; the owner draws segments afterwards, replays them in its own sandboxed runner
+and compares. How much of each result is checked depends on what this node has seen
+of the peer. Uses the work context, the job store and blobs; never the owner's
+engine, which calls it. docs/design/trust.md.
 
-    replicas          Replicas: one unit trained by two workers of one determinism class
-                      (`trust.replicas`).
-    reputation        What this node has seen of each peer's results: adaptive checking,
-                      as BOINC does it.
-    spot_checks       The owner's spot check of a worker's result: replay a few
-                      segments, chosen now.
+- `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare.
+- `replicas`: one unit trained by two workers of one determinism class, settled by
+  bisection to one segment.
+- `reputation`: what this node has seen of each peer's results: probation, RAC,
+  exclusion (as BOINC's adaptive replication).
 """
 
 from node.work.trust.replicas import Replicas

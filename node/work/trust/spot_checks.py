@@ -40,6 +40,7 @@ import trio
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
+from node.work.run import RequestBuilder
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import seal
 from protocol.blobs import BlobGrant
@@ -56,7 +57,6 @@ TOLERANCE = 1e-3
 #: matrix products put kernels of two classes further apart
 BF16_TOLERANCE = 3e-2
 START = "the unit's start (the spec's initial state; a share's: the round's weights)"
-RunnerRequest = Callable[[dict[str, Any], dict[str, str], Path], dict[str, Any]]
 
 
 @dataclass
@@ -88,6 +88,7 @@ class Submitted:
     key: bytes
     reports: dict[int, float] = field(default_factory=dict)  # a trial's: step -> value
     metric: str = ""  # what `reports` hold (a sweep's metric)
+    delta_round: int | None = None  # a round's share: the round its delta starts from
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class Failure:
 
 class SpotChecks:
     def __init__(
-        self, ctx: WorkContext, runner_request: RunnerRequest, reputation: Reputation
+        self, ctx: WorkContext, runner_request: RequestBuilder, reputation: Reputation
     ) -> None:
         self.ctx = ctx
         self._runner_request = runner_request
@@ -142,7 +143,7 @@ class SpotChecks:
         if cross:
             need |= {cps[i + 1] for i in chosen}
         owned: set[str] = set()
-        if sub.unit.round >= 0:  # checkpoint 0 is rebuilt from the round's weights
+        if sub.delta_round is not None:  # checkpoint 0 is rebuilt from the round's weights
             table["init_claimed"] = cps[0]
             table["share"] = self._share(sub)
             need.add(cps[0])
@@ -211,7 +212,7 @@ class SpotChecks:
         total, bound = await trio.to_thread.run_sync(
             _sizes, parsed, sub.spec, data, self.ctx.blobs.path
         )
-        if sub.unit.round >= 0 and parsed.elastic is not None:
+        if sub.delta_round is not None and parsed.elastic is not None:
             return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
         steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
         return steps, bound
@@ -220,12 +221,12 @@ class SpotChecks:
         """The replay's `share` table: which round and slot, from which weights."""
         from node.work.jobs import RoundStore
 
-        started = RoundStore(self.ctx.jobs.db).get(sub.job.id, sub.unit.round)
+        started = RoundStore(self.ctx.jobs.db).get(sub.job.id, sub.delta_round)
         if started is None:
-            raise RuntimeError(f"round {sub.unit.round} of this job is unknown here")
+            raise RuntimeError(f"round {sub.delta_round} of this job is unknown here")
         return {
             "job_id": sub.job.id,
-            "round": sub.unit.round,
+            "round": sub.delta_round,
             "slot": sub.unit.slot,
             "weights": started.weights_sha256,
         }
@@ -258,9 +259,10 @@ class SpotChecks:
             folder = ctx.unit_dir(sub.unit.unit_id)
             folder.mkdir(parents=True, exist_ok=True)
             out = folder / "replayed-weights.safetensors"
-            request = self._runner_request(sub.spec, blobs, out)
-            request |= {"task": "replay", "replay": table}
-            return await ctx.train(request, sub.unit.unit_id, sub.job.max_hours, lambda e: None)
+            request = self._runner_request(sub.spec, blobs, out).replaying(table)
+            return await ctx.run_owner_task(
+                request, sub.unit.unit_id, sub.job.max_hours, lambda e: None
+            )
         finally:
             self._release(need)
 

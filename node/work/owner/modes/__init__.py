@@ -1,19 +1,39 @@
-"""PACKAGE node.work.owner.modes.
+"""Job modes: what a job of each kind does with its units, behind one interface.
 
-Modules:
+The owner's engine (`node/work/owner/`) asks a job's mode whenever what happens
+depends on the kind of job: how to drive it, what a unit's end, a heartbeat or a
+checked result means, what a unit trains and earns, what survives a restart, what
+the API shows. Nothing outside this package tests a unit's round or trial, or the
+spec's `mode`. A new mode is one module with a `JobMode` subclass, added to `MODES`.
 
-    elastic           The owner's elastic (DiLoCo) rounds: offer shares, gather deltas,
-                      take the outer step.
-    sweep             A sweep job on its owner: the study asks for trials, each trial is
-                      a unit on a peer.
+    mode      `JobMode` (every hook, with the `single` behaviour as its default),
+              `ManyUnits` (units run by the job's own driver), `OwnerParts`
+    single    one unit trains the whole job: placed, queued again when lost
+    elastic   DiLoCo rounds: shares offered per data slot, deltas, the outer step
+    sweep     an Optuna study asked and told: each trial is a unit on a peer
 """
 
 from node.work.owner.modes.elastic import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
-from node.work.owner.modes.sweep import SweepTrials
+from node.work.owner.modes.mode import JobMode, ManyUnits, OwnerParts, credit_of, mode_name
+from node.work.owner.modes.single import MAX_ATTEMPTS, SingleJob, result_metrics
+from node.work.owner.modes.sweep import SweepTrials, best_trial
+
+#: the modes an owner runs, by default
+MODES = (SingleJob, ElasticRounds, SweepTrials)
 
 __all__ = [
     "ADAPTIVE_FACTOR",
-    "ElasticRounds",
     "FIRST_ROUND_TIMEOUT_S",
+    "MAX_ATTEMPTS",
+    "MODES",
+    "ElasticRounds",
+    "JobMode",
+    "ManyUnits",
+    "OwnerParts",
+    "SingleJob",
     "SweepTrials",
+    "best_trial",
+    "credit_of",
+    "mode_name",
+    "result_metrics",
 ]

@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit, new_id
-from node.work.owner.fanout import Fanout
 from node.work.owner.leases import unit_deadline
-from node.work.owner.lifecycle import Lifecycle, round_closed_reason
+from node.work.owner.lifecycle import round_closed_reason
+from node.work.owner.modes.mode import ManyUnits, OwnerParts
 from node.work.run import UnitFailed
 from protocol.rounds import RoundShare
 from training.evidence.result_check import delta_numel
@@ -50,25 +48,48 @@ ADAPTIVE_FACTOR = 3.0
 WAIT_S = 0.5
 
 
-class ElasticRounds:
-    def __init__(
-        self,
-        ctx: WorkContext,
-        lifecycle: Lifecycle,
-        runner_request: Callable[..., dict[str, Any]],
-    ) -> None:
-        self.ctx = ctx
-        self.store = RoundStore(ctx.jobs.db)
-        self._lifecycle = lifecycle
-        self._runner_request = runner_request
-        self._changed: dict[str, trio.Event] = {}
-        self.fanout = Fanout(ctx, lifecycle, self.unit_changed)
+class ElasticRounds(ManyUnits):
+    name = "elastic"
 
-    def unit_changed(self, job_id: str) -> None:
-        """A unit of `job_id` ended or delivered: the round may be ready to close."""
-        event = self._changed.get(job_id)
-        if event is not None:
-            event.set()
+    def __init__(self, parts: OwnerParts) -> None:
+        super().__init__(parts)
+        self.store = RoundStore(self.ctx.jobs.db)
+        self._runner_request = parts.runner_request
+
+    # -- the engine's hooks (`JobMode`) -------------------------------------------------
+
+    def where(self, unit: Unit) -> str:
+        return f"round {unit.round}"
+
+    def delta_round(self, unit: Unit) -> int | None:
+        return unit.round
+
+    def served_name(self, unit: Unit) -> str | None:
+        return f"round {unit.round}'s weights"
+
+    def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
+        """A round's delta, checked: its unit is done; the round applies the delta
+        when it closes."""
+        result = checked.result
+        if not self._lifecycle.share_done(
+            unit.unit_id,
+            result.weights_sha256,
+            self.ctx.blobs.size(result.weights_sha256),  # as fetched, not as claimed
+            f"round {unit.round}: delta from {peer}{checked.via} checked; receipt issued",
+        ):
+            return "the round closed while it was checked"
+        return ""
+
+    def recover_unit(self, unit: Unit) -> bool:
+        """The round resumes after a restart; the unit's slot is offered afresh."""
+        self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
+        return True
+
+    def recover_job(self, job: Job) -> str:
+        return "owner restarted; resuming its rounds"  # its round driver starts again
+
+    def describe(self, job: Job) -> dict[str, Any]:
+        return {"rounds": [r.to_json() for r in self.store.of_job(job.id)]}
 
     # -- the job -----------------------------------------------------------------------
 
@@ -110,7 +131,7 @@ class ElasticRounds:
             assert current is not None
 
     def _complete(self, job: Job, last: Round) -> None:
-        self.fanout.backoff.drop_job(job.id)
+        self._placement.backoff.drop_job(job.id)
         self.ctx.jobs.transition(
             job.id,
             ("running",),
@@ -186,7 +207,7 @@ class ElasticRounds:
             f"round {current.round}: {have} of min_workers {need} deltas at its deadline; "
             f"extended by {deadline - time.time():.0f} s"
         )
-        self.ctx.jobs.transition(job.id, ("running",), note)
+        self.ctx.jobs.note(job.id, note)
         self.store.note(job.id, current.round, note)
         return self.store.update(job.id, current.round, "open", deadline=deadline) or current
 
@@ -197,7 +218,7 @@ class ElasticRounds:
         previous = {
             u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
         }
-        candidates = await self.fanout.candidates(job, busy)
+        candidates = await self._placement.candidates(job, busy)
         offered = 0
         for slot in free:
             if not candidates:
@@ -217,7 +238,7 @@ class ElasticRounds:
             )
             share = RoundShare(current.round, slot, current.weights_sha256)
             note = f"round {share.round} slot {share.slot}"
-            nursery.start_soon(partial(self.fanout.offer, job, unit, note, share=share))
+            nursery.start_soon(partial(self._offer_unit, job, unit, note, share=share))
             offered += 1
         return offered
 
@@ -270,10 +291,9 @@ class ElasticRounds:
         history = list(job.progress.get("history", []))
         step = (closed.round + 1) * inner
         history.append([step, None, closed.val_loss])  # the outer step has no training loss
-        self.ctx.jobs.transition(
+        self.ctx.jobs.set_progress(
             job.id,
-            ("running",),
-            f"round {closed.round}: {len(closed.workers)} deltas applied"
+            note=f"round {closed.round}: {len(closed.workers)} deltas applied"
             + (f"; dropped {', '.join(p[-6:] for p in closed.dropped)}" if closed.dropped else ""),
             progress={
                 "phase": "training",
@@ -336,9 +356,9 @@ class ElasticRounds:
         )
         if extra_out:
             elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
-        request = {**request, "task": task, **({"elastic": elastic} if elastic else {})}
+        request = request.elastic_task(task, elastic)
         try:
-            result = await ctx.train(request, task_id, job.max_hours, lambda event: None)
+            result = await ctx.run_owner_task(request, task_id, job.max_hours, lambda e: None)
         except UnitFailed as exc:
             raise RuntimeError(f"{task} failed on the owner: {exc}") from None
         return result, folder

@@ -3,7 +3,7 @@
 The driver keeps `sweep.parallel` trials in flight. It asks the study (`study.py`)
 for a trial only when a peer is free to train it, builds the trial's spec (the job's
 spec as a `single` job with the sampled values, validated every `report_every`
-steps), and offers it like any unit (`fanout.py`). How a trial ends:
+steps), and offers it like any unit (`node/work/owner/placement.py`). How a trial ends:
 
 - its weights pass the owner's checks: `complete`, with the metric its worker
   reported (a claim, as for any single job), told to the study;
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,10 @@ from typing import Any
 import trio
 
 from node.net.peers import unfit_reason
-from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job, Trial, TrialStore, Unit
-from node.work.owner.fanout import Fanout
 from node.work.owner.leases import unit_deadline
-from node.work.owner.lifecycle import Lifecycle
+from node.work.owner.modes.mode import ManyUnits, OwnerParts
+from node.work.owner.modes.single import result_metrics
 from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress
 from training.spec.fields import Section
@@ -55,27 +53,65 @@ def sweep_of(job: Job) -> SweepSpec:
     return parse_sweep(Section(job.spec["sweep"], "sweep"))
 
 
-class SweepTrials:
-    def __init__(
-        self,
-        ctx: WorkContext,
-        lifecycle: Lifecycle,
-        train_here: Callable[[Job, Unit, dict[str, Any]], Awaitable[None]],
-    ) -> None:
-        self.ctx = ctx
-        self._train_here = train_here  # a trial on this node, while every peer is busy
-        self.store = TrialStore(ctx.jobs.db)
-        self._lifecycle = lifecycle
-        self._changed: dict[str, trio.Event] = {}
+class SweepTrials(ManyUnits):
+    name = "sweep"
+
+    def __init__(self, parts: OwnerParts) -> None:
+        super().__init__(parts)
+        self.store = TrialStore(self.ctx.jobs.db)
         self._studies: dict[str, Any] = {}
-        self.fanout = Fanout(ctx, lifecycle, self.unit_changed)
 
-    def unit_changed(self, job_id: str) -> None:
-        event = self._changed.get(job_id)
-        if event is not None:
-            event.set()
+    # -- the engine's hooks (`JobMode`) -------------------------------------------------
 
-    def study_path(self, job_id: str) -> Path:
+    def where(self, unit: Unit) -> str:
+        return f"trial {unit.trial}"
+
+    def unit_lost(self, unit: Unit, reason: str, state: str) -> None:
+        super().unit_lost(unit, reason, state)
+        self.trial_lost(unit, reason, True)
+
+    def unit_fatal(self, unit: Unit, reason: str) -> None:
+        self.trial_lost(unit, reason, False)  # the trial's sampled values fail, not the sweep
+
+    def progress(self, unit: Unit, progress: Progress) -> str:
+        return self.report(unit, progress)
+
+    def unit_spec(self, job: Job, unit: Unit) -> dict[str, Any]:
+        return self.trial_spec(job, unit.trial)
+
+    def spot_check_reports(self, job: Job, unit: Unit) -> tuple[dict[int, float], str]:
+        return self.reports_of(job, unit.trial)
+
+    def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
+        """A trial's weights, checked: complete with the metric its worker reported."""
+        result = checked.result
+        if not self._lifecycle.share_done(
+            unit.unit_id,
+            result.weights_sha256,
+            self.ctx.blobs.size(result.weights_sha256),
+            f"trial {unit.trial}: weights from {peer}{checked.via} checked; receipt issued",
+        ):
+            return "the sweep ended while it was checked"
+        self.trial_done(job, unit, result.weights_sha256, checked.metrics)
+        return ""
+
+    def recover_unit(self, unit: Unit) -> bool:
+        """The sweep resumes after a restart; the trial is offered afresh, at no cost."""
+        self._lifecycle.end(unit.unit_id, "expired", "owner restarted")
+        return True
+
+    def describe(self, job: Job) -> dict[str, Any]:
+        trials = self.store.of_job(job.id)
+        return {
+            "trials": [t.to_json() for t in trials],
+            "best": best_trial(trials, job.spec["sweep"]["direction"]),
+        }
+
+    def study_path(self, job: Job) -> Path | None:
+        path = self._study_file(job.id)
+        return path if path.is_file() else None
+
+    def _study_file(self, job_id: str) -> Path:
         return self.ctx.data_dir / "studies" / f"{job_id}.journal"
 
     def trial_spec(self, job: Job, number: int) -> dict[str, Any]:
@@ -154,11 +190,11 @@ class SweepTrials:
             log.exception("job %s: the params' importances could not be computed", job.id)
             found = {}
         progress = {**self._progress(job), "importances": found, "importances_from": len(done)}
-        self.ctx.jobs.transition(job.id, ("running",), progress=progress)
+        self.ctx.jobs.set_progress(job.id, progress)
 
     async def _study(self, job: Job, sweep: SweepSpec) -> Any:
         if job.id not in self._studies:
-            path = self.study_path(job.id)
+            path = self._study_file(job.id)
             self._studies[job.id] = await trio.to_thread.run_sync(
                 studies.open_study, path, job.id, sweep, int(job.spec.get("seed", 0))
             )
@@ -177,7 +213,7 @@ class SweepTrials:
         room and a peer to train them."""
         live = self.ctx.jobs.units_of(job.id, *LIVE_UNIT_STATES)
         placed = {u.trial for u in live}
-        candidates = await self.fanout.candidates(job, {u.worker for u in live})
+        candidates = await self._placement.candidates(job, {u.worker for u in live})
         waiting = [t for t in running if t.number not in placed]
         asked = len(trials)
         room = len(candidates) + self._may_train_here(job, live)
@@ -190,7 +226,7 @@ class SweepTrials:
             running.append(trial)
             waiting.append(trial)
             asked += 1
-            self.ctx.jobs.transition(job.id, ("running",), progress=self._progress(job))
+            self.ctx.jobs.set_progress(job.id, self._progress(job))
         here = self._may_train_here(job, live)
         for trial in waiting:
             if candidates:
@@ -212,7 +248,29 @@ class SweepTrials:
                 nursery.start_soon(self._train_here, job, unit, spec)
                 continue
             note = f"trial {trial.number}: {_shown(trial.params)}"
-            nursery.start_soon(partial(self.fanout.offer, job, unit, note, spec=spec))
+            nursery.start_soon(partial(self._offer_unit, job, unit, note, spec=spec))
+
+    async def _train_here(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:
+        """Train one trial on this node (every peer that fits is busy): its validations
+        go to the study as a worker's heartbeats would, and a pruned trial stops at
+        once. The owner's own work earns no receipt."""
+        if self._lifecycle.start(unit, f"trial {unit.trial}: training on this node") is None:
+            return
+
+        def on_event(event: dict[str, Any], scope: trio.CancelScope) -> None:
+            if event.get("event") != "progress" or "val_step" not in event:
+                return
+            if self.report(unit, progress_of(unit, event)):
+                scope.cancel()  # pruned: the trial and its unit are ended already
+
+        trained = await self._parts.run_here(job, unit, spec, on_event)
+        if trained is None:
+            return
+        result, sha = trained
+        note = f"trial {unit.trial}: trained on this node"
+        size = self.ctx.blobs.size(sha)
+        if self._lifecycle.share_done(unit.unit_id, sha, size, note, from_states=("running",)):
+            self.trial_done(job, unit, sha, result_metrics(result))
 
     def _may_train_here(self, job: Job, live: list[Unit]) -> bool:
         """This node takes a trial when its policy allows, it has room, and it is not
@@ -232,10 +290,10 @@ class SweepTrials:
         summary = validate_for_submit(trial_spec(job.spec, params, sweep.report_every), data)
         return int(summary.training_flops), int(summary.total_steps)
 
-    def credit(self, job_id: str, unit: Unit) -> float:
+    def credit(self, job: Job, unit: Unit) -> float:
         """What `unit` of a trial earns: the trial's credit, or the share of it for the
         steps before the pruner stopped it."""
-        trial = self.store.get(job_id, unit.trial)
+        trial = self.store.get(job.id, unit.trial)
         if trial is None:
             return 0.0
         whole = flops_to_credit(trial.training_flops)
@@ -243,19 +301,19 @@ class SweepTrials:
             return partial_credit(whole, trial.steps, trial.total_steps)
         return whole
 
-    def pruned(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit, Trial] | None:
-        """The unit and trial, when `unit_id` is `peer`'s unit of a trial the pruner
-        stopped: its worker's failure report earns the partial receipt."""
+    def stopped_steps(self, peer: str, job: Job, unit_id: str) -> int | None:
+        """The steps before the pruner stopped `peer`'s trial on `unit_id`: its
+        worker's failure report earns the partial receipt."""
         unit = self.ctx.jobs.unit(unit_id)
-        if unit is None or unit.job_id != job_id or unit.worker != peer or unit.trial < 0:
+        if unit is None or unit.job_id != job.id or unit.worker != peer:
             return None
-        trial = self.store.get(job_id, unit.trial)
+        trial = self.store.get(job.id, unit.trial)
         if trial is None or trial.state != "pruned" or trial.unit_id != unit_id:
             return None
-        return unit, trial
+        return trial.steps
 
     def _complete(self, job: Job, study: Any) -> None:
-        self.fanout.backoff.drop_job(job.id)
+        self._placement.backoff.drop_job(job.id)
         done = self.store.of_job(job.id, "complete")
         if not done:
             ended = self.store.of_job(job.id)
@@ -357,9 +415,7 @@ class SweepTrials:
             self.store.update(
                 job.id, trial.number, ("running",), reason=reason, attempts=trial.attempts + 1
             )
-            self.ctx.jobs.transition(
-                job.id, ("running",), f"trial {trial.number}: {reason}; offered again"
-            )
+            self.ctx.jobs.note(job.id, f"trial {trial.number}: {reason}; offered again")
         else:
             self._end(job, trial.number, "failed", reason)
         self.unit_changed(job.id)
@@ -374,11 +430,10 @@ class SweepTrials:
             return  # ended already: the study was told once
         studies.tell(self._loaded(job), number, state, value)
         note = f"trial {number} {state}" + (f": {value:.6g}" if value is not None else "")
-        self.ctx.jobs.transition(
+        self.ctx.jobs.set_progress(
             job.id,
-            ("running",),
+            self._progress(job),
             note + (f" ({reason})" if reason else ""),
-            progress=self._progress(job),
         )
         self.unit_changed(job.id)
 
@@ -387,7 +442,7 @@ class SweepTrials:
         this is the fallback, blocking)."""
         if job.id not in self._studies:
             self._studies[job.id] = studies.open_study(
-                self.study_path(job.id), job.id, sweep_of(job), int(job.spec.get("seed", 0))
+                self._study_file(job.id), job.id, sweep_of(job), int(job.spec.get("seed", 0))
             )
         return self._studies[job.id]
 
@@ -416,4 +471,32 @@ def _shown(params: dict[str, Any]) -> str:
     return ", ".join(
         f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
         for k, v in params.items()
+    )
+
+
+def best_trial(trials: list[Trial], direction: str) -> dict[str, Any] | None:
+    """The best complete trial so far: `number`, `params`, `value` (None before one)."""
+    done = [t for t in trials if t.state == "complete" and t.value is not None]
+    if not done:
+        return None
+    sign = 1.0 if direction == "minimize" else -1.0
+    best = min(done, key=lambda t: (sign * (t.value or 0.0), t.number))
+    return {"number": best.number, "params": best.params, "value": best.value}
+
+
+def progress_of(unit: Unit, event: dict[str, Any]) -> Progress:
+    """A local runner's progress event as the heartbeat a worker would send."""
+    return Progress(
+        unit.job_id,
+        unit.unit_id,
+        "training",
+        int(event.get("step", 0)),
+        int(event.get("total_steps", 0)),
+        event.get("loss"),
+        float(event.get("samples_per_s", 0.0)),
+        int(event.get("samples", 0)),
+        time.time(),
+        val_loss=event.get("val_loss"),
+        val_step=int(event.get("val_step", -1)),
+        val_accuracy=event.get("val_accuracy"),
     )

@@ -1,0 +1,95 @@
+"""The request the node writes to a training subprocess (`training.run.runner`).
+
+`RunnerRequest` is that request, typed; `as_plain()` is the map the runner reads (its
+module docstring lists the keys), to which `executor.run_training` adds `isolation`.
+A request starts as a job's training (`for_spec`, with this node's device settings)
+and becomes another task's by `replaying`, `elastic_task` and `with_checkpoints`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+#: what the runner does with the request (`training.run.runner.TASKS`)
+Task = Literal["train", "replay", "elastic_init", "elastic_inner", "elastic_outer"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class RunnerRequest:
+    spec: dict[str, Any]  # spec_to_plain output, with a blob: or builtin: source
+    blobs: dict[str, str]  # sha256 -> absolute path of that blob's file
+    out: Path  # where the runner writes the weights (every other path is beside it)
+    device: Device = "auto"
+    gpu_memory_fraction: float = 1.0
+    memory_limit_mb: int = 0  # 0: no limit
+    gpus: tuple[int, ...] = ()  # the CUDA devices it may use (none named: all)
+    task: Task = "train"
+    checkpoints: bool = False  # train, elastic_inner: keep the evidence for spot checks
+    replay: dict[str, Any] | None = None  # the replay task's segments
+    elastic: dict[str, Any] | None = None  # the elastic tasks' files
+
+    @classmethod
+    def for_spec(
+        cls,
+        spec: dict[str, Any],
+        blobs: dict[str, str],
+        out: Path,
+        *,
+        gpu_memory_fraction: float,
+        memory_limit_mb: int,
+        gpus: Iterable[int] | None = None,
+    ) -> RunnerRequest:
+        """Training `spec` on this node: on the CPU when the spec needs no GPU."""
+        device: Device = "cpu" if spec.get("requirements", {}).get("gpu") == "none" else "auto"
+        return cls(
+            spec,
+            blobs,
+            out,
+            device=device,
+            gpu_memory_fraction=gpu_memory_fraction,
+            memory_limit_mb=memory_limit_mb,
+            gpus=tuple(gpus or ()),
+        )
+
+    def replaying(self, replay: dict[str, Any]) -> RunnerRequest:
+        """The owner's spot check: replay the segments in `replay`."""
+        return dataclasses.replace(self, task="replay", replay=replay)
+
+    def elastic_task(self, task: Task, elastic: dict[str, Any]) -> RunnerRequest:
+        """One step of an elastic job, on the files `elastic` names (none: no table)."""
+        return dataclasses.replace(self, task=task, elastic=elastic or None)
+
+    def with_checkpoints(self) -> RunnerRequest:
+        """The same task, keeping its checkpoints as evidence."""
+        return dataclasses.replace(self, checkpoints=True)
+
+    def as_plain(self) -> dict[str, Any]:
+        """The map the runner reads; keys left at their defaults are left out."""
+        plain: dict[str, Any] = {
+            "spec": self.spec,
+            "blobs": self.blobs,
+            "out": str(self.out),
+            "device": self.device,
+            "gpu_memory_fraction": self.gpu_memory_fraction,
+            "memory_limit_mb": self.memory_limit_mb,
+        }
+        if self.gpus:
+            plain["gpus"] = list(self.gpus)
+        if self.task != "train":
+            plain["task"] = self.task
+        if self.replay is not None:
+            plain["replay"] = self.replay
+        if self.elastic is not None:
+            plain["elastic"] = self.elastic
+        if self.checkpoints:
+            plain["checkpoints"] = True
+        return plain
+
+
+#: how a role gets a request for (spec, blobs, out) with this node's device settings
+RequestBuilder = Callable[[dict[str, Any], dict[str, str], Path], RunnerRequest]
