@@ -25,6 +25,7 @@ class ApiError(Exception):
 def api_url(cli_value: str | None) -> str:
     return (cli_value or os.environ.get("MESHMINER_API") or DEFAULT_API).rstrip("/")
 
+
 READ_TIMEOUT_S = 15.0
 WRITE_TIMEOUT_S = 120.0
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.work.run import RunnerRequest
-from node.work.worker import share_request
+from node.work.run import RunnerRequest, share_request
 from protocol.rounds import RoundShare
 
 SPEC = {"name": "j", "requirements": {"gpu": "optional"}}

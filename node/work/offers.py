@@ -1,26 +1,49 @@
-"""Offering one unit to one peer: the sealed work package and the peer's answer.
+"""The offer exchange, both ends: the owner offers one unit to one peer, the worker
+checks the offer and answers.
 
-The package (spec, blob hashes, a blob grant and the unit's own key) is sealed to
-the worker with crypto_box and signed by the owner, so only that worker can read it
-and it cannot be replayed to another. What the answer means is the placement's
-business (`placement.py`); this module only builds, sends and reads.
+    owner  -> worker  `WorkOffer` on `TASK_PROTOCOL`: the `WorkPackage` (spec, blob
+                      hashes, a blob grant, the unit's own key) sealed to the worker
+                      with crypto_box and signed by the owner, so only that worker can
+                      read it and it cannot be replayed to another
+    worker -> owner   `OfferReply`: accepted, or the reason it declines and whether
+                      that is for now (`transient`: busy, paused, unreachable) or for
+                      this job (its policy or the job's requirements)
+
+The owner's end builds, sends and reads (what an answer means is placement's:
+`node/work/owner/placement.py`). The worker's end checks, in this order: the offer is
+for this node and its package opens and matches it; the owner's policy (accepting,
+deny and allow lists, the volunteer's pauses, room, max hours); the spec validates;
+the job's requirements fit this machine; the blob grant is this node's and its
+download fits the per-unit cap and the free disk. Each refusal is a `Declined`.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from node.work.blobs import issue_grant
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
-from protocol import ProtocolError, encode, open_envelope, public_key_from_peer_id, seal
-from protocol.crypto import seal_to
+from protocol import (
+    ProtocolError,
+    decode,
+    encode,
+    open_envelope,
+    public_key_from_peer_id,
+    seal,
+)
+from protocol.blobs import BlobGrant
+from protocol.crypto import open_from, seal_to
+from protocol.ids import is_id
 from protocol.names import TASK_PROTOCOL
 from protocol.rounds import RoundShare
 from protocol.work import WORK_LIMITS, OfferReply, WorkOffer, WorkPackage
 
 GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
+NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be read
 
 
 def build_offer(
@@ -110,3 +133,121 @@ async def offer_if_fit(
         reason = f"{unit.worker} did not answer a probe, or cannot take work now"
         return OfferReply(job.id, unit.unit_id, False, reason, True)
     return await send_offer(ctx, job, unit, key, share, spec)
+
+
+# -- the worker's end ------------------------------------------------------------------
+
+
+class Declined(Exception):
+    """An offer this node will not take; the message is sent back as the reason."""
+
+    def __init__(self, reason: str, transient: bool = False) -> None:
+        super().__init__(reason)
+        self.transient = transient
+
+
+def open_package(ctx: WorkContext, peer: str, offer: WorkOffer) -> WorkPackage:
+    """The package inside `peer`'s offer, when the offer is for this node and the
+    package, sealed to this node and signed by `peer`, matches it."""
+    if offer.worker != ctx.peer_id:
+        raise Declined("the offer is addressed to another node")
+    try:
+        inner = open_from(public_key_from_peer_id(peer), ctx.identity.signing_key, offer.sealed)
+    except ProtocolError as exc:
+        raise Declined(f"cannot open the package: not sealed to this node ({exc})") from exc
+    package = open_envelope(inner, WorkPackage, expected_signer=peer, limits=WORK_LIMITS).message
+    if (package.job_id, package.unit_id) != (offer.job_id, offer.unit_id):
+        raise Declined("the package does not match the offer")
+    return package
+
+
+def check_offer(
+    ctx: WorkContext,
+    owner: str,
+    package: WorkPackage,
+    validate_spec: Callable[[dict[str, Any]], dict[str, Any]],
+) -> tuple[dict[str, Any], BlobGrant | None]:
+    """The unit's validated spec and blob grant, when this node takes it now."""
+    check_policy(ctx, owner, package)
+    try:
+        spec = validate_spec(decode(package.spec, WORK_LIMITS))
+    except ValueError as exc:
+        raise Declined(f"invalid job spec: {exc}") from exc
+    check_requirements(ctx, spec)
+    grant = None
+    if package.blobs:
+        grant = open_envelope(
+            package.blob_grant, BlobGrant, expected_signer=owner, limits=WORK_LIMITS
+        ).message
+        if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
+            raise Declined("the blob grant does not match the package")
+        check_download(ctx, grant.max_bytes * len(package.blobs))
+    return spec, grant
+
+
+def check_policy(ctx: WorkContext, owner: str, package: WorkPackage) -> None:
+    """The volunteer's policy and preferences take work from `owner` now."""
+    policy = ctx.policy()
+    if not policy.accepting:
+        raise Declined("this node is paused (not accepting work)")
+    preferences = ctx.preferences()
+    if owner in preferences.deny_owners:
+        raise Declined("this node does not take work from you (deny list)")
+    if preferences.allow_owners and owner not in preferences.allow_owners:
+        raise Declined("this node only takes work from its allow list")
+    why = ctx.paused_because()
+    if why:
+        raise Declined(f"this node does not train now: {why}", transient=True)
+    if not ctx.has_room():
+        raise Declined(f"busy: {len(ctx.units_here)} unit(s) training here", transient=True)
+    if package.max_hours > policy.max_job_hours:
+        raise Declined(
+            f"job may run {package.max_hours:g} h; this node takes up to {policy.max_job_hours:g} h"
+        )
+
+
+def check_requirements(ctx: WorkContext, spec: dict[str, Any]) -> None:
+    """The job's GPU requirements fit this machine and the share of it offered."""
+    req = spec.get("requirements", {})
+    gpus = [g for g in ctx.own_ad().gpus if g.kind == "cuda"]
+    if req.get("gpu") == "required" and not gpus:
+        raise Declined("the job requires a GPU; this node has none")
+    need_mb = float(req.get("min_gpu_memory_gb", 0)) * 1024
+    share = ctx.policy().max_gpu_memory_share
+    if gpus and need_mb and not any(g.memory_total_mb * share >= need_mb for g in gpus):
+        raise Declined(
+            f"the job needs {need_mb / 1024:g} GB of GPU memory; this node "
+            f"offers {share:.0%} of its GPU memory"
+        )
+
+
+def check_download(ctx: WorkContext, total: int) -> None:
+    """A unit may make this node fetch at most its per-unit cap, and never more than
+    half the disk's free space."""
+    cap = ctx.max_unit_download_bytes
+    if total > cap:
+        raise Declined(
+            f"the unit's data may be {total / 2**20:.0f} MiB; this node fetches at "
+            f"most {cap / 2**20:.0f} MiB per unit"
+        )
+    free = shutil.disk_usage(ctx.data_dir).free
+    if total > free // 2:
+        raise Declined(
+            f"the unit's data may be {total / 2**20:.0f} MiB; this node has "
+            f"{free / 2**20:.0f} MiB of disk free",
+            transient=True,
+        )
+
+
+def reply(
+    ctx: WorkContext, job_id: str, unit_id: str, accepted: bool, reason: str, transient: bool
+) -> bytes:
+    """The worker's signed answer; a malformed offer's ids are not echoed."""
+    answer = OfferReply(
+        job_id if is_id(job_id) else NO_ID,
+        unit_id if is_id(unit_id) else NO_ID,
+        accepted,
+        reason[:1000],
+        transient,
+    )
+    return seal(answer, ctx.identity.signing_key)

@@ -22,31 +22,31 @@ from typing import Any, TypeVar
 
 import trio
 
-from node.work import receipts
+from node.work import offers, receipts
 from node.work.blobs import fetch_granted, issue_grant
 from node.work.context import WorkContext
-from node.work.run import RequestBuilder, RunnerRequest, UnitFailed
+from node.work.offers import NO_ID, Declined
+from node.work.run import (
+    RequestBuilder,
+    UnitFailed,
+    inner_state_path,
+    share_request,
+)
 from protocol import (
     MeshminerError,
     ProtocolError,
-    decode,
     open_envelope,
-    public_key_from_peer_id,
     seal,
 )
 from protocol.blobs import BlobGrant
-from protocol.crypto import open_from
-from protocol.ids import is_id
 from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL
 from protocol.receipts import (
     NO_WEIGHTS_SHA256,
     partial_credit,
 )
-from protocol.rounds import RoundShare
 from protocol.work import (
     RESULT_BEING_CHECKED,
     WORK_LIMITS,
-    OfferReply,
     Progress,
     ReceiptReply,
     Result,
@@ -59,8 +59,6 @@ from training.spec.job import relay_blob_bytes
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SPEC_LIMITS = WORK_LIMITS
-NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be read
 HEARTBEAT_S = 1.0
 RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks the weights)
 DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
@@ -76,45 +74,6 @@ def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[str]) -> Non
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     if shas != reported:
         raise RuntimeError(f"the runner's {len(files)} checkpoints are not those it reported")
-
-
-def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
-    """Where this node keeps its inner optimizer state for `slot` of an elastic job
-    between rounds (under units/, so it goes with the old unit folders)."""
-    if not is_id(job_id):
-        raise ValueError(f"not a job id: {job_id[:80]!r}")
-    folder = data_dir / "units" / job_id
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return folder / f"slot-{int(slot)}.safetensors"
-
-
-def share_request(
-    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path, out: Path
-) -> RunnerRequest:
-    """The runner request for one share of a round: the kept inner state (copied in
-    beside `out`, since the runner reads nothing else of this node's) and the files
-    it writes back."""
-    elastic: dict[str, Any] = {
-        "job_id": job_id,
-        "round": share.round,
-        "slot": share.slot,
-        "weights": share.weights_sha256,
-        "state_out": str(out.parent / "state_out.safetensors"),
-    }
-    if kept.is_file():
-        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        state_in = out.parent / "state_in.safetensors"
-        shutil.copyfile(kept, state_in)
-        elastic["state_in"] = str(state_in)
-    return request.elastic_task("elastic_inner", elastic)
-
-
-class Declined(Exception):
-    """An offer this node will not take; the message is sent back as the reason."""
-
-    def __init__(self, reason: str, transient: bool = False) -> None:
-        super().__init__(reason)
-        self.transient = transient
 
 
 @dataclass
@@ -171,101 +130,18 @@ class WorkerRole:
         return self._reply(job_id, unit_id, True, "")
 
     def _check_offer(self, peer: str, offer: WorkOffer) -> RunningUnit:
+        """The unit `offer` brings, when every check passes (`offers.check_offer`)."""
         ctx = self.ctx
-        if offer.worker != ctx.peer_id:
-            raise Declined("the offer is addressed to another node")
-        try:
-            inner = open_from(public_key_from_peer_id(peer), ctx.identity.signing_key, offer.sealed)
-        except ProtocolError as exc:
-            raise Declined(f"cannot open the package: not sealed to this node ({exc})") from exc
-        package = open_envelope(
-            inner, WorkPackage, expected_signer=peer, limits=WORK_LIMITS
-        ).message
-        if (package.job_id, package.unit_id) != (offer.job_id, offer.unit_id):
-            raise Declined("the package does not match the offer")
+        package = offers.open_package(ctx, peer, offer)
         if package.unit_id in self.units or ctx.jobs.receipt(package.unit_id) is not None:
             raise Declined(f"unit {package.unit_id} is already known here")
-        self._check_policy(peer, package)
-        try:
-            spec = self._validate_spec(decode(package.spec, SPEC_LIMITS))
-        except ValueError as exc:
-            raise Declined(f"invalid job spec: {exc}") from exc
-        self._check_requirements(spec)
-        grant = None
-        if package.blobs:
-            grant = open_envelope(
-                package.blob_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
-            ).message
-            if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
-                raise Declined("the blob grant does not match the package")
-            self._check_download(grant.max_bytes * len(package.blobs))
+        spec, grant = offers.check_offer(ctx, peer, package, self._validate_spec)
         return RunningUnit(peer, package, grant, spec)
-
-    def _check_download(self, total: int) -> None:
-        """A unit may make this node fetch at most its per-unit cap, and never more
-        than the disk has free."""
-        cap = self.ctx.max_unit_download_bytes
-        if total > cap:
-            raise Declined(
-                f"the unit's data may be {total / 2**20:.0f} MiB; this node fetches at "
-                f"most {cap / 2**20:.0f} MiB per unit"
-            )
-        free = shutil.disk_usage(self.ctx.data_dir).free
-        if total > free // 2:
-            raise Declined(
-                f"the unit's data may be {total / 2**20:.0f} MiB; this node has "
-                f"{free / 2**20:.0f} MiB of disk free",
-                transient=True,
-            )
-
-    def _check_policy(self, owner: str, package: WorkPackage) -> None:
-        policy = self.ctx.policy()
-        if not policy.accepting:
-            raise Declined("this node is paused (not accepting work)")
-        preferences = self.ctx.preferences()
-        if owner in preferences.deny_owners:
-            raise Declined("this node does not take work from you (deny list)")
-        if preferences.allow_owners and owner not in preferences.allow_owners:
-            raise Declined("this node only takes work from its allow list")
-        why = self.ctx.paused_because()
-        if why:
-            raise Declined(f"this node does not train now: {why}", transient=True)
-        if not self.ctx.has_room():
-            raise Declined(
-                f"busy: {len(self.ctx.units_here)} unit(s) training here", transient=True
-            )
-        if package.max_hours > policy.max_job_hours:
-            raise Declined(
-                f"job may run {package.max_hours:g} h; this node takes up to "
-                f"{policy.max_job_hours:g} h"
-            )
-
-    def _check_requirements(self, spec: dict[str, Any]) -> None:
-        req = spec.get("requirements", {})
-        gpus = [g for g in self.ctx.own_ad().gpus if g.kind == "cuda"]
-        if req.get("gpu") == "required" and not gpus:
-            raise Declined("the job requires a GPU; this node has none")
-        need_mb = float(req.get("min_gpu_memory_gb", 0)) * 1024
-        share = self.ctx.policy().max_gpu_memory_share
-        if gpus and need_mb and not any(g.memory_total_mb * share >= need_mb for g in gpus):
-            raise Declined(
-                f"the job needs {need_mb / 1024:g} GB of GPU memory; this node "
-                f"offers {share:.0%} of its GPU memory"
-            )
 
     def _reply(
         self, job_id: str, unit_id: str, accepted: bool, reason: str, transient: bool = False
     ) -> bytes:
-        return seal(
-            OfferReply(
-                job_id if is_id(job_id) else NO_ID,  # a malformed offer's ids are not echoed
-                unit_id if is_id(unit_id) else NO_ID,
-                accepted,
-                reason[:1000],
-                transient,
-            ),
-            self.ctx.identity.signing_key,
-        )
+        return offers.reply(self.ctx, job_id, unit_id, accepted, reason, transient)
 
     # -- running a unit --------------------------------------------------------------
 

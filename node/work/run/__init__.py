@@ -10,13 +10,18 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 - `executor`: running one task in its own subprocess (`run_training`).
 - `forks`: the node's side of `training.run.forkserver`, a warm parent that forks runners.
 - `availability`: whether this node may train now, by its volunteer's preferences.
-- `unit_folders`: finished units' folders are removed after a while.
+- `unit_folders`: a unit's folder, an elastic slot's kept inner state, and the removal
+  of finished units' folders after a while.
 """
 
 from node.work.run.availability import Availability, TrainingDays, keep_checking
 from node.work.run.executor import UnitFailed, run_training, runner_env
-from node.work.run.request import RequestBuilder, RunnerRequest
-from node.work.run.unit_folders import keep_removing_old_folders, remove_old_unit_folders
+from node.work.run.request import RequestBuilder, RunnerRequest, share_request
+from node.work.run.unit_folders import (
+    inner_state_path,
+    keep_removing_old_folders,
+    remove_old_unit_folders,
+)
 
 __all__ = [
     "Availability",
@@ -26,7 +31,9 @@ __all__ = [
     "UnitFailed",
     "keep_checking",
     "keep_removing_old_folders",
+    "inner_state_path",
     "remove_old_unit_folders",
+    "share_request",
     "run_training",
     "runner_env",
 ]

@@ -9,10 +9,13 @@ and becomes another task's by `replaying`, `elastic_task` and `with_checkpoints`
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from protocol.rounds import RoundShare
 
 #: what the runner does with the request (`training.run.runner.TASKS`)
 Task = Literal["train", "replay", "elastic_init", "elastic_inner", "elastic_outer"]
@@ -93,3 +96,24 @@ class RunnerRequest:
 
 #: how a role gets a request for (spec, blobs, out) with this node's device settings
 RequestBuilder = Callable[[dict[str, Any], dict[str, str], Path], RunnerRequest]
+
+
+def share_request(
+    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path, out: Path
+) -> RunnerRequest:
+    """The runner request for one share of a round: the kept inner state (copied in
+    beside `out`, since the runner reads nothing else of this node's) and the files
+    it writes back."""
+    elastic: dict[str, Any] = {
+        "job_id": job_id,
+        "round": share.round,
+        "slot": share.slot,
+        "weights": share.weights_sha256,
+        "state_out": str(out.parent / "state_out.safetensors"),
+    }
+    if kept.is_file():
+        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state_in = out.parent / "state_in.safetensors"
+        shutil.copyfile(kept, state_in)
+        elastic["state_in"] = str(state_in)
+    return request.elastic_task("elastic_inner", elastic)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import trio
 
+from protocol.ids import is_id
+
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 600.0
@@ -54,3 +56,13 @@ async def keep_removing_old_folders(
                 "removed %d finished unit folder(s) older than %g h", len(removed), keep_s / 3600
             )
         await trio.sleep(CHECK_EVERY_S)
+
+
+def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
+    """Where this node keeps its inner optimizer state for `slot` of an elastic job
+    between rounds (under units/, so it goes with the old unit folders)."""
+    if not is_id(job_id):
+        raise ValueError(f"not a job id: {job_id[:80]!r}")
+    folder = data_dir / "units" / job_id
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder / f"slot-{int(slot)}.safetensors"
