@@ -59,7 +59,7 @@ from benchmarks.discovery import (
 )
 from benchmarks.gossip import cpu_window, settle
 from benchmarks.harness import Cluster, Node, console, wait_for
-from node.localnet import free_port
+from node.demo.localnet import free_port
 
 COSTS = Path(__file__).parent / "simulate" / "costs.json"
 MESSAGES = "meshminer_discovery_messages_total"

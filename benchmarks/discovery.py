@@ -328,7 +328,7 @@ def speed_ms(count: int = 300, passes: int = 5) -> float:
 def check_and_store_ms(count: int = 200) -> float:
     """Checking a signed ad and storing it in a peer table written through to SQLite
     on disk, as an owner does with each ad a directory or a table hands it."""
-    from node.net.gossip import check_ad
+    from node.net.discovery import check_ad
     from node.net.peers import PeerTable
     from node.store import open_node_db
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks.harness import Result
 from node.client import request_json
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 
 SPEC = """\
 name = "bench-digits"

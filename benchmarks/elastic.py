@@ -41,8 +41,8 @@ from typing import Any
 
 from benchmarks.harness import Result, run_parts
 from node.client import submit_job
-from node.demo_elastic import write_corpus
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.elastic import write_corpus
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from protocol.receipts import open_receipt, parse_cosigned
 from training.spec.examples import char_lm_elastic_toml
 from training.spec.job import parse_spec

@@ -27,7 +27,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from node.localnet import free_port
+from node.demo.localnet import free_port
 
 RESULTS_DIR = Path(__file__).parent / "results"
 MESHMINER = str(Path(sys.executable).with_name("meshminer"))

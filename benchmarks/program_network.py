@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness import Result
-from node.localnet import ONE_THREAD, LocalNetwork, wait_for
+from node.demo.localnet import ONE_THREAD, LocalNetwork, wait_for
 from tests.programs.eager import train_eager
 from tests.programs.export import export_pair
 from tests.programs.models import GPT

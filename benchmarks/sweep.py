@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.harness import Result, run_parts
 from node.client import submit_job
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 from training.run.local import train_local
 from training.spec.examples import sweep_toml
 from training.spec.job import parse_spec

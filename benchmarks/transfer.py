@@ -52,8 +52,8 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from benchmarks.harness import Result, console
+from node.demo.localnet import free_port
 from node.identity import Identity
-from node.localnet import free_port
 from node.work.blobs import (
     CHUNK_SIZE,
     BlobServer,

@@ -20,24 +20,20 @@ import trio
 
 from ledger.audit import AuditLog
 from ledger.chain import Ledger
-from node.capacity import LocalCapacity, local_capacity
-from node.config import Settings
 from node.identity import Identity, load_or_create_api_token
-from node.idle import IdleSensor, process_cpu_s
+from node.machine import IdleSensor, LocalCapacity, local_capacity, process_cpu_s
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
-from node.net.directory import Directory
-from node.net.discovery import keep_connected
+from node.net.discovery import CapacityGossip, Directory, Registration, keep_connected
 from node.net.evidence_gossip import EvidenceGossip
 from node.net.finder import PeerFinder
-from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.nat import keep_reachable
 from node.net.peers import PeerTable
 from node.net.receipts_gossip import ReceiptGossip
-from node.net.registration import Registration
 from node.net.relay import RelayOptions
+from node.settings import Settings
 from node.shutdown import Shutdown, in_thread
 from node.state import Node
 from node.store import lock_data_dir, open_node_db

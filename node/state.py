@@ -13,18 +13,15 @@ from typing import Any
 import trio
 
 from node import __version__
-from node.capacity import LocalCapacity, local_capacity
-from node.config import Settings, save_preferences
 from node.identity import Identity
+from node.machine import LocalCapacity, local_capacity
 from node.metrics import NodeMetrics
-from node.net.directory import Directory
+from node.net.discovery import CapacityGossip, Directory, Registration
 from node.net.finder import parse_find_query
-from node.net.gossip import CapacityGossip
 from node.net.host import MeshHost
 from node.net.peers import PeerTable
-from node.net.registration import Registration
 from node.preferences import PreferenceError, apply_changes, chosen_gpus, describe_changes
-from node.settings import api_changes
+from node.settings import Settings, api_changes, save_preferences
 from node.store import next_counter
 from node.timeline import NodeTimeline
 from node.web.events import NodeEvents
@@ -68,7 +65,7 @@ class Node:
         self.preferences = settings.preferences()
         self.timeline = NodeTimeline(db)
         self.availability: Availability | None = None  # set once the node runs
-        self.idle_how: Callable[[], str] = lambda: ""  # what "idle" is read from (node.idle)
+        self.idle_how: Callable[[], str] = lambda: ""  # what "idle" is read from (node.machine)
         self.load_pct = 0
         self.started = time.time()
         self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not

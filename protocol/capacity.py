@@ -85,11 +85,11 @@ class CapacityAd:
     seq: int
     timestamp: float  # unix seconds
     version: str = ""  # meshminer version of the advertising node
-    determinism: str = ""  # the node's determinism class (node.capacity.determinism_class)
+    determinism: str = ""  # the node's determinism class (node.machine.capacity.determinism_class)
     reachability: str = ""  # "public" | "private" | "unknown" (node.net.reachability)
     relay: bool = False  # it relays circuits for peers behind NATs (node.net.relay)
     paused: str = ""  # why it trains nothing now, by its volunteer's preferences ("": it does)
-    directory: bool = False  # it keeps volunteers' registered ads for owners (node.net.directory)
+    directory: bool = False  # it keeps volunteers' registered ads for owners (node.net.discovery)
 
     def check(self, path: str) -> None:
         require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")

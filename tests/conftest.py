@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localnet import ONE_THREAD, LocalNetwork
+from node.demo.localnet import ONE_THREAD, LocalNetwork
 
 # The nodes the tests start train on one thread; so must every reference the tests
 # compare them with bitwise (train_local here, `train-local` in a child): on CPU the

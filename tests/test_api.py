@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 import sqlite_utils
 import trio
 
-from node.idle import IdleSensor, InputWatch
+from node.machine.idle import IdleSensor, InputWatch
 from node.preferences import (
     PreferenceError,
     Preferences,

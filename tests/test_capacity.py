@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from node.capacity import CACHE_FILE, LocalCapacity, local_capacity
+from node.machine.capacity import CACHE_FILE, LocalCapacity, local_capacity
 
 pytestmark = pytest.mark.process  # each test starts a fresh interpreter
 
 READ_IN_A_FRESH_INTERPRETER = """
 import json, sys
 from pathlib import Path
-from node.capacity import local_capacity
+from node.machine.capacity import local_capacity
 c = local_capacity(Path(sys.argv[1]))
 print(json.dumps({"torch_imported": "torch" in sys.modules, "tflops": c.tflops,
                   "torch_version": c.torch_version, "cuda_version": c.cuda_version,

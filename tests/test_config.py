@@ -10,13 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from node.config import ConfigError, Settings, load_settings, parse_config, settings_reference
 from node.identity import (
     KEY_FILE,
     TOKEN_FILE,
     IdentityError,
     load_or_create_api_token,
     load_or_create_identity,
+)
+from node.settings.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_config,
+    settings_reference,
 )
 
 
@@ -169,7 +175,7 @@ def test_second_node_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_bad_preferences_file_stops_the_node_and_stays_as_it_was(tmp_path: Path) -> None:
-    from node.config import load_settings, save_preferences
+    from node.settings.config import load_settings, save_preferences
 
     save_preferences(tmp_path, {"hours": "22:00-07:00", "gpus": [0]})
     assert load_settings(tmp_path).preferences().hours == "22:00-07:00"

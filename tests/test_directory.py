@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import pytest
 
 from node.client import ApiError
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from node.doctor import PROBLEM, data_dir_findings, node_findings
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
+from node.machine.doctor import PROBLEM, data_dir_findings, node_findings
 
 
 def _status(**reachability: object) -> dict:

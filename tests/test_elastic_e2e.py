@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from node.client import request_json
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from training.spec.examples import elastic_toml
 
 pytestmark = pytest.mark.slow

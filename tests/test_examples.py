@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localnet import ONE_THREAD, LocalNetwork
+from node.demo.localnet import ONE_THREAD, LocalNetwork
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from node.demo.localnet import free_port
 from node.identity import load_or_create_identity
-from node.localnet import free_port
 from node.net.host import HostError, MeshHost
 
 pytestmark = pytest.mark.process  # libp2p hosts, in this process

@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 
 from node.client import request_json
-from node.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
 from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 
 pytestmark = pytest.mark.slow
 

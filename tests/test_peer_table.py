@@ -116,7 +116,7 @@ def test_a_flood_of_fresh_identities_cannot_push_out_established_peers(tmp_path:
 
 def test_discovery_cost_is_counted_per_minute_over_its_window() -> None:
     from node.metrics import NodeMetrics
-    from node.net.discovery_cost import DiscoveryCost
+    from node.net.discovery.cost import DiscoveryCost
 
     now = {"t": 100.0}
     cost = DiscoveryCost(NodeMetrics(), clock=lambda: now["t"])

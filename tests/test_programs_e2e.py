@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from node.localnet import LocalNetwork, LocalNode
+from node.demo.localnet import LocalNetwork, LocalNode
 from tests.programs.export import export_pair, program_toml
 from tests.programs.models import GPT, ResNet, UNetBlock
 from tests.test_jobs_e2e import _cli, _job

@@ -26,7 +26,7 @@ from meshminer.connection import token_for
 from meshminer.spec import from_keywords, merged
 from meshminer.toml import dumps
 from node.client import request_json
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 
 # --- the TOML writer -------------------------------------------------------------
 

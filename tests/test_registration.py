@@ -12,10 +12,10 @@ import pytest
 from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
+from node.net.discovery.gossip import check_ad
+from node.net.discovery.registration import Registration, rendezvous_order
 from node.net.finder import parse_find_query
-from node.net.gossip import check_ad
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
-from node.net.registration import Registration, rendezvous_order
 from node.store import open_node_db
 from protocol import StaleMessage, seal
 

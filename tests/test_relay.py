@@ -12,8 +12,8 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
+from node.demo.localnet import free_port
 from node.identity import Identity
-from node.localnet import free_port
 from node.net.host import MeshHost
 from node.net.relay import RelayOptions
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 from node.work.run import remove_old_unit_folders
 from node.work.run.executor import (
     UnitFailed,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.service_unit import UNIT_NAME, unit_text
+from node.machine.service_unit import UNIT_NAME, unit_text
 
 
 def _cli(*args: str, config: Path) -> subprocess.CompletedProcess:

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from node.cli import app
 from node.cli.settings_options import FLAGGED, overrides_from
-from node.config import ConfigError, load_settings, parse_config, settings_reference
 from node.preferences import PreferenceError, Preferences
-from node.settings import API_KEYS, SETTINGS, Settings, api_changes
-from node.settings_doc import DOC_PATH, row, settings_markdown, toml_value
-from node.settings_schema import TYPES, Setting
+from node.settings.config import ConfigError, load_settings, parse_config, settings_reference
+from node.settings.declarations import API_KEYS, SETTINGS, Settings, api_changes
+from node.settings.doc import DOC_PATH, row, settings_markdown, toml_value
+from node.settings.schema import TYPES, Setting
 from protocol import Policy
 
 #: settings set in the file (or the API) only, on purpose: no `node run` flag
@@ -136,7 +136,7 @@ def test_a_value_out_of_range_in_the_file_is_refused_naming_the_key(
 
 
 def test_the_docs_table_is_what_the_declarations_write() -> None:
-    assert DOC_PATH.read_text() == settings_markdown(), "run: python -m node.settings_doc"
+    assert DOC_PATH.read_text() == settings_markdown(), "run: python -m node.settings.doc"
     rows = _doc_rows()
     assert list(rows) == [s.key for s in SETTINGS]
     for s in SETTINGS:

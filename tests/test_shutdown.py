@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from node.client import request_json
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 from node.shutdown import SHUTDOWN_S, Shutdown, kill_process_groups
 from training.spec.examples import digits_toml
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from tests.conftest import FAST_GOSSIP
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

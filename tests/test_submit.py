@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from node.client import submit_job
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 
 pytestmark = pytest.mark.slow
 

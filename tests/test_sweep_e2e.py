@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localnet import LocalNetwork, LocalNode, wait_for
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from training.spec.examples import sweep_toml
 
 pytestmark = pytest.mark.slow

@@ -248,7 +248,7 @@ def test_a_large_vocabulary_is_written_as_uint32(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_meshminer_submit_uploads_a_token_file(tmp_path: Path) -> None:
-    from node.localnet import LocalNetwork
+    from node.demo.localnet import LocalNetwork
 
     write_ids(tmp_path / "train.bin", np.arange(200) % 37)
     (tmp_path / "job.toml").write_text(

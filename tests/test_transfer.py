@@ -21,8 +21,8 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
+from node.demo.localnet import free_port
 from node.identity import Identity
-from node.localnet import free_port
 from node.net.host import MeshHost
 from node.work import blobs as transfer
 from node.work.blobs import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.client import request_json
-from node.localnet import LocalNetwork, wait_for
+from node.demo.localnet import LocalNetwork, wait_for
 from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localnet import free_port, wait_for
+from node.demo.localnet import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from node.work.blobs import Authorized, BlobStore, TransferError, fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import JobStore, StaleJob, UnitKeys
 from node.work.owner import BACKOFF_MAX_S, MAX_ATTEMPTS, Backoff, Leases, Lifecycle
-from node.work.owner.modes import MODES, JobMode, OwnerParts, mode_name
+from node.work.owner.modes import MODES, JobMode, OwnerParts
 from node.work.owner.placement import Placement
 from node.work.service import note_served
 from node.work.trust import Reputation
@@ -57,7 +57,7 @@ def _lifecycle(ctx: WorkContext) -> tuple[Lifecycle, list[int]]:
     """The owner's lifecycle with the default modes (a woken engine is counted)."""
     woken: list[int] = []
     modes: dict[str, JobMode] = {}
-    life = Lifecycle(ctx, lambda job: modes[mode_name(job.spec) if job else "single"])
+    life = Lifecycle(ctx, lambda job: modes[job.mode if job else "single"])
     placement = Placement(ctx, life, Reputation(ctx.jobs.db))
     parts = OwnerParts(ctx, life, placement, None, None, lambda: woken.append(1))  # type: ignore[arg-type]
     modes.update({mode.name: mode for mode in (make(parts) for make in MODES)})

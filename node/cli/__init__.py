@@ -10,11 +10,11 @@ one. docs/operations/cli.md.
 - `common`: what the command modules share: consoles, common options, the token to
   send, failing cleanly.
 - `settings_options`: the options of `node run` that set settings, made from their
-  declarations (`node.settings`).
+  declarations (`node.settings.declarations`).
 - `jobs`: submit, jobs, jobs show, train-local; node pause, resume, prefs.
 - `ledger`: the ledger's recent entries and balances, verify, export.
 - `service`: node install-service, uninstall-service, status.
-- `doctor`: `meshminer doctor` (`node.doctor`).
+- `doctor`: `meshminer doctor` (`node.machine.doctor`).
 - `tokenize`: `meshminer tokenize`: text to the token-id file of a `tokens16` or
   `tokens32` job.
 """

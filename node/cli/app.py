@@ -58,11 +58,11 @@ def node_run(
     import trio
 
     from ledger import LedgerError
-    from node.config import ConfigError, data_dir_from, load_settings
     from node.daemon import run_node
     from node.identity import KEY_FILE, IdentityError, load_or_create_identity
     from node.logs import setup_logging
     from node.net.host import HostError
+    from node.settings import ConfigError, data_dir_from, load_settings
     from node.shutdown import exit_now
     from node.store import DataDirInUse
 
@@ -205,7 +205,7 @@ def demo(
     rounds: Annotated[int, typer.Option(help="rounds of the elastic job (3 or more)")] = 6,
 ) -> None:
     """Start a local network on loopback, train a job across it and show where to look."""
-    from node.demo import run_demo
+    from node.demo.run import run_demo
 
     if mode not in ("single", "elastic"):
         raise typer.BadParameter("--mode must be single or elastic", param_hint="--mode")

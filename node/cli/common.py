@@ -65,8 +65,8 @@ def token_for(api: str, given: str | None = None) -> str | None:
     this machine, so a node's token never travels to another host unasked."""
     if given or os.environ.get("MESHMINER_TOKEN"):
         return given or os.environ["MESHMINER_TOKEN"]
-    from node.config import data_dir_from
     from node.identity import TOKEN_FILE
+    from node.settings import data_dir_from
     from node.web.api import is_loopback
 
     if not is_loopback(urlsplit(api).hostname or ""):

@@ -1,5 +1,5 @@
 """`meshminer doctor`: reachability, addresses, peers, clock, ports, permissions, torch
-and isolation, each problem with its fix (`node.doctor`)."""
+and isolation, each problem with its fix (`node.machine.doctor`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from node.cli.common import ApiOption, DataDirOption, console, token_for
 from node.client import ApiError, NodeUnreachable, api_url, request_json
-from node.doctor import (
+from node.machine import (
     PROBLEM,
     WARN,
     Finding,
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check what stands between this node and useful work; each problem with its
         fix. Exits 1 when something is a problem."""
-        from node.config import data_dir_from
+        from node.settings import data_dir_from
 
         url = api_url(api)
         findings: list[Finding] = []

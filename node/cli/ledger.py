@@ -17,7 +17,7 @@ from rich.table import Table
 
 from node.cli.common import ApiOption, console, err, fail, get, short, token_for
 from node.client import ApiError, NodeUnreachable, api_url, request_json
-from node.config import data_dir_from
+from node.settings import data_dir_from
 from protocol.receipts import credit_text
 
 LedgerDirOption = Annotated[

@@ -27,8 +27,8 @@ def register(node_app: typer.Typer, show_status: Callable[[dict[str, Any]], None
         """Run the node as a systemd user service, started at login (at boot too after
         `loginctl enable-linger`). Flags after the options go to `node run`, e.g.
         `meshminer node install-service -- --hours 22:00-07:00`."""
-        from node.config import data_dir_from
-        from node.service_unit import ServiceError, install, unit_path
+        from node.machine.service_unit import ServiceError, install, unit_path
+        from node.settings import data_dir_from
 
         directory = data_dir_from(data_dir).resolve()
         try:
@@ -51,14 +51,14 @@ def register(node_app: typer.Typer, show_status: Callable[[dict[str, Any]], None
     @node_app.command("uninstall-service")
     def uninstall_service() -> None:
         """Stop the service, disable it and remove its unit file (the data dir stays)."""
-        from node.service_unit import uninstall
+        from node.machine.service_unit import uninstall
 
         console.print(uninstall(), highlight=False)
 
     @node_app.command("status")
     def node_status(api: ApiOption = None) -> None:
         """Whether the service runs, and what the node says of itself."""
-        from node.service_unit import state
+        from node.machine.service_unit import state
 
         console.print(f"service: meshminer.service {state()}", highlight=False)
         url = api_url(api)

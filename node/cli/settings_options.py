@@ -11,8 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.models import OptionInfo
 
-from node.settings import SETTINGS
-from node.settings_schema import Setting
+from node.settings import SETTINGS, Setting
 
 #: the option's value type on the command line, by the setting's type
 _CLI_TYPES: dict[str, Any] = {
@@ -57,7 +56,7 @@ def _parameter(s: Setting) -> inspect.Parameter:
 
 
 def overrides_from(values: dict[str, Any]) -> dict[str, Any]:
-    """Option values (by setting name) as `node.config.load_settings` takes them:
+    """Option values (by setting name) as `node.settings.config.load_settings` takes them:
     None for each one not given; a list flag given no times is not given."""
     overrides: dict[str, Any] = {}
     for s in FLAGGED:

@@ -10,17 +10,14 @@ thread. docs/design/discovery.md, docs/design/libp2p.md, docs/nat.md.
 - `libp2p_fixes`: fixes for py-libp2p 0.8.1's bugs, and defaults a network cannot afford.
 - `bridge`: `TrioBridge`, `HttpServerThread`, `EventFeed`: the seam between the loops.
 - `inbound`: caps on the streams peers have open to this node.
-- `gossip`: capacity gossip on `meshminer/capacity/1`: validate, publish, exchange on connect.
-- `peers`: the peer table, and whether a peer fits a job (`unfit_reason`).
-- `discovery`: staying connected: bootstrap peers, then peers from the peerstore.
 - `connections`: closing idle connections above the high water mark.
-- `directory`: serving as a directory.
-- `registration`: registering with directories, estimating the network's size, querying.
+- `peers`: the peer table, and whether a peer fits a job (`unfit_reason`).
 - `finder`: peers that can take work now: the table, then directories, then probes.
-- `discovery_cost`: what finding peers costs this node, per minute.
 - `reachability`: whether peers can dial this node, from AutoNAT dial-backs.
 - `nat`: staying reachable from behind a NAT: relay slots, circuit addresses.
 - `relay`: circuit relay v2 and hole punching (DCUtR) on our host.
 - `receipts_gossip`: receipt gossip on `meshminer/receipts/1`, into the audit table.
 - `evidence_gossip`: evidence of failed spot checks on `meshminer/evidence/1`.
+- `discovery/`: finding peers and being found: bootstrap, capacity gossip on
+  `meshminer/capacity/1`, directories and registering with them, what it all costs.
 """

@@ -18,10 +18,9 @@ from typing import Any
 
 import trio
 
-from node.net.gossip import CapacityGossip
+from node.net.discovery import CapacityGossip, Registration
 from node.net.host import HostError
 from node.net.peers import PeerEntry, fitting, free_tflops, unfit_reason
-from node.net.registration import Registration
 from protocol import AD_LIMITS
 from protocol.directory import GPU_WISHES, MAX_WANT
 from protocol.names import PROBE_PROTOCOL

@@ -75,9 +75,10 @@ def _no_auto_connector_dials() -> None:
     peerstore until (low + high watermark) / 2 = 200 connections are open, every 30 s
     and after every disconnect. Every ad and table puts its peer in the peerstore, so
     every node of a 30- or 50-node network was connected to every other, at 18 ms of
-    CPU a connection a minute, whatever `target_peers` said. `node/net/discovery.py`
-    dials (to `target_peers`, with its own backoff and relays) and
-    `node/net/connections.py` closes idle connections; the library dials nothing."""
+    CPU a connection a minute, whatever `target_peers` said.
+    `node/net/discovery/bootstrap.py` dials (to `target_peers`, with its own backoff and
+    relays) and `node/net/connections.py` closes idle connections; the library dials
+    nothing."""
     from libp2p.network.auto_connector import AutoConnector
 
     async def maybe_connect(self: Any) -> None:

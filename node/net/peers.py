@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 MAX_PEERS = 4096
 #: a directory's ad lasts this many times the TTL: in a large network directories are
-#: the only nodes that gossip, and they do it this much more slowly (node.net.gossip)
+#: the only nodes that gossip, and they do it this much more slowly
+#: (node.net.discovery.gossip)
 DIRECTORY_TTL_FACTOR = 10
 
 

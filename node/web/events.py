@@ -60,7 +60,7 @@ class NodeEvents:
                 "id": job.id,
                 "name": job.name,
                 "state": job.state,
-                "mode": job.spec.get("mode", "single"),
+                "mode": job.mode,
                 "worker": job.worker,
                 "reason": job.reason,
                 "progress": {

@@ -16,8 +16,8 @@ from factories import capacity_ad
 from nacl.signing import SigningKey
 
 from node.client import request_json
+from node.demo.localnet import LocalNode, free_port
 from node.identity import Identity
-from node.localnet import LocalNode, free_port
 from node.net.host import MeshHost
 from node.work.blobs import BlobStore, serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal

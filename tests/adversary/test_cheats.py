@@ -25,8 +25,8 @@ from cheats import Claim, honest, initial_weights, lazy, lazy_share, other_seed
 from nacl.signing import SigningKey
 from rogue import RogueWorker, api, query, running, until
 
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
 from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result

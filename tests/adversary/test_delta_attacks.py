@@ -18,8 +18,8 @@ from nacl.signing import SigningKey
 from rogue import RogueWorker, assert_alive, receipt_rows, running, until
 
 from node.client import request_json
+from node.demo.localnet import LocalNetwork, LocalNode, wait_for
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, wait_for
 from node.work.blobs import BlobStore
 from protocol import seal
 from protocol.rounds import RoundDelta, encode_round_delta

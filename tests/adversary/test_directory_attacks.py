@@ -16,8 +16,8 @@ import trio
 from factories import capacity_ad, rejections
 from nacl.signing import SigningKey
 
+from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.net.host import HostError, MeshHost
 from protocol import AD_LIMITS, encode, open_envelope, peer_id_from_public_key, seal
 from protocol.directory import DIRECTORY_LIMITS, DirectoryReply

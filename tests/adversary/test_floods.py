@@ -18,9 +18,9 @@ from factories import capacity_ad
 from ledger_factories import cosigned
 from nacl.signing import SigningKey
 
+from node.demo.localnet import LocalNetwork, LocalNode, free_port
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port
-from node.net.gossip import MAX_TABLE_ADS
+from node.net.discovery.gossip import MAX_TABLE_ADS
 from node.net.host import MeshHost
 from node.net.peers import MAX_PEERS
 from protocol import encode, peer_id_from_public_key, seal

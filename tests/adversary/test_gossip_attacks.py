@@ -20,7 +20,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from nacl.signing import SigningKey
 
-from node.localnet import LocalNetwork, LocalNode, free_port
+from node.demo.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import GOSSIPSUB_PROTOCOLS
 from protocol import AD_LIMITS, CapacityAd, encode, peer_id_from_public_key, seal
 from protocol.envelope import signing_bytes

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localnet import LocalNetwork, LocalNode, free_port
+from node.demo.localnet import LocalNetwork, LocalNode, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -36,8 +36,8 @@ from programs.export import program_toml
 from rogue import assert_alive, query, receipt_count, stored_blobs, unchecked_digits_toml, until
 
 from node.client import ApiError, submit_job
+from node.demo.localnet import LocalNetwork, LocalNode, free_port
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import MeshHost
 from node.work.blobs import BlobStore, serve_blobs_libp2p
 from protocol import encode, open_envelope, public_key_from_peer_id, seal

@@ -13,8 +13,8 @@ from factories import rejections
 from nacl.signing import SigningKey
 
 from node.client import request_json
+from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.net.host import MeshHost
 from protocol import decode
 from protocol.names import RECEIPT_PROTOCOL, RECEIPTS_TOPIC

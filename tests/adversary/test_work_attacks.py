@@ -46,8 +46,8 @@ from rogue import (
 from safetensors.numpy import save as save_safetensors
 
 from node.client import request_json
+from node.demo.localnet import LocalNetwork, LocalNode, free_port
 from node.identity import Identity
-from node.localnet import LocalNetwork, LocalNode, free_port
 from node.net.host import HostError, MeshHost
 from node.work.blobs import BlobStore
 from protocol import encode, open_envelope, public_key_from_peer_id, seal

@@ -17,7 +17,7 @@ import pytest
 from lab import Lab, LabUnavailable
 
 from node.client import request_json
-from node.localnet import LocalNode, free_port, wait_for
+from node.demo.localnet import LocalNode, free_port, wait_for
 from training.run.execute import run_job
 from training.run.local import train_local
 from training.spec.examples import digits_toml, elastic_toml

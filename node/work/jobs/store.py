@@ -68,12 +68,17 @@ class Job:
         return source.removeprefix("blob:") if source.startswith("blob:") else None
 
     @property
+    def mode(self) -> str:
+        """The mode the spec names (`single` when it names none)."""
+        return str(self.spec.get("mode", "single"))
+
+    @property
     def max_hours(self) -> float:
         return float(self.spec.get("requirements", {}).get("max_hours", 1.0))
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["mode"] = self.spec.get("mode", "single")
+        out["mode"] = self.mode
         return out
 
 

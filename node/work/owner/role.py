@@ -20,7 +20,7 @@ from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
 from node.work.owner.leases import Leases
 from node.work.owner.lifecycle import Lifecycle
-from node.work.owner.modes import MODES, JobMode, OwnerParts, mode_name
+from node.work.owner.modes import MODES, JobMode, OwnerParts
 from node.work.owner.placement import Placement
 from node.work.owner.results import Results
 from node.work.run import RequestBuilder, UnitFailed
@@ -62,7 +62,7 @@ class OwnerRole:
     def mode_of(self, job: Job | None) -> JobMode:
         """The mode that runs `job` (a job gone from node.db: `single`'s, which only
         acts on a job it finds)."""
-        return self.modes[mode_name(job.spec) if job is not None else "single"]
+        return self.modes[job.mode if job is not None else "single"]
 
     def wake(self) -> None:
         self._wake.set()

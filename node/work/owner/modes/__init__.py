@@ -14,7 +14,7 @@ spec's `mode`. A new mode is one module with a `JobMode` subclass, added to `MOD
 """
 
 from node.work.owner.modes.elastic import ADAPTIVE_FACTOR, FIRST_ROUND_TIMEOUT_S, ElasticRounds
-from node.work.owner.modes.mode import JobMode, ManyUnits, OwnerParts, credit_of, mode_name
+from node.work.owner.modes.mode import JobMode, ManyUnits, OwnerParts, credit_of
 from node.work.owner.modes.single import MAX_ATTEMPTS, SingleJob, result_metrics
 from node.work.owner.modes.sweep import SweepTrials, best_trial
 
@@ -34,6 +34,5 @@ __all__ = [
     "SweepTrials",
     "best_trial",
     "credit_of",
-    "mode_name",
     "result_metrics",
 ]

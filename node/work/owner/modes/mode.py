@@ -48,11 +48,6 @@ class OwnerParts:
     wake: Callable[[], None]  # the engine's loop: a job wants a unit again
 
 
-def mode_name(spec: dict[str, Any]) -> str:
-    """The mode a plain spec names (`single` when it names none)."""
-    return str(spec.get("mode", "single"))
-
-
 def credit_of(job: Job) -> float:
     """The credit a unit of `job` earns, from the spec's summary computed at submit."""
     return flops_to_credit(int(job.summary.get("training_flops", 0)))
@@ -127,9 +122,9 @@ class JobMode:
         name), which a spot check compares with its replay."""
         return {}, ""
 
-    def accept(self, job: Job, unit: Unit, peer: str, result: Any, shown: Any) -> str:
-        """Record `unit`'s checked result (weights sha256, figures `shown` with their
-        status): "" when accepted, else why not (the job or round moved on)."""
+    def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
+        """Record `unit`'s checked result (`CheckedResult`: weights sha256, figures shown
+        with their status): "" when accepted, else why not (the job or round moved on)."""
         raise NotImplementedError
 
     # -- restart and the API -----------------------------------------------------------

@@ -1,10 +1,11 @@
 """Node settings: embedded defaults < `meshminer.toml` in the data dir <
 `preferences.json` (what the page, the API or `node prefs` changed) < CLI flags.
 
-The settings themselves are declared once, in `node.settings`; this module reads them
-from the file and layers them. A config file with an unknown key or a value of the
-wrong type stops the node with an error naming the key, because a silently ignored
-typo in a volunteer's policy is worse than a node that does not start.
+The settings themselves are declared once, in `node.settings.declarations`; this
+module reads them from the file and layers them. A config file with an unknown key or
+a value of the wrong type stops the node with an error naming the key, because a
+silently ignored typo in a volunteer's policy is worse than a node that does not
+start.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from node.settings import API_KEYS, BY_NAME, SETTINGS, Settings
-from node.settings_schema import ConfigError, from_toml
+from node.settings.declarations import API_KEYS, BY_NAME, SETTINGS, Settings
+from node.settings.schema import ConfigError, from_toml
 
 __all__ = [
     "CONFIG_FILE",

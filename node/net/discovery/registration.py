@@ -25,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from node.identity import Identity
-from node.net.discovery_cost import DiscoveryCost
+from node.net.discovery.cost import DiscoveryCost
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
 from protocol import ProtocolError, open_envelope, seal

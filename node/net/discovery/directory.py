@@ -2,8 +2,9 @@
 
 A directory is an ordinary node with `directory = true` (a public one, like a relay
 or a bootstrap node). In a large network volunteers stop gossiping their ads and
-register them here instead (`node.net.registration`), so a volunteer's discovery cost
-no longer grows with the network: see docs/architecture.md, "Finding peers at scale".
+register them here instead (`node.net.discovery.registration`), so a volunteer's
+discovery cost no longer grows with the network: see docs/architecture.md, "Finding
+peers at scale".
 
 Registrations are checked exactly like gossiped ads (`check_ad`: size, signature,
 signer = registering peer, freshness, sequence), and kept in an in-memory `PeerTable`
@@ -23,8 +24,8 @@ import trio
 
 from node.identity import Identity
 from node.metrics import NodeMetrics
-from node.net.discovery_cost import DiscoveryCost
-from node.net.gossip import DuplicateAd, check_ad
+from node.net.discovery.cost import DiscoveryCost
+from node.net.discovery.gossip import DuplicateAd, check_ad
 from node.net.host import MeshHost
 from node.net.peers import PeerTable, unfit_reason
 from protocol import AD_LIMITS, ProtocolError, open_envelope, seal

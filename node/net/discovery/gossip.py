@@ -18,7 +18,7 @@ from collections.abc import Callable
 import trio
 
 from node.metrics import NodeMetrics
-from node.net.discovery_cost import DiscoveryCost
+from node.net.discovery.cost import DiscoveryCost
 from node.net.host import HostError, MeshHost
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
 from protocol import (
@@ -114,7 +114,7 @@ class CapacityGossip:
         self._wake = trio.Event()
         self._own_ad = make_ad()
         self._own_ad_at = time.monotonic()
-        # False once directories say the network is large (node.net.registration)
+        # False once directories say the network is large (node.net.discovery.registration)
         self.gossip_own_ad: Callable[[], bool] = lambda: True
         # True for a directory in a large network: it refreshes its ad more slowly
         self.slow_refresh: Callable[[], bool] = lambda: False

@@ -3,7 +3,7 @@
 Three nodes start and find each other; node 1 submits a digits classifier; a peer
 trains it in a sandboxed subprocess and returns signed weights, which node 1 checks
 and stores; both sides keep the receipt. `--mode elastic` trains one job on several
-peers at once instead (`node.demo_elastic`).
+peers at once instead (`node.demo.elastic`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from node.client import ApiError, NodeUnreachable, request_json
-from node.demo_elastic import run_elastic
-from node.localnet import LocalNetwork, LocalNode
+from node.demo.elastic import run_elastic
+from node.demo.localnet import LocalNetwork, LocalNode
 from training.spec.examples import digits_toml
 
 DEMO_SPEC = digits_toml()

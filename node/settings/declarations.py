@@ -1,11 +1,12 @@
 """Every node setting, declared once: a field of `Settings` with its type, default,
 meaning, unit, TOML table, `node run` flag, value rule, and whether the API may change
-it while the node runs (`node.settings_schema.setting`).
+it while the node runs (`node.settings.schema.setting`).
 
-From these declarations come the config file's keys and checks (`node.config`), the
-options of `meshminer node run` (`node.cli.settings_options`), the keys
-`PUT /api/v1/policy` takes (`api_changes`) and docs/settings.md
-(`python -m node.settings_doc`). Values are layered by `node.config.load_settings`.
+From these declarations come the config file's keys and checks
+(`node.settings.config`), the options of `meshminer node run`
+(`node.cli.settings_options`), the keys `PUT /api/v1/policy` takes (`api_changes`) and
+docs/settings.md (`python -m node.settings.doc`). Values are layered by
+`node.settings.config.load_settings`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import multiaddr
 
 from node.preferences import MAX_GPUS, PREFERENCE_KEYS, PreferenceError, Preferences
-from node.settings_schema import Bounds, ConfigError, Setting, declared, from_json, setting
+from node.settings.schema import Bounds, ConfigError, Setting, declared, from_json, setting
 
 POLICY = "policy"
 _AT_LEAST_0 = Bounds(0)

@@ -1,6 +1,6 @@
-"""docs/settings.md, written from the settings' declarations (`node.settings`):
-`python -m node.settings_doc` writes it; with `--check` it only says whether the file
-is what would be written (exit status 1 when not)."""
+"""docs/settings.md, written from the settings' declarations
+(`node.settings.declarations`): `python -m node.settings.doc` writes it; with `--check`
+it only says whether the file is what would be written (exit status 1 when not)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from node.settings import SETTINGS
-from node.settings_schema import Setting
+from node.settings.declarations import SETTINGS
+from node.settings.schema import Setting
 from protocol import Policy
 
-DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 COLUMNS = ("key", "type", "default", "unit", "meaning", "`node run` flag", "API")
 
 
@@ -47,12 +47,12 @@ def settings_markdown() -> str:
     lines = [
         "# Settings",
         "",
-        "<!-- Written by `python -m node.settings_doc` from the declarations in",
-        "node/settings.py; change those, then run it again. -->",
+        "<!-- Written by `python -m node.settings.doc` from the declarations in",
+        "node/settings/declarations.py; change those, then run it again. -->",
         "",
-        "Every setting of a node, declared once in `node/settings.py`: the config file,",
-        "the flags of `meshminer node run`, the keys `PUT /api/v1/policy` takes and this",
-        "table all come from there, in the same words.",
+        "Every setting of a node, declared once in `node/settings/declarations.py`: the",
+        "config file, the flags of `meshminer node run`, the keys `PUT /api/v1/policy` takes",
+        "and this table all come from there, in the same words.",
         "",
         "Precedence: built-in default < `meshminer.toml` in the data dir <",
         "`preferences.json` in the data dir (what the status page, `meshminer node prefs`",
@@ -75,7 +75,7 @@ def settings_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.settings_doc", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m node.settings.doc", description=__doc__)
     parser.add_argument("path", nargs="?", type=Path, default=DOC_PATH)
     parser.add_argument("--check", action="store_true", help="only say whether it is current")
     args = parser.parse_args(argv)

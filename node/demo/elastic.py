@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from node.cli.jobs import rounds_table
 from node.client import submit_job
-from node.localnet import LocalNetwork, LocalNode
+from node.demo.localnet import LocalNetwork, LocalNode
 from training.spec.examples import char_lm_elastic_toml
 
 WORKERS = 3
@@ -29,7 +29,7 @@ PACKAGES = ("protocol", "node", "training", "ledger")
 
 def write_corpus(path: Path) -> Path:
     """The module docstrings of meshminer itself, up to CORPUS_CHARS characters."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     texts = []
     for package in PACKAGES:
         for module in sorted((root / package).rglob("*.py")):

@@ -1,8 +1,9 @@
 """What declaring a node setting takes, and the value checks every entry point shares.
 
-A setting is one field of `node.settings.Settings`, declared with `setting(...)`: its
-default, help text, unit, TOML table, CLI flag, whether `PUT /api/v1/policy` may change
-it and its value rule (`Bounds`, or a list of choices). `Setting` is that declaration
+A setting is one field of `node.settings.declarations.Settings`, declared with
+`setting(...)`: its default, help text, unit, TOML table, CLI flag, whether
+`PUT /api/v1/policy` may change it and its value rule (`Bounds`, or a list of
+choices). `Setting` is that declaration
 read back, with the field's name and type; the config file, the CLI options, the API
 and docs/settings.md all come from these records.
 """

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from node.capacity import CACHE_FILE as CAPACITY_CACHE
 from node.client import ApiError, NodeUnreachable, request_json
+from node.machine import CACHE_FILE as CAPACITY_CACHE
 
 T = TypeVar("T")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

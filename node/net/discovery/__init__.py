@@ -1,0 +1,55 @@
+"""Discovery: how a node finds peers and is found: bootstrap peers and the peerstore,
+capacity gossip, and in a large network directories.
+
+A small network gossips every ad to every node (`gossip`); in a large one volunteers
+register their ads with directories instead (`registration`), which keep them and
+answer owners' queries (`directory`), so that a volunteer's cost stops growing with
+the network; `cost` counts what all of it costs this node. The ads land in the peer
+table (`node/net/peers.py`); the owner's search for peers that can take work now,
+which asks this package, is `node/net/finder.py`. All of it runs in the trio thread
+and reaches the network only through `MeshHost` (`node/net/host.py`).
+docs/design/discovery.md.
+
+The face re-exports what the rest of the node uses; the modules import each other,
+never the face.
+
+- `bootstrap`: staying connected: bootstrap peers with retry and backoff, then peers
+  from the peerstore, until `target_peers` are connected (`keep_connected`).
+- `gossip`: capacity gossip on `meshminer/capacity/1`: validate (`check_ad`), publish,
+  exchange ad tables on connect (`CapacityGossip`).
+- `directory`: serving as a directory: keep the ads volunteers register, answer
+  owners (`Directory`).
+- `registration`: registering with directories, estimating the network's size,
+  querying (`Registration`).
+- `cost`: what finding peers costs this node, per minute (`DiscoveryCost`).
+"""
+
+from __future__ import annotations
+
+from node.net.discovery.bootstrap import keep_connected
+from node.net.discovery.cost import DiscoveryCost
+from node.net.discovery.directory import MAX_REGISTRATIONS, Directory
+from node.net.discovery.gossip import (
+    MAX_TABLE_ADS,
+    REJECT_REASONS,
+    CapacityGossip,
+    DuplicateAd,
+    PeerMismatch,
+    check_ad,
+)
+from node.net.discovery.registration import Registration, rendezvous_order
+
+__all__ = [
+    "MAX_REGISTRATIONS",
+    "MAX_TABLE_ADS",
+    "REJECT_REASONS",
+    "CapacityGossip",
+    "DiscoveryCost",
+    "Directory",
+    "DuplicateAd",
+    "PeerMismatch",
+    "Registration",
+    "check_ad",
+    "keep_connected",
+    "rendezvous_order",
+]
