@@ -25,7 +25,13 @@ from node.machine import IdleSensor, LocalCapacity, local_capacity, process_cpu_
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
-from node.net.discovery import CapacityGossip, Directory, Registration, keep_connected
+from node.net.discovery import (
+    CapacityGossip,
+    Directory,
+    DiscoveryCost,
+    Registration,
+    keep_connected,
+)
 from node.net.evidence_gossip import EvidenceGossip
 from node.net.finder import PeerFinder
 from node.net.host import MeshHost
@@ -135,27 +141,32 @@ async def _serve(
         node.sandbox = await probe_isolation()
         feed = EventFeed()
         node.events = events = NodeEvents(feed)
-        node.gossip = gossip = CapacityGossip(
-            host, peers, metrics, node.signed_ad, settings.publish_interval_s
-        )
+        cost = DiscoveryCost(metrics)  # what discovery costs this node, all parts together
+        if settings.directory:
+            node.directory = Directory(host, identity, metrics, cost, settings.ttl_s)
+        directory = node.directory
         node.registration = registration = Registration(
             host,
             identity,
             peers,
-            gossip.cost,
+            cost,
             node.signed_ad,
             directory_peers=settings.directory_peers,
             interval_s=settings.register_every_s,
             gossip_max_peers=settings.gossip_max_peers,
             is_directory=settings.directory,
+            own_count=(lambda: len(directory.table)) if directory else (lambda: 0),
         )
-        gossip.gossip_own_ad = registration.gossip_own_ad
-        gossip.slow_refresh = registration.slow_refresh
-        if settings.directory:
-            node.directory = directory = Directory(
-                host, identity, metrics, gossip.cost, settings.ttl_s
-            )
-            registration.own_count = lambda: len(directory.table)
+        node.gossip = gossip = CapacityGossip(
+            host,
+            peers,
+            metrics,
+            node.signed_ad,
+            settings.publish_interval_s,
+            cost,
+            gossip_own_ad=registration.gossip_own_ad,
+            slow_refresh=registration.slow_refresh,
+        )
         receipts = ReceiptGossip(host, audit, metrics)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)

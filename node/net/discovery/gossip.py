@@ -104,20 +104,23 @@ class CapacityGossip:
         metrics: NodeMetrics,
         make_ad: Callable[[], bytes],
         publish_interval_s: float,
+        cost: DiscoveryCost,
+        gossip_own_ad: Callable[[], bool] = lambda: True,
+        slow_refresh: Callable[[], bool] = lambda: False,
     ) -> None:
         self.host = host
         self.peers = peers
         self.metrics = metrics
         self._make_ad = make_ad
         self.publish_interval_s = publish_interval_s
-        self.cost = DiscoveryCost(metrics)
+        self.cost = cost
         self._wake = trio.Event()
         self._own_ad = make_ad()
         self._own_ad_at = time.monotonic()
-        # False once directories say the network is large (node.net.discovery.registration)
-        self.gossip_own_ad: Callable[[], bool] = lambda: True
+        # False once directories say the network is large (`Registration.gossip_own_ad`)
+        self.gossip_own_ad = gossip_own_ad
         # True for a directory in a large network: it refreshes its ad more slowly
-        self.slow_refresh: Callable[[], bool] = lambda: False
+        self.slow_refresh = slow_refresh
         for reason in REJECT_REASONS:  # export every series from the start, at 0
             metrics.ads_rejected.labels(reason)
 
