@@ -109,7 +109,7 @@ def test_bad_deltas_never_touch_the_global_weights(localnet: LocalNetwork, tmp_p
         assert observed[case].startswith("weights rejected"), observed[case]
     assert "RoundDelta.round is 7" in observed["another round"]
     # float32 NaN on an int8 job: refused for its compression before its values are
-    # read (NaN inside a delta of the right form: tests/test_elastic.py)
+    # read (NaN inside a delta of the right form: tests/training/test_elastic.py)
     assert "RoundDelta.compression" in observed["nan"]
     rogues = observed["rogues"].split(",")
     job = next(j for j in owner.get("/api/v1/jobs") if j["name"] == "rogue-deltas")

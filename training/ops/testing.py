@@ -12,7 +12,7 @@ The variable must be in the process's environment before Triton is imported:
 Triton wraps its own library functions (`tl.max`, `tl.sum`, ...) for the
 interpreter or for the GPU when it is imported, and our kernels when they are
 first used. So a process is either interpreting or not, for good; the test suite
-runs its interpreter tests in a child process (tests/test_ops_interpreter.py) and
+runs its interpreter tests in a child process (tests/training/ops/test_ops_interpreter.py) and
 nothing leaks into the tests that run beside them.
 
 Inside the block, CPU tensors take the Triton path; outside it they take the
@@ -50,7 +50,7 @@ def triton_on_cpu() -> Iterator[None]:
     if not interpreter_ready():
         raise RuntimeError(
             f"Triton's interpreter is not on in this process; {HOW} (Triton reads it "
-            "when it is imported), e.g. TRITON_INTERPRET=1 pytest tests/test_ops_triton.py"
+            "when it is imported), e.g. TRITON_INTERPRET=1 pytest tests/training/ops/test_ops_triton.py"
         )
     saved = _dispatch._FORCE_ON_CPU
     _dispatch._FORCE_ON_CPU = True

@@ -138,7 +138,7 @@ def diagram(table: Mapping[str, Mapping[str, str]], initial: str) -> str:
 
 def document() -> str:
     """docs/design/states.md, whole: generated so that it cannot drift from the tables
-    (tests/test_job_states.py fails when the file differs)."""
+    (tests/node/work/jobs/test_job_states.py fails when the file differs)."""
     final = ", ".join(FINAL_STATES)
     live = ", ".join(LIVE_UNIT_STATES)
     return f"""# Job and unit states

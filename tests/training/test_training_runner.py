@@ -20,7 +20,7 @@ from training.spec.job import SpecError, load_spec, spec_to_plain, with_blob_sou
 
 pytestmark = pytest.mark.process  # each test runs the runner in a subprocess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CSV_JOB = """
 name = "csv-job"

@@ -684,7 +684,7 @@ def test_the_worked_examples_in_the_docs_match_the_code() -> None:
     from training.budget import validate_for_submit
     from training.spec.job import parse_spec
 
-    docs = Path(__file__).parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     doc = (docs / "ledger.md").read_text()
     specs = [
         re.search(r"```toml\n(.*?)```", (docs / "jobspec.md").read_text(), re.S),

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from node.demo.localnet import LocalNetwork, LocalNode
+from tests.e2e.test_jobs_e2e import _cli, _job
 from tests.programs.export import export_pair, program_toml
 from tests.programs.models import GPT, ResNet, UNetBlock
-from tests.test_jobs_e2e import _cli, _job
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ import training.ops as ops
 from training.ops import _dispatch, reference
 from training.ops.quant import FLOAT_DTYPES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BLOCK_SIZES = (16, 32, 64, 128, 256, 1024, 4096)
 #: half an ulp, relative, of each dtype's normal numbers; and half its smallest subnormal
 HALF_ULP = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}

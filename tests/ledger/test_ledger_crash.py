@@ -124,7 +124,8 @@ def test_kill_9_at_random_moments_leaves_a_valid_chain(tmp_path: Path) -> None:
 CHILD = """
 import os, struct, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[2])
+here = Path(sys.argv[2])
+sys.path[:0] = [str(here), str(here.parent)]  # this module, and tests/ (ledger_factories)
 from test_ledger_crash import append_forever
 append_forever(Path(sys.argv[1]), sys.stdout.fileno(), sys.argv[3])
 """
@@ -132,7 +133,7 @@ append_forever(Path(sys.argv[1]), sys.stdout.fileno(), sys.argv[3])
 
 def test_kill_9_of_a_fresh_interpreter(tmp_path: Path) -> None:
     rng = random.Random()
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).resolve().parent)
     for run in range(4):
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(tmp_path), tests_dir, f"{run + 0xCAFE0000:016x}"],

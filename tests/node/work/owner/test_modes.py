@@ -44,7 +44,7 @@ ELASTIC = {
 
 @pytest.fixture
 def owner(tmp_path: Path) -> OwnerRole:
-    """The owner's engine over node.db in `tmp_path` (as tests/test_work_engine.py's
+    """The owner's engine over node.db in `tmp_path` (as tests/node/work/owner/test_work_engine.py's
     `_ctx`, with a blob store): no host, peers or runner, so nothing leaves the test."""
     db = sqlite_utils.Database(tmp_path / "node.db")
     identity = Identity(SigningKey.generate())
@@ -426,7 +426,7 @@ ALLOWED = {("node/work/jobs/store.py", 'return str(self.spec.get("mode", "single
 def test_only_the_modes_test_a_units_round_or_trial_or_the_specs_mode() -> None:
     """Scans node/work/ only: node/web reads the `mode` field of the API's job JSON
     (`pages.py`), which is what that field is for."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[4]
     modes = root / "node" / "work" / "owner" / "modes"
     found = []
     for path in sorted((root / "node" / "work").rglob("*.py")):

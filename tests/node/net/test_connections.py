@@ -1,5 +1,5 @@
 """Which idle connections a node closes, without a network (the trimming of a real
-node's connections is in tests/test_network.py)."""
+node's connections is in tests/node/net/test_network.py)."""
 
 from __future__ import annotations
 

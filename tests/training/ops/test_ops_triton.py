@@ -6,7 +6,7 @@ strides and dtypes, with NaN/Inf and empty tensors.
 Triton reads TRITON_INTERPRET when it is imported, so this module runs only in a
 process started with it set; test_ops_interpreter.py starts one. To run it alone:
 
-    TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_ops_triton.py
+    TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/training/ops/test_ops_triton.py
 """
 
 from __future__ import annotations

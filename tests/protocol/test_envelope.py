@@ -346,9 +346,9 @@ def _message_types() -> set[type]:
 
 #: message types with a wire form of their own (not a signed envelope), tested elsewhere
 OWN_WIRE_FORM = {
-    CoSignedReceipt,  # tests/test_ledger.py, tests/test_audit.py
-    CompressedTensor,  # tests/test_tensor_codec.py
-    RoundDelta,  # tests/test_elastic.py
+    CoSignedReceipt,  # tests/ledger/test_ledger.py, tests/ledger/test_audit.py
+    CompressedTensor,  # tests/protocol/test_tensor_codec.py
+    RoundDelta,  # tests/training/test_elastic.py
 }
 
 

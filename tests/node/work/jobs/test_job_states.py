@@ -30,7 +30,7 @@ from node.work.jobs import (
 )
 from node.work.jobs.states import JOB_INITIAL, UNIT_INITIAL, diagram, document
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "design" / "states.md"
+DOC = Path(__file__).resolve().parents[4] / "docs" / "design" / "states.md"
 
 JOB_EDGES = [(a, b) for a, targets in JOB_TRANSITIONS.items() for b in targets]
 UNIT_EDGES = [(a, b) for a, targets in UNIT_TRANSITIONS.items() for b in targets]

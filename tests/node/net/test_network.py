@@ -84,7 +84,7 @@ def test_restarted_node_shows_what_it_knew_marked_stale(localnet: LocalNetwork) 
 
 
 def test_sigint_stops_a_node_cleanly(localnet: LocalNetwork) -> None:
-    """The node bounds its own stop (node.shutdown; tests/test_shutdown.py stops one on
+    """The node bounds its own stop (node.shutdown; tests/node/test_shutdown.py stops one on
     a busy machine): here it must exit by itself, with code 0, its ports closed."""
     node = localnet.add()
     started = time.monotonic()

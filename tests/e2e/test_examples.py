@@ -13,7 +13,7 @@ import pytest
 from node.demo.localnet import ONE_THREAD, LocalNetwork
 
 pytestmark = pytest.mark.slow
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(script: str, *args: str, cwd: Path) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed (the test extra has it)")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.process
@@ -34,7 +34,7 @@ def test_kernels_match_their_references_in_the_triton_interpreter():
             "no:cacheprovider",
             "-W",
             "ignore::RuntimeWarning",
-            str(ROOT / "tests" / "test_ops_triton.py"),
+            str(ROOT / "tests" / "training" / "ops" / "test_ops_triton.py"),
         ],
         cwd=ROOT,
         env=env,

@@ -10,7 +10,7 @@ from training.budget import validate_for_submit
 from training.model.layers import LAYER_TYPES
 from training.spec.job import load_spec
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "jobspec.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "jobspec.md"
 
 
 def examples() -> dict[str, str]:
