@@ -32,6 +32,9 @@ KNOWN_GAPS = {
     ("gossip", "find_s"): (0.5, 1 + TOLERANCE),
 }
 FINDS = 5  # searches (directory) or joiners (gossip); the figure is their median
+#: other processes' use of the machine (cores) past which a run measures them, not the
+#: design: a miss then says nothing about the simulator
+BUSY_CORES = 0.5
 
 
 # publish (gossip) or register (directory) every few seconds: not the calibration's rates
@@ -63,4 +66,9 @@ def test_the_simulator_agrees_with_ten_real_nodes(design: str) -> None:
     if misses:
         misses, report = _misses(design)
         print(f"{design}, again: real vs simulated: {report}")
+    if misses and report["others_cores"] > BUSY_CORES:
+        pytest.skip(
+            f"other processes used {report['others_cores']} cores during both runs, so the "
+            f"real figures measured them ({'; '.join(misses)}); run it on an idle machine"
+        )
     assert not misses, f"{'; '.join(misses)} ({report})"

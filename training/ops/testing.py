@@ -50,7 +50,8 @@ def triton_on_cpu() -> Iterator[None]:
     if not interpreter_ready():
         raise RuntimeError(
             f"Triton's interpreter is not on in this process; {HOW} (Triton reads it "
-            "when it is imported), e.g. TRITON_INTERPRET=1 pytest tests/training/ops/test_ops_triton.py"
+            "when it is imported), e.g. "
+            "TRITON_INTERPRET=1 pytest tests/training/ops/test_ops_triton.py"
         )
     saved = _dispatch._FORCE_ON_CPU
     _dispatch._FORCE_ON_CPU = True
