@@ -49,7 +49,7 @@ from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
 from node.web.pages import PageSources, page_routes
 from node.work.blobs import BlobStore
-from node.work.context import WorkContext
+from node.work.context import WorkContext, WorkLimits
 from node.work.jobs import JobStore, UnitKeys
 from node.work.owner import SubmitError
 from node.work.run import Availability, TrainingDays, keep_checking
@@ -187,12 +187,14 @@ async def _serve(
                     ledger=PublishingLedger(ledger, events),  # type: ignore[arg-type]
                     publish_receipt=receipts.publish,
                     publish_evidence=evidence.publish,
-                    lease_s=settings.lease_s,
+                    limits=WorkLimits(
+                        lease_s=settings.lease_s,
+                        max_units=settings.max_units,
+                        max_unit_download_bytes=settings.max_unit_download_mb << 20,
+                        unit_disk_quota_bytes=settings.unit_disk_quota_mb << 20,
+                        unit_files_keep_s=settings.unit_files_keep_hours * 3600,
+                    ),
                     unit_keys=UnitKeys(db, identity.seed),
-                    max_units=settings.max_units,
-                    max_unit_download_bytes=settings.max_unit_download_mb << 20,
-                    unit_disk_quota_bytes=settings.unit_disk_quota_mb << 20,
-                    unit_files_keep_s=settings.unit_files_keep_hours * 3600,
                     on_load=node.set_load,
                     finder=PeerFinder(gossip, registration),
                 ),

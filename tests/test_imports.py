@@ -2,7 +2,9 @@
 included, since they only hide one), and dependencies point one way: protocol
 imports nothing of ours, training and ledger only protocol, nothing imports node,
 and the public Python API (meshminer) only the program check of training, since it
-talks to a node over HTTP, never through node's code; nothing imports meshminer."""
+talks to a node over HTTP, never through node's code; nothing imports meshminer.
+Inside node/work, `jobs`, `blobs` and `run` import nothing else of it, and only the
+owner's engine imports the job modes."""
 
 from __future__ import annotations
 
@@ -84,3 +86,28 @@ def test_dependencies_point_one_way() -> None:
         allowed = ALLOWED[name.split(".")[0]]
         wrong = {d for d in deps if not any(d == a or d.startswith(f"{a}.") for a in allowed)}
         assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+#: inside node/work: the parts that stand alone import nothing else of node/work, and
+#: only the owner's engine knows the job modes
+ALONE = ("node.work.jobs", "node.work.blobs", "node.work.run")
+MODES = "node.work.owner.modes"
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
+
+
+def test_the_parts_of_node_work_stand_alone() -> None:
+    for name, deps in _graph().items():
+        for part in ALONE:
+            if _within(name, part):
+                wrong = {d for d in deps if _within(d, "node.work") and not _within(d, part)}
+                assert not wrong, f"{name} ({part} stands alone) imports {sorted(wrong)}"
+
+
+def test_only_the_owner_knows_the_job_modes() -> None:
+    for name, deps in _graph().items():
+        if not _within(name, "node.work.owner"):
+            wrong = {d for d in deps if _within(d, MODES)}
+            assert not wrong, f"{name} imports the job modes {sorted(wrong)}"

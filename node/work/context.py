@@ -25,6 +25,17 @@ from protocol import CapacityAd, Policy
 _UNIT_ID = re.compile(r"[0-9a-f]{16,32}")
 
 
+@dataclass(frozen=True)
+class WorkLimits:
+    """The volunteer's bounds on work, from its settings (`node.settings`)."""
+
+    lease_s: float = 15.0  # a remote unit lives this long past its last heartbeat
+    max_units: int = 1  # units this node trains at once (its own and peers')
+    max_unit_download_bytes: int = 16 << 30  # what one unit's grant may make it fetch
+    unit_disk_quota_bytes: int = 10 << 30  # what one unit may write into its folder
+    unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
+
+
 @dataclass
 class WorkContext:
     identity: Identity
@@ -40,16 +51,12 @@ class WorkContext:
     publish_receipt: Callable[[bytes], Awaitable[None]]  # gossip a co-signed receipt
     publish_evidence: Callable[[bytes], Awaitable[None]]  # gossip a failed spot check
     credit_for: Callable[[dict, Path | None], float] | None = None  # TFLOP, from the spec
-    lease_s: float = 15.0
+    limits: WorkLimits = field(default_factory=lambda: WorkLimits())
     data_port: int = 0  # the direct blob channel's port (0: libp2p streams only)
     # (job_id, unit_id) -> secretstream key for the blobs this node serves under a grant.
     # Read by the blob server's thread: entries are only ever set or deleted whole.
     grant_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
     unit_keys: UnitKeys | None = None  # the owner's keys, sealed in node.db for restarts
-    max_units: int = 1  # units this node trains at once (its own and peers')
-    max_unit_download_bytes: int = 16 << 30  # what one unit's grant may make it fetch
-    unit_disk_quota_bytes: int = 10 << 30  # what one unit may write into its folder
-    unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
 
     finder: PeerFinder | None = None  # candidates from directories, probes before offers
     on_load: Callable[[int], None] = lambda load_pct: None  # advertise the new load
@@ -115,7 +122,7 @@ class WorkContext:
             max_hours * 3600,
             on_event,
             duty_cycle=duty_cycle,
-            disk_quota_bytes=self.unit_disk_quota_bytes,
+            disk_quota_bytes=self.limits.unit_disk_quota_bytes,
             warm_dir=self.data_dir / "runners",
             pids=pids,
         )
@@ -130,10 +137,10 @@ class WorkContext:
         return 0.0 if self.paused_because() else self.load_limit()
 
     def load_pct(self) -> int:
-        return min(100, round(100 * len(self.units_here) / max(1, self.max_units)))
+        return min(100, round(100 * len(self.units_here) / max(1, self.limits.max_units)))
 
     def has_room(self) -> bool:
-        return len(self.units_here) < self.max_units
+        return len(self.units_here) < self.limits.max_units
 
     def remember_unit_key(self, job_id: str, unit_id: str, key: bytes) -> None:
         self.grant_keys[(job_id, unit_id)] = key

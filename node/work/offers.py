@@ -81,7 +81,7 @@ def build_offer(
         grant,
         key,
         job.max_hours,
-        ctx.lease_s,
+        ctx.limits.lease_s,
         share,
     )
     sealed = seal_to(
@@ -224,7 +224,7 @@ def check_requirements(ctx: WorkContext, spec: dict[str, Any]) -> None:
 def check_download(ctx: WorkContext, total: int) -> None:
     """A unit may make this node fetch at most its per-unit cap, and never more than
     half the disk's free space."""
-    cap = ctx.max_unit_download_bytes
+    cap = ctx.limits.max_unit_download_bytes
     if total > cap:
         raise Declined(
             f"the unit's data may be {total / 2**20:.0f} MiB; this node fetches at "

@@ -138,7 +138,7 @@ class WorkService:
                 nursery.start_soon(
                     keep_removing_old_folders,
                     self.ctx.data_dir / "units",
-                    self.ctx.unit_files_keep_s,
+                    self.ctx.limits.unit_files_keep_s,
                     lambda: set(self.ctx.units_here),
                 )
                 await trio.sleep_forever()

@@ -32,7 +32,7 @@ PAST_MAX_HOURS = "the unit ran past the job's max_hours"
 def unit_deadline(ctx: WorkContext, job: Job, now: float) -> float:
     """When a unit offered at `now` ends whatever its heartbeats say: the job's
     max_hours of training plus time to fetch the data."""
-    return now + job.max_hours * 3600 + 4 * ctx.lease_s
+    return now + job.max_hours * 3600 + 4 * ctx.limits.lease_s
 
 
 class Leases:
@@ -73,7 +73,7 @@ class Leases:
         unit, why = self.active_unit(peer, progress.job_id, progress.unit_id)
         if unit is None:
             return encode_ack(False, why)
-        if self.ctx.jobs.renew_lease(unit.unit_id, time.time() + self.ctx.lease_s) is None:
+        if self.ctx.jobs.renew_lease(unit.unit_id, time.time() + self.ctx.limits.lease_s) is None:
             return encode_ack(False, "the unit ended")
         if unit.state == "offered":  # the owner restarted before it saw the acceptance
             self._lifecycle.start(unit, f"{peer} still training; re-attached")
@@ -112,11 +112,9 @@ class Leases:
                     self._lifecycle.lost(unit.unit_id, PAST_MAX_HOURS, "expired")
                 elif now > unit.lease_expires:
                     log.info("unit %s: worker %s vanished", unit.unit_id, unit.worker)
-                    self._lifecycle.lost(
-                        unit.unit_id,
-                        f"worker {unit.worker} vanished (no heartbeat for {self.ctx.lease_s:g} s)",
-                        "expired",
-                    )
+                    silent_s = self.ctx.limits.lease_s
+                    why = f"worker {unit.worker} vanished (no heartbeat for {silent_s:g} s)"
+                    self._lifecycle.lost(unit.unit_id, why, "expired")
 
     def recover(self) -> None:
         """After a restart: keep remote units whose key survived and give their
@@ -139,7 +137,7 @@ class Leases:
             ctx.grant_keys[(unit.job_id, unit.unit_id)] = key
             if unit.state == "verifying":  # the worker sends its result again
                 ctx.jobs.unit_transition(unit.unit_id, ("verifying",), state="running")
-            ctx.jobs.renew_lease(unit.unit_id, now + 3 * ctx.lease_s + RECONNECT_S)
+            ctx.jobs.renew_lease(unit.unit_id, now + 3 * ctx.limits.lease_s + RECONNECT_S)
             log.info("unit %s: waiting for %s to re-attach", unit.unit_id, unit.worker)
         for job in ctx.jobs.in_state("running"):  # its mode says whether to queue it again
             note = self._lifecycle.mode_of(job).recover_job(job)

@@ -156,7 +156,7 @@ class Placement:
         """True when the unit is placed; False to choose another peer."""
         ctx = self.ctx
         unit = ctx.jobs.add_unit(
-            job.id, peer, ctx.lease_s * 3, deadline=unit_deadline(ctx, job, time.time())
+            job.id, peer, ctx.limits.lease_s * 3, deadline=unit_deadline(ctx, job, time.time())
         )
         reply = await self.offer(job, unit, f"accepted by {peer}")
         if reply.transient:

@@ -25,7 +25,7 @@ from node.identity import Identity
 from node.preferences import Preferences
 from node.store import open_node_db
 from node.work.blobs import BlobStore
-from node.work.context import WorkContext
+from node.work.context import WorkContext, WorkLimits
 from node.work.jobs import JobStore
 from node.work.service import validate_wire_spec
 from node.work.worker import RunningUnit, WorkerRole
@@ -91,8 +91,10 @@ def _worker(tmp_path: Path, db: Any, volunteer: Volunteer) -> WorkerRole:
         publish_evidence=lambda raw: trio.sleep(0),
         paused_because=lambda: volunteer.paused_because,
         units_here=set(volunteer.units_here),
-        max_units=volunteer.max_units,
-        max_unit_download_bytes=volunteer.max_download_mb * MIB,
+        limits=WorkLimits(
+            max_units=volunteer.max_units,
+            max_unit_download_bytes=volunteer.max_download_mb * MIB,
+        ),
     )
     return WorkerRole(ctx, None, validate_wire_spec, None)  # type: ignore[arg-type]
 

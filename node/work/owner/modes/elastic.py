@@ -231,7 +231,7 @@ class ElasticRounds(ManyUnits):
             unit = self.ctx.jobs.add_unit(
                 job.id,
                 peer,
-                self.ctx.lease_s * 3,
+                self.ctx.limits.lease_s * 3,
                 deadline=unit_deadline(self.ctx, job, time.time()),
                 round_=current.round,
                 slot=slot,

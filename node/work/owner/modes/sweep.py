@@ -239,7 +239,7 @@ class SweepTrials(ManyUnits):
             unit = self.ctx.jobs.add_unit(
                 job.id,
                 peer,
-                self.ctx.lease_s * 3,
+                self.ctx.limits.lease_s * 3,
                 deadline=unit_deadline(self.ctx, job, time.time()),
                 trial=trial.number,
             )
