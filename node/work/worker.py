@@ -29,7 +29,8 @@ from node.work.offers import NO_ID, Declined
 from node.work.run import (
     RequestBuilder,
     UnitFailed,
-    inner_state_path,
+    inner_state_for,
+    keep_inner_state,
     share_request,
 )
 from protocol import (
@@ -234,9 +235,8 @@ class WorkerRole:
             unit.spec, {s: str(ctx.blobs.path(s)) for s in pkg.blobs}, out
         )
         share = pkg.round_share
-        kept = None
         if share is not None:  # one share of an elastic round: it returns a delta
-            kept = inner_state_path(ctx.data_dir, pkg.job_id, share.slot)
+            kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
             request = share_request(request, pkg.job_id, share, kept, out)
         # the evidence a spot check replays (training.evidence.checkpoints)
         request = request.with_checkpoints()
@@ -249,8 +249,11 @@ class WorkerRole:
             result = await ctx.train_unit(request, pkg.unit_id, pkg.max_hours, on_event)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
-        if kept is not None:  # the inner state this node keeps for the job's next round
-            (out.parent / "state_out.safetensors").replace(kept)
+        if share is not None:  # the inner state this node keeps for the job's next round
+            state = out.parent / "state_out.safetensors"
+            await trio.to_thread.run_sync(
+                keep_inner_state, ctx.data_dir, pkg.job_id, share.slot, share.round, state
+            )
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)

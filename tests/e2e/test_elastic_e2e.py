@@ -58,6 +58,17 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
         fetched = [n for n in notes if "round 0's weights" in n and worker.peer_id in n]
         assert fetched and fetched[0].endswith("(direct channel)"), notes
 
+    _assert_equals_train_local(owner, job["id"], spec, tmp_path)
+
+    owner_side = _receipts(owner, job["id"])
+    assert len(owner_side) == 9
+    for worker in workers:
+        mine = _receipts(worker, job["id"])
+        assert len(mine) == 3 and all(role == "worker" for _, role in mine)
+
+
+def _assert_equals_train_local(owner: LocalNode, job_id: str, spec: str, tmp_path: Path) -> None:
+    """The job's weights are, bit for bit, what `train-local` simulates of its rounds."""
     spec_file = tmp_path / "el.toml"
     spec_file.write_text(spec)
     local = tmp_path / "local.safetensors"
@@ -69,14 +80,16 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
     )
     assert out.returncode == 0, out.stderr
     weights = tmp_path / "network.safetensors"
-    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job['id']}/weights", weights)
+    urllib.request.urlretrieve(f"{owner.api}/api/v1/jobs/{job_id}/weights", weights)
     assert weights.read_bytes() == local.read_bytes()
 
-    owner_side = _receipts(owner, job["id"])
-    assert len(owner_side) == 9
-    for worker in workers:
-        mine = _receipts(worker, job["id"])
-        assert len(mine) == 3 and all(role == "worker" for _, role in mine)
+
+def _units(node: LocalNode, job_id: str) -> list[tuple[int, int, str, str]]:
+    with closing(sqlite3.connect(node.data_dir / "node.db")) as db:
+        rows = db.execute(
+            "SELECT round, slot, state, reason FROM units WHERE job_id = ?", [job_id]
+        )
+        return rows.fetchall()
 
 
 def _submit(owner: LocalNode, spec: str) -> str:
@@ -151,16 +164,24 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     assert rounds[-1]["val_loss"] <= fixed * 1.06  # a lost share, a newcomer's fresh state
 
 
-def test_an_owner_restart_resumes_from_the_last_closed_round(
+def test_an_owner_killed_mid_round_makes_no_volunteer_train_twice(
     localnet: LocalNetwork, tmp_path: Path
 ) -> None:
+    """SIGKILL while a round's shares train: after the restart the owner re-attaches
+    to them (their keys are sealed in node.db), takes their deltas, and the job ends
+    bitwise equal to train-local's simulation, each share trained and paid once."""
     owner = localnet.add(["--not-accepting", "--lease", "3"])
-    localnet.add_many(2)
+    workers = localnet.add_many(2)
     localnet.wait_all_see_each_other(timeout=30)
     spec = elastic_toml("restart", workers=2, min_workers=2, inner_steps=100, rounds=4)
     job_id = _submit(owner, spec)
     before = _wait_closed(owner, job_id, 2, 180)
-    assert owner.stop(signal.SIGTERM) == 0
+    wait_for(
+        lambda: any(r == 2 and state == "running" for r, _, state, _ in _units(owner, job_id)),
+        60,
+        "round 2's shares to train",
+    )
+    assert owner.stop(signal.SIGKILL) == -signal.SIGKILL
     owner.start()
     job = _wait_end(owner, job_id, 300)
     assert job["state"] == "completed", job["timeline"][-5:]
@@ -169,6 +190,14 @@ def test_an_owner_restart_resumes_from_the_last_closed_round(
     for kept in before:  # what was closed before the restart is as it was
         if kept["state"] == "closed":
             assert rounds[kept["round"]] == kept
+    units = _units(owner, job_id)
+    assert sorted((r, slot) for r, slot, state, _ in units if state == "done") == [
+        (r, slot) for r in range(4) for slot in range(2)
+    ]
+    assert len(units) == 8, units  # no share offered, or trained, a second time
+    for worker in workers:
+        assert len(_receipts(worker, job_id)) == 4
     chain = [r["weights_sha256"] for r in rounds[1:]]
     assert chain == [r["next_weights_sha256"] for r in rounds[:-1]]  # applied once each
     assert job["weights_sha256"] == rounds[-1]["next_weights_sha256"]
+    _assert_equals_train_local(owner, job_id, spec, tmp_path)

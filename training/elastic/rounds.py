@@ -192,7 +192,7 @@ def inner_round(
         on_step = None
         if checkpoint_dir is not None:
             steps = share_checkpoint_steps(run)
-            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints)
+            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints, emit)
         began = time.monotonic()
         outcome = train(
             model,

@@ -183,7 +183,7 @@ def run_job(
             steps = checkpoint_steps(
                 run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
             )
-            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints)
+            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints, emit)
         outcome = train(
             model,
             run.data,
@@ -211,10 +211,17 @@ def run_job(
 
 
 def checkpointer(
-    run: Prepared, model: torch.nn.Module, folder: Path, steps: list[int], shas: list[str]
+    run: Prepared,
+    model: torch.nn.Module,
+    folder: Path,
+    steps: list[int],
+    shas: list[str],
+    emit: Emit,
 ) -> Callable[[int, torch.optim.Optimizer], None]:
     """The training loop's `on_step` that writes the training state at `steps` into
-    `folder` and appends each file's sha256 to `shas`."""
+    `folder`, appends each file's sha256 to `shas`, and emits a `checkpoint` event for
+    it at once: the worker commits to each state as it is made, before it can know
+    which segments the owner will replay (`node/work/trust/`)."""
     from training.evidence.checkpoints import checkpoint_file, save_checkpoint
 
     wanted = set(steps)
@@ -224,6 +231,15 @@ def checkpointer(
         if step in wanted:
             path = folder / checkpoint_file(step)
             shas.append(save_checkpoint(path, model, optimizer, step, run.device))
+            emit(
+                {
+                    "event": "checkpoint",
+                    "index": len(shas) - 1,
+                    "step": step,
+                    "sha256": shas[-1],
+                    "file": path.name,
+                }
+            )
 
     return on_step
 

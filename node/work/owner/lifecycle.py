@@ -38,7 +38,7 @@ class UnitEnds(Protocol):
 
     def unit_ended(self, unit: Unit) -> None: ...
 
-    def unit_lost(self, unit: Unit, reason: str, state: str) -> None: ...
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None: ...
 
     def unit_fatal(self, unit: Unit, reason: str) -> None: ...
 
@@ -96,14 +96,17 @@ class Lifecycle:
             self.mode(unit.job_id).unit_ended(unit)
         return unit
 
-    def lost(self, unit_id: str, reason: str, state: str = "failed") -> None:
+    def lost(
+        self, unit_id: str, reason: str, state: str = "failed", at_fault: bool = True
+    ) -> None:
         """A unit ended without a result that counts (declined, vanished, rejected,
-        handed back): its mode offers it again or gives up (`JobMode.unit_lost`)."""
+        handed back): its mode offers it again or gives up (`JobMode.unit_lost`);
+        not `at_fault` (its result could not be verified), its worker is not excluded."""
         unit = self.end(unit_id, state, reason)
         if unit is None:
             return
         log.info("unit %s of job %s lost: %s", unit_id, unit.job_id, reason)
-        self.mode(unit.job_id).unit_lost(unit, reason, state)
+        self.mode(unit.job_id).unit_lost(unit, reason, state, at_fault)
 
     def fatal(self, unit_id: str, reason: str) -> None:
         """The unit failed in a way any worker would repeat (the spec itself): no more

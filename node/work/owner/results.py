@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.work import receipts
+from node.work.blobs import TransferError
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.owner.leases import Leases
@@ -109,6 +110,13 @@ class Results:
             spec = mode.unit_spec(job, unit)
             delta_round = mode.delta_round(unit)
             fetched = await fetch_and_check(self.ctx, job, spec, peer, result, delta_round)
+        except TransferError as exc:
+            if worker_gone(exc):
+                return self._unverified(unit.unit_id, peer, f"its weights: {exc}")
+            reason = f"weights from {peer} rejected: {exc}"
+            self._lifecycle.lost(unit.unit_id, reason)
+            self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
+            return self._reply(False, f"weights rejected: {exc}")
         except Exception as exc:
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -118,6 +126,8 @@ class Results:
         verdict = None
         if self._spot_checks.wanted(job):
             verdict = await self._spot_check(job, unit, peer, result, data)
+            if verdict.unverified:
+                return self._unverified(unit.unit_id, peer, verdict.reason)
             if not verdict.ok:
                 if not fetched.had:  # weights that failed are not kept
                     self.ctx.blobs.remove(result.weights_sha256)
@@ -129,6 +139,15 @@ class Results:
             log.exception("unit %s: accepting the result failed", unit.unit_id)
             self._lifecycle.lost(unit.unit_id, f"internal error on the owner: {exc}")
             return self._reply(False, "the owner could not record the result; it retries")
+
+    def _unverified(self, unit_id: str, peer: str, what: str) -> bytes:
+        """The worker vanished after delivering, before its result could be checked: a
+        fair end, at no one's fault (no rejection entry, no exclusion: the unit ends
+        `expired` and is offered again) and without credit."""
+        reason = f"could not verify the result of {peer}: it stopped serving {what}"
+        log.info("unit %s: %s", unit_id, reason)
+        self._lifecycle.lost(unit_id, reason, "expired", at_fault=False)
+        return self._reply(False, reason)
 
     def _late_share(self, unit_id: str, why: str) -> bool:
         unit = self.ctx.jobs.unit(unit_id)
@@ -211,6 +230,11 @@ class Results:
                 delta_round=mode.delta_round(unit),
             )
             verdict = await self._spot_checks.check(sub)
+        except TransferError as exc:
+            if worker_gone(exc):
+                return Verdict(False, f"its evidence: {exc}", unverified=True)
+            log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
+            return Verdict(False, f"the spot check could not run: {exc}")
         except Exception as exc:
             log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
             return Verdict(False, f"the spot check could not run: {exc}")
@@ -258,3 +282,12 @@ class Results:
 
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
         return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)
+
+
+#: how a fetch fails when its worker is gone (not: when it sends something wrong)
+GONE = ("unreachable", "timeout", "connection")
+
+
+def worker_gone(exc: TransferError) -> bool:
+    """The fetch failed because the worker no longer answers."""
+    return exc.reason in GONE

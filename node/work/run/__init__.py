@@ -18,7 +18,8 @@ from node.work.run.availability import Availability, TrainingDays, keep_checking
 from node.work.run.executor import UnitFailed, run_training, runner_env
 from node.work.run.request import RequestBuilder, RunnerRequest, share_request
 from node.work.run.unit_folders import (
-    inner_state_path,
+    inner_state_for,
+    keep_inner_state,
     keep_removing_old_folders,
     remove_old_unit_folders,
 )
@@ -31,7 +32,8 @@ __all__ = [
     "UnitFailed",
     "keep_checking",
     "keep_removing_old_folders",
-    "inner_state_path",
+    "inner_state_for",
+    "keep_inner_state",
     "remove_old_unit_folders",
     "share_request",
     "run_training",

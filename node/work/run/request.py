@@ -99,7 +99,7 @@ RequestBuilder = Callable[[dict[str, Any], dict[str, str], Path], RunnerRequest]
 
 
 def share_request(
-    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path, out: Path
+    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path | None, out: Path
 ) -> RunnerRequest:
     """The runner request for one share of a round: the kept inner state (copied in
     beside `out`, since the runner reads nothing else of this node's) and the files
@@ -111,7 +111,7 @@ def share_request(
         "weights": share.weights_sha256,
         "state_out": str(out.parent / "state_out.safetensors"),
     }
-    if kept.is_file():
+    if kept is not None and kept.is_file():
         out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         state_in = out.parent / "state_in.safetensors"
         shutil.copyfile(kept, state_in)

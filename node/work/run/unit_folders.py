@@ -58,11 +58,36 @@ async def keep_removing_old_folders(
         await trio.sleep(CHECK_EVERY_S)
 
 
-def inner_state_path(data_dir: Path, job_id: str, slot: int) -> Path:
-    """Where this node keeps its inner optimizer state for `slot` of an elastic job
-    between rounds (under units/, so it goes with the old unit folders)."""
+def _inner_states(data_dir: Path, job_id: str, slot: int) -> tuple[Path, dict[int, Path]]:
+    """This node's kept inner states of `slot` of an elastic job, by the round whose
+    start each is (under units/, so they go with the old unit folders)."""
     if not is_id(job_id):
         raise ValueError(f"not a job id: {job_id[:80]!r}")
     folder = data_dir / "units" / job_id
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return folder / f"slot-{int(slot)}.safetensors"
+    found = {}
+    for path in folder.glob(f"slot-{int(slot)}-round-*.safetensors"):
+        number = path.name.removesuffix(".safetensors").rsplit("-", 1)[1]
+        if number.isdigit():
+            found[int(number)] = path
+    return folder, found
+
+
+def inner_state_for(data_dir: Path, job_id: str, slot: int, round_: int) -> Path | None:
+    """The inner optimizer state a share of `round_` for `slot` starts from: the one
+    as of that round's start (so a share trained again, after its owner restarted,
+    starts where its first attempt did), else the newest from an earlier round, else
+    None (a fresh state)."""
+    _, found = _inner_states(data_dir, job_id, slot)
+    earlier = [r for r in found if r <= round_]
+    return found[max(earlier)] if earlier else None
+
+
+def keep_inner_state(data_dir: Path, job_id: str, slot: int, round_: int, state: Path) -> None:
+    """Keep `state`, the inner state after this node's share of `round_`, as the start
+    of the next round; states from before `round_`'s start are no longer needed."""
+    folder, found = _inner_states(data_dir, job_id, slot)
+    state.replace(folder / f"slot-{int(slot)}-round-{int(round_) + 1}.safetensors")
+    for number, path in found.items():
+        if number < round_:
+            path.unlink(missing_ok=True)

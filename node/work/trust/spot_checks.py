@@ -72,6 +72,7 @@ class Verdict:
     tolerance: float = TOLERANCE
     note: str = ""  # what a replica comparison found
     caught: bool = False  # a check failed (not: a check could not run)
+    unverified: bool = False  # the worker stopped serving its evidence (it vanished)
 
 
 @dataclass(frozen=True)

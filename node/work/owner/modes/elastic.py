@@ -50,6 +50,7 @@ WAIT_S = 0.5
 
 class ElasticRounds(ManyUnits):
     name = "elastic"
+    units_are = "rounds"
 
     def __init__(self, parts: OwnerParts) -> None:
         super().__init__(parts)
@@ -79,14 +80,6 @@ class ElasticRounds(ManyUnits):
         ):
             return "the round closed while it was checked"
         return ""
-
-    def recover_unit(self, unit: Unit) -> bool:
-        """The round resumes after a restart; the unit's slot is offered afresh."""
-        self._lifecycle.lost(unit.unit_id, "owner restarted", "expired")
-        return True
-
-    def recover_job(self, job: Job) -> str:
-        return "owner restarted; resuming its rounds"  # its round driver starts again
 
     def describe(self, job: Job) -> dict[str, Any]:
         return {"rounds": [r.to_json() for r in self.store.of_job(job.id)]}

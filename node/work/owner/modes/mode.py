@@ -73,8 +73,9 @@ class JobMode:
     def unit_ended(self, unit: Unit) -> None:
         """`unit` reached a final state (the lifecycle calls it after the change)."""
 
-    def unit_lost(self, unit: Unit, reason: str, state: str) -> None:
-        """`unit` ended (`state`) without a result that counts."""
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
+        """`unit` ended (`state`) without a result that counts; `at_fault`: by its
+        worker's doing (its worker may be excluded from the job)."""
         raise NotImplementedError
 
     def unit_fatal(self, unit: Unit, reason: str) -> None:
@@ -131,7 +132,9 @@ class JobMode:
 
     def recover_unit(self, unit: Unit) -> bool:
         """After an owner restart: True when the mode ended `unit` itself; False to
-        keep it for its worker to re-attach (when its key survived)."""
+        keep it for its worker to re-attach (when its key survived), so that no
+        volunteer trains a unit twice because its owner restarted. Every mode keeps
+        its units today; a mode whose units cannot outlive their driver says so here."""
         return False
 
     def recover_job(self, job: Job) -> str:
@@ -155,12 +158,17 @@ class ManyUnits(JobMode):
     lost unit's slot or trial is offered again by it."""
 
     many_units = True
+    units_are: ClassVar[str] = "units"  # what its units are, for the timeline
 
     def __init__(self, parts: OwnerParts) -> None:
         super().__init__(parts)
         self._lifecycle = parts.lifecycle
         self._placement = parts.placement
         self._changed: dict[str, trio.Event] = {}
+
+    def recover_job(self, job: Job) -> str:
+        """Its driver must run again, whether or not a unit of it is still out."""
+        return f"owner restarted; resuming its {self.units_are}"
 
     def unit_changed(self, job_id: str) -> None:
         """A unit of `job_id` moved: its driver looks again (a round may close, a trial
@@ -177,12 +185,12 @@ class ManyUnits(JobMode):
         await self._placement.offer(job, unit, note, **what)
         self.unit_changed(job.id)
 
-    def unit_lost(self, unit: Unit, reason: str, state: str) -> None:
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
         job = self.ctx.jobs.get(unit.job_id)
         if job is None or job.state != "running":
             return
         excluded = job.excluded
-        if state == "failed":  # a bad result or a failed unit: not this peer again
+        if state == "failed" and at_fault:  # a bad result or a failed unit: not this peer
             excluded = sorted({*excluded, unit.worker} - {self.ctx.peer_id})
         self.ctx.jobs.amend(
             job.id, ("running",), f"{self.where(unit)}: {reason}", excluded=excluded

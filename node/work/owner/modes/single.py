@@ -36,9 +36,9 @@ class SingleJob(JobMode):
     async def drive(self, job_id: str) -> None:
         await self._placement.place(job_id, self._train_here)
 
-    def unit_lost(self, unit: Unit, reason: str, state: str) -> None:
-        """Queue the job again without the unit's worker, or fail it after
-        MAX_ATTEMPTS; nothing while another replica of it is live."""
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
+        """Queue the job again (without the unit's worker when it was at fault), or
+        fail it after MAX_ATTEMPTS; nothing while another replica of it is live."""
         jobs = self.ctx.jobs
         job = jobs.get(unit.job_id)
         if job is None or job.state in FINAL_STATES or jobs.units_of(job.id, *LIVE_UNIT_STATES):
@@ -52,6 +52,7 @@ class SingleJob(JobMode):
                 reason=reason,
             )
             return
+        blamed = {unit.worker} if at_fault else set()
         jobs.transition(
             job.id,
             ("queued", "running"),
@@ -60,7 +61,7 @@ class SingleJob(JobMode):
             worker="",
             unit_id="",
             reason=reason,
-            excluded=sorted({*job.excluded, unit.worker} - {self.ctx.peer_id}),
+            excluded=sorted({*job.excluded, *blamed} - {self.ctx.peer_id}),
         )
         self._parts.wake()
 

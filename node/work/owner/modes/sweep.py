@@ -55,6 +55,7 @@ def sweep_of(job: Job) -> SweepSpec:
 
 class SweepTrials(ManyUnits):
     name = "sweep"
+    units_are = "trials"
 
     def __init__(self, parts: OwnerParts) -> None:
         super().__init__(parts)
@@ -66,8 +67,8 @@ class SweepTrials(ManyUnits):
     def where(self, unit: Unit) -> str:
         return f"trial {unit.trial}"
 
-    def unit_lost(self, unit: Unit, reason: str, state: str) -> None:
-        super().unit_lost(unit, reason, state)
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
+        super().unit_lost(unit, reason, state, at_fault)
         self.trial_lost(unit, reason, True)
 
     def unit_fatal(self, unit: Unit, reason: str) -> None:
@@ -94,11 +95,6 @@ class SweepTrials(ManyUnits):
             return "the sweep ended while it was checked"
         self.trial_done(job, unit, result.weights_sha256, checked.metrics)
         return ""
-
-    def recover_unit(self, unit: Unit) -> bool:
-        """The sweep resumes after a restart; the trial is offered afresh, at no cost."""
-        self._lifecycle.end(unit.unit_id, "expired", "owner restarted")
-        return True
 
     def describe(self, job: Job) -> dict[str, Any]:
         trials = self.store.of_job(job.id)

@@ -19,14 +19,20 @@ from nacl.signing import SigningKey
 
 from node.identity import Identity
 from node.preferences import Preferences
-from node.work.blobs import BlobStore
+from node.work.blobs import (
+    BlobStore,
+    TransferCorrupt,
+    TransferError,
+    TransferRefused,
+    TransferUnreachable,
+)
 from node.work.context import WorkContext
 from node.work.jobs import Job, JobStore, RoundStore, Trial, Unit, UnitKeys
 from node.work.owner import MAX_ATTEMPTS, OwnerRole, round_closed_reason
 from node.work.owner.modes import MODES, ElasticRounds, SingleJob, SweepTrials
 from node.work.owner.modes.single import HISTORY_POINTS
 from node.work.owner.modes.sweep import sweep_of
-from node.work.owner.results import CheckedResult
+from node.work.owner.results import CheckedResult, worker_gone
 from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress, Result
 from training.spec.examples import sweep_toml
@@ -121,6 +127,28 @@ def test_a_lost_single_unit_queues_the_job_without_its_worker_and_wakes_the_engi
     assert (fresh.state, fresh.reason, fresh.attempts) == ("queued", "declined", 2)
     assert fresh.excluded == [WORKER] and fresh.worker == fresh.unit_id == ""
     assert _woken(owner)
+
+
+def test_a_worker_that_vanished_after_delivering_ends_unverified_at_no_fault(
+    owner: OwnerRole,
+) -> None:
+    """No rejection entry (the fixture's node has no ledger: any entry would raise), no
+    exclusion, no receipt: the unit ends expired and the job is offered again."""
+    job = _job(owner)
+    unit = _verifying(owner, _unit(owner, job))
+    reply = owner.results._unverified(unit.unit_id, WORKER, "its evidence: gone")
+    assert b"could not verify" in reply
+    ended = owner.ctx.jobs.unit(unit.unit_id)
+    assert (ended.state, ended.reason) == (
+        "expired",
+        f"could not verify the result of {WORKER}: it stopped serving its evidence: gone",
+    )
+    fresh = owner.ctx.jobs.get(job.id)
+    assert (fresh.state, fresh.excluded) == ("queued", [])
+    assert owner.ctx.jobs.receipt(unit.unit_id) is None
+    gone, wrong = TransferUnreachable("no route"), TransferCorrupt("bad bytes", "truncated")
+    assert worker_gone(gone) and worker_gone(TransferError("slow", "timeout"))
+    assert not worker_gone(wrong) and not worker_gone(TransferRefused("no", "bad_grant"))
 
 
 def test_a_single_job_fails_after_max_attempts_times_its_replicas(owner: OwnerRole) -> None:
@@ -272,11 +300,18 @@ def test_an_accepted_delta_marks_the_share_done_unless_its_round_closed(
 
 
 def test_an_elastic_job_resumes_its_rounds_after_a_restart(owner: OwnerRole) -> None:
+    """A share whose key survived waits for its worker to re-attach (no volunteer
+    trains it twice); one whose key is gone is offered again, at no fault."""
     job = _job(owner, ELASTIC, running=True)
-    share = _unit(owner, job, round_=0, slot=0)  # its key survives: a single unit would stay
+    share = _unit(owner, job, round_=0, slot=0)
+    keyless = _unit(owner, job, OTHER, round_=0, slot=1)
+    owner.ctx.forget_unit_key(job.id, keyless.unit_id)
     owner.leases.recover()
-    lost = owner.ctx.jobs.unit(share.unit_id)
-    assert (lost.state, lost.reason) == ("expired", "owner restarted")
+    kept = owner.ctx.jobs.unit(share.unit_id)
+    assert kept.state == "running" and kept.lease_expires > time.time()
+    assert owner.ctx.grant_keys[(job.id, share.unit_id)] == b"k" * 32
+    lost = owner.ctx.jobs.unit(keyless.unit_id)
+    assert (lost.state, lost.reason) == ("expired", "owner restarted and lost the unit's key")
     fresh = owner.ctx.jobs.get(job.id)
     assert fresh.state == "queued" and fresh.excluded == []
     assert fresh.timeline[-1]["note"] == "owner restarted; resuming its rounds"
@@ -318,6 +353,18 @@ def _trial(owner: OwnerRole, job: Job, study: optuna.Study, worker: str = WORKER
 
 def _told(study: optuna.Study, number: int) -> optuna.trial.TrialState:
     return study.trials[number].state  # read back from the journal the mode wrote
+
+
+def test_a_sweep_keeps_its_live_trials_and_resumes_its_driver_after_a_restart(
+    owner: OwnerRole,
+) -> None:
+    job, sweep, study = _sweep(owner)
+    unit = _trial(owner, job, study)
+    owner.leases.recover()
+    assert owner.ctx.jobs.unit(unit.unit_id).state == "running"  # its worker re-attaches
+    fresh = owner.ctx.jobs.get(job.id)
+    assert fresh.state == "queued"  # so the engine starts its driver again
+    assert fresh.timeline[-1]["note"] == "owner restarted; resuming its trials"
 
 
 def test_a_fatal_trial_fails_the_trial_not_the_sweep(owner: OwnerRole) -> None:
