@@ -86,9 +86,7 @@ def _assert_equals_train_local(owner: LocalNode, job_id: str, spec: str, tmp_pat
 
 def _units(node: LocalNode, job_id: str) -> list[tuple[int, int, str, str]]:
     with closing(sqlite3.connect(node.data_dir / "node.db")) as db:
-        rows = db.execute(
-            "SELECT round, slot, state, reason FROM units WHERE job_id = ?", [job_id]
-        )
+        rows = db.execute("SELECT round, slot, state, reason FROM units WHERE job_id = ?", [job_id])
         return rows.fetchall()
 
 

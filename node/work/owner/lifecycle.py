@@ -96,9 +96,7 @@ class Lifecycle:
             self.mode(unit.job_id).unit_ended(unit)
         return unit
 
-    def lost(
-        self, unit_id: str, reason: str, state: str = "failed", at_fault: bool = True
-    ) -> None:
+    def lost(self, unit_id: str, reason: str, state: str = "failed", at_fault: bool = True) -> None:
         """A unit ended without a result that counts (declined, vanished, rejected,
         handed back): its mode offers it again or gives up (`JobMode.unit_lost`);
         not `at_fault` (its result could not be verified), its worker is not excluded."""
