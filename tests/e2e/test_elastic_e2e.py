@@ -35,15 +35,7 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
     localnet.wait_all_see_each_other(timeout=30)
     spec = elastic_toml("el", workers=3, min_workers=3, inner_steps=20, rounds=3, hidden=(32,))
     job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
-    done = wait_for(
-        lambda: (
-            (j := owner.get(f"/api/v1/jobs/{job['id']}"))["state"]
-            in ("completed", "failed", "cancelled")
-            and j
-        ),
-        240,
-        "the elastic job to end",
-    )
+    done = owner.wait_job_end(job["id"], 240)
     assert done["state"] == "completed", done["timeline"][-5:]
     rounds = done["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
@@ -109,18 +101,6 @@ def _wait_closed(owner: LocalNode, job_id: str, count: int, timeout: float) -> l
     )
 
 
-def _wait_end(owner: LocalNode, job_id: str, timeout: float) -> dict:
-    return wait_for(
-        lambda: (
-            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"]
-            in ("completed", "failed", "cancelled")
-            and j
-        ),
-        timeout,
-        "the elastic job to end",
-    )
-
-
 def _simulated_val_loss(spec: str, tmp_path: Path) -> float:
     from training.run.local import train_local  # noqa: PLC0415 (torch, only here)
     from training.spec.job import parse_spec
@@ -149,7 +129,7 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     victim = next(w for w in workers if w.peer_id in opened[-2]["workers"])
     victim.stop(signal.SIGKILL)
     killed_in = opened[-1]["round"]
-    job = _wait_end(owner, job_id, 300)
+    job = owner.wait_job_end(job_id, 300)
     assert job["state"] == "completed", job["timeline"][-5:]
     rounds = job["rounds"]
     gone = {p for r in rounds[killed_in : killed_in + 2] for p in r["dropped"] + r["left"]}
@@ -181,7 +161,7 @@ def test_an_owner_killed_mid_round_makes_no_volunteer_train_twice(
     )
     assert owner.stop(signal.SIGKILL) == -signal.SIGKILL
     owner.start()
-    job = _wait_end(owner, job_id, 300)
+    job = owner.wait_job_end(job_id, 300)
     assert job["state"] == "completed", job["timeline"][-5:]
     rounds = job["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2, 3]

@@ -17,18 +17,6 @@ from training.spec.examples import sweep_toml
 pytestmark = pytest.mark.slow
 
 
-def _wait_end(owner: LocalNode, job_id: str, timeout: float) -> dict:
-    return wait_for(
-        lambda: (
-            (j := owner.get(f"/api/v1/jobs/{job_id}"))["state"]
-            in ("completed", "failed", "cancelled")
-            and j
-        ),
-        timeout,
-        "the sweep to end",
-    )
-
-
 def _val_loss(spec_plain: dict, weights: Path) -> float:
     """The validation loss of `weights`, recomputed here from the trial's spec."""
     import torch
@@ -168,7 +156,7 @@ def test_a_killed_worker_and_an_owner_restart_lose_no_trial(localnet: LocalNetwo
     wait_for(lambda: len([t for t in trials() if t["state"] != "running"]) >= 2, 120, "2 trials")
     assert owner.stop(signal.SIGTERM) == 0
     owner.start()
-    job = _wait_end(owner, job_id, 300)
+    job = owner.wait_job_end(job_id, 300)
     assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
     numbers = [t["number"] for t in job["trials"]]
     assert numbers == list(range(6))  # none lost, none twice
@@ -215,7 +203,7 @@ def test_a_bad_space_is_refused_and_a_lone_node_trains_its_own_trials(
     space = '"optim.lr" = { choices = [0.01, 1e-7] }'
     spec = sweep_toml("alone", trials=4, parallel=2, steps=300, pruner="asha", space=space)
     job_id = request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})["id"]
-    job = _wait_end(node, job_id, 120)
+    job = node.wait_job_end(job_id, 120)
     assert job["state"] == "completed", (job["reason"], job["timeline"][-5:])
     trials = job["trials"]
     assert {t["worker"] for t in trials} == {node.peer_id}

@@ -4,7 +4,6 @@ watchdog behind them; and a real node stops on SIGTERM while every core is busy.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 import socket
@@ -12,11 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+from processes import gone, training_process_in
 
 from node.client import request_json
 from node.demo.localnet import LocalNetwork, wait_for
@@ -139,30 +138,6 @@ def test_killing_runner_groups_skips_the_gone_and_survives_a_changing_set() -> N
 # -- a real node under load ------------------------------------------------------------
 
 
-def _process_in(folder: Path) -> int | None:
-    """A live training process (a runner, or the fork server) working in `folder`."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (
-                str(folder) in os.readlink(proc / "cwd")
-                and b"-m\0training." in (proc / "cmdline").read_bytes()
-                and not _gone(int(proc.name))
-            ):
-                return int(proc.name)
-        except OSError:
-            continue
-    return None
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def _listenable(port: int) -> bool:
     """Whether a new listener can take `port` on loopback, as a restarted node would."""
     with socket.socket() as probe:
@@ -187,8 +162,10 @@ def test_sigterm_stops_a_training_node_while_every_core_is_busy(
     node = localnet.add()
     spec = 'placement = "local"\n' + digits_toml("long", steps=200_000, hidden=(64,))
     request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})
-    runner = wait_for(lambda: _process_in(node.data_dir / "units"), 60, "the runner to start")
-    server = _process_in(node.data_dir / "runners")  # absent when it started fresh
+    runner = wait_for(
+        lambda: training_process_in(node.data_dir / "units"), 60, "the runner to start"
+    )
+    server = training_process_in(node.data_dir / "runners")  # absent when it started fresh
     found = re.search(r"blob data channel on port (\d+)", node.log_tail(200))
     assert found, node.log_tail()
     ports = {"libp2p": node.p2p_port, "HTTP": node.http_port, "blob data": int(found[1])}
@@ -216,6 +193,6 @@ def test_sigterm_stops_a_training_node_while_every_core_is_busy(
     assert code == 0, log
     assert "node stopped" in log
     for pid in (p for p in (runner, server) if p is not None):
-        wait_for(lambda p=pid: _gone(p), EXIT_WAIT_S, f"training process {pid} to die")
+        wait_for(lambda p=pid: gone(p), EXIT_WAIT_S, f"training process {pid} to die")
     for name, port in ports.items():
         wait_for(lambda p=port: _listenable(p), EXIT_WAIT_S, f"the {name} port {port} to be free")

@@ -110,14 +110,9 @@ class Results:
             spec = mode.unit_spec(job, unit)
             delta_round = mode.delta_round(unit)
             fetched = await fetch_and_check(self.ctx, job, spec, peer, result, delta_round)
-        except TransferError as exc:
-            if worker_gone(exc):
-                return self._unverified(unit.unit_id, peer, f"its weights: {exc}")
-            reason = f"weights from {peer} rejected: {exc}"
-            self._lifecycle.lost(unit.unit_id, reason)
-            self._record_rejection(job.id, unit.unit_id, peer, f"weights rejected: {exc}")
-            return self._reply(False, f"weights rejected: {exc}")
         except Exception as exc:
+            if isinstance(exc, TransferError) and worker_gone(exc):
+                return self._unverified(unit.unit_id, peer, f"its weights: {exc}")
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
             self._lifecycle.lost(unit.unit_id, reason)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from processes import training_processes
 
 from node.work.run import RunnerRequest, UnitFailed, run_training, runner_env
 from training.spec.examples import digits_toml
@@ -29,30 +30,6 @@ def _request(unit: Path, steps: int = 3) -> RunnerRequest:
     )
 
 
-def _servers(folder: Path) -> list[int]:
-    """Pids of the fork servers running in `folder`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if (
-                proc.name.isdigit()
-                and os.readlink(proc / "cwd") == str(folder)
-                and b"training.run.forkserver" in (proc / "cmdline").read_bytes()
-                and not _zombie(int(proc.name))
-            ):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, caplog) -> None:
     warm = tmp_path / "runners"
     units = [tmp_path / (c * 16) for c in "abc"]
@@ -64,7 +41,7 @@ def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, 
         for unit in units[:2]:
             result = await run_training(_request(unit), unit, 600, parents.append, warm_dir=warm)
             assert result["event"] == "result"
-            seen.append(_servers(warm))
+            seen.append(training_processes(warm, "training.run.forkserver"))
         # a runner that is killed (its time limit) is reported as such, and the
         # server forks the next one all the same
         with pytest.raises(UnitFailed, match="time limit"):
@@ -75,7 +52,7 @@ def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, 
             _request(units[0]), units[0], 600, lambda e: None, warm_dir=warm
         )
         assert result["event"] == "result"
-        seen.append(_servers(warm))
+        seen.append(training_processes(warm, "training.run.forkserver"))
         return seen
 
     first, second, third = trio.run(main)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from processes import gone, training_process_in
 
 from node.demo.localnet import LocalNetwork, wait_for
 from node.work.run import remove_old_unit_folders
@@ -194,33 +195,10 @@ def test_kill_9_of_the_daemon_leaves_no_runner(localnet: LocalNetwork) -> None:
 
     request_json(node.api, "POST", "/api/v1/jobs", {"spec": spec})
 
-    def process_in(folder: Path) -> int | None:
-        """A training process (a runner, or the fork server) working in `folder`."""
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                if (
-                    str(folder) in os.readlink(proc / "cwd")
-                    and b"-m\0training." in (proc / "cmdline").read_bytes()
-                    and not _zombie(int(proc.name))
-                ):
-                    return int(proc.name)
-            except OSError:
-                continue
-        return None
-
-    pid = wait_for(lambda: process_in(node.data_dir / "units"), 60, "the runner to start")
-    server = process_in(node.data_dir / "runners")  # the runner's parent
+    pid = wait_for(lambda: training_process_in(node.data_dir / "units"), 60, "the runner to start")
+    server = training_process_in(node.data_dir / "runners")  # the runner's parent
     assert server is not None
     node.proc.send_signal(signal.SIGKILL)
     node.proc.wait()
-    for gone in (pid, server):
-        wait_for(lambda p=gone: not Path(f"/proc/{p}").exists() or _zombie(p), 10, "it to die")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    for dying in (pid, server):
+        wait_for(lambda p=dying: gone(p), 10, "it to die")
