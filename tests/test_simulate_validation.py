@@ -1,7 +1,8 @@
 """The simulator against a real network: a 10-node cluster of real node processes,
 in the old design and the new, and the simulator given the same parameters and the
 costs `benchmarks.calibrate` measured on this kind of machine. CPU per volunteer, time
-to find peers and time to drop a dead one must agree within 25%.
+to find peers and time to drop a dead one must agree within 25% (a time within
+`TIME_SLACK_S` of the real one agrees).
 
 The 25- and 50-node runs are `python -m benchmarks.discovery` (docs/performance.md):
 too long for the suite. Marked `solo`: `make test` runs it after the rest, alone, since
@@ -35,6 +36,11 @@ FINDS = 5  # searches (directory) or joiners (gossip); the figure is their media
 #: other processes' use of the machine (cores) past which a run measures them, not the
 #: design: a miss then says nothing about the simulator
 BUSY_CORES = 0.5
+#: a time figure within this of the real one agrees whatever the ratio: at tens of
+#: milliseconds a joiner's own scheduling on 2 shared cores moves the real figure by
+#: more than 25% (gossip find_s: 19-118 ms real in five idle runs, the model 47 ms);
+#: the simulator models round trips and intervals, which are seconds
+TIME_SLACK_S = 0.1
 
 
 # publish (gossip) or register (directory) every few seconds: not the calibration's rates
@@ -49,9 +55,11 @@ def _misses(design: str) -> tuple[list[str], dict]:
     report = {k: (round(measured.summary()[k], 3), round(sim[k], 3)) for k in ratios}
     report["others_cores"] = round(measured.others_cores, 2)
     misses = []
+    real = measured.summary()
     for figure, ratio in ratios.items():
         low, high = KNOWN_GAPS.get((design, figure), (1 - TOLERANCE, 1 + TOLERANCE))
-        if not low <= ratio <= high:
+        near = figure.endswith("_s") and abs(sim[figure] - real[figure]) <= TIME_SLACK_S
+        if not low <= ratio <= high and not near:
             misses.append(f"{figure}: sim / real = {ratio:.2f}")
     return misses, report
 
