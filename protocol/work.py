@@ -130,9 +130,21 @@ class Progress:
     val_loss: float | None = None  # of the latest validation during training (val_step)
     val_step: int = -1  # the step of that validation (-1: none yet)
     val_accuracy: float | None = None
+    # the sha256 of the unit's checkpoints from index `commit_from` on, sent as each is
+    # made: the worker is bound to a state before it can know whether it is replayed
+    commit_from: int = 0
+    commitments: list[str] = field(default_factory=list)
+    evidence_grant: bytes = b""  # a BlobGrant for the states the owner asked to keep
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
+        require(
+            self.commit_from >= 0 and self.commit_from + len(self.commitments) <= MAX_CHECKPOINTS,
+            f"{path}.commitments",
+            f"must lie within the {MAX_CHECKPOINTS} checkpoints of a unit",
+        )
+        for i, sha in enumerate(self.commitments):
+            require_sha256(sha, f"{path}.commitments[{i}]")
         require(
             self.phase in PHASES,
             f"{path}.phase",
@@ -232,6 +244,50 @@ def encode_ack(ok: bool, reason: str = "") -> bytes:
     Unsigned: it travels on the libp2p stream the worker opened, whose peer is
     authenticated by Noise."""
     return encode({"ok": ok, "reason": reason[:1000]})
+
+
+@dataclass(frozen=True)
+class ProgressAck:
+    """The owner's answer to a heartbeat, with what it decided of the worker's
+    checkpoints: how many commitments it holds (`have`), which states to keep until
+    it fetched them, and which the worker may delete."""
+
+    ok: bool
+    reason: str = ""
+    have: int = 0
+    keep: tuple[int, ...] = ()
+    drop: tuple[int, ...] = ()
+
+
+def encode_progress_ack(ack: ProgressAck) -> bytes:
+    return encode(
+        {
+            "ok": ack.ok,
+            "reason": ack.reason[:1000],
+            "have": ack.have,
+            "keep": list(ack.keep),
+            "drop": list(ack.drop),
+        }
+    )
+
+
+def decode_progress_ack(data: bytes) -> ProgressAck:
+    """A heartbeat's answer; an answer without checkpoint decisions decides none."""
+    limits = Limits(max_bytes=32 * 1024, max_depth=2, max_container_len=MAX_CHECKPOINTS)
+    value = decode(data, limits)
+    if not isinstance(value, dict) or not isinstance(value.get("ok"), bool):
+        raise DecodeError("not a progress acknowledgement")
+    have = value.get("have", 0)
+    lists = [value.get(name, []) for name in ("keep", "drop")]
+    indices = [i for one in lists if isinstance(one, list) for i in one]
+    if (
+        type(have) is not int
+        or not 0 <= have <= MAX_CHECKPOINTS
+        or not all(isinstance(one, list) for one in lists)
+        or not all(type(i) is int and 0 <= i < MAX_CHECKPOINTS for i in indices)
+    ):
+        raise DecodeError("a progress acknowledgement with bad checkpoint decisions")
+    return ProgressAck(value["ok"], str(value.get("reason", ""))[:1000], have, *map(tuple, lists))
 
 
 def decode_ack(data: bytes) -> tuple[bool, str]:

@@ -11,6 +11,7 @@ the owner has taken the countersigned receipt, never on the worker's own word.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shutil
 import time
@@ -33,6 +34,7 @@ from node.work.run import (
     keep_inner_state,
     share_request,
 )
+from node.work.trust import HeldStates
 from protocol import (
     MeshminerError,
     ProtocolError,
@@ -49,11 +51,12 @@ from protocol.work import (
     RESULT_BEING_CHECKED,
     WORK_LIMITS,
     Progress,
+    ProgressAck,
     ReceiptReply,
     Result,
     WorkOffer,
     WorkPackage,
-    decode_ack,
+    decode_progress_ack,
 )
 from training.spec.job import relay_blob_bytes
 
@@ -61,20 +64,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
+MIN_HEARTBEAT_S = 0.1  # heartbeats come at most this often, checkpoints or not
 RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks the weights)
 DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 15.0
-
-
-def keep_checkpoints(ctx: WorkContext, folder: Path, reported: list[str]) -> None:
-    """Move the runner's checkpoint files into the blob store, where the blob server
-    serves them under the owner's grant; they must hash as the runner reported."""
-    files = sorted((folder / "checkpoints").glob("checkpoint-*.safetensors"))
-    shas = [ctx.blobs.put_file(path) for path in files]
-    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    if shas != reported:
-        raise RuntimeError(f"the runner's {len(files)} checkpoints are not those it reported")
 
 
 @dataclass
@@ -88,6 +82,9 @@ class RunningUnit:
     progress: dict[str, Any] = field(default_factory=dict)
     hand_back: str = ""  # why the volunteer gives it back ("": it does not)
     evidence: list[str] = field(default_factory=list)  # its checkpoints in the blob store
+    held: HeldStates | None = None  # the states it committed to, while it trains
+    committed: trio.Event = field(default_factory=trio.Event)  # a new state to commit to
+    evidence_grant: bytes = b""  # the owner's grant to the states it asked to keep
 
 
 class WorkerRole:
@@ -188,11 +185,26 @@ class WorkerRole:
         """The unit is settled (the owner answered, or gave up): its checkpoints go,
         except those another unit here still holds (equal initial states)."""
         for sha in unit.evidence:
-            self._evidence[sha] -= 1
-            if self._evidence[sha] <= 0:
-                del self._evidence[sha]
-                self.ctx.blobs.remove(sha)
+            self._release_state(sha)
         unit.evidence = []
+
+    def _store_state(self, unit: RunningUnit, path: Path) -> str:
+        """A committed state into the blob store, held for `unit`."""
+        sha = self.ctx.blobs.put_file(path)
+        unit.evidence.append(sha)
+        self._evidence[sha] += 1
+        return sha
+
+    def _release_held(self, unit: RunningUnit, sha: str) -> None:
+        """A state the owner let go of before `unit` settled."""
+        unit.evidence.remove(sha)
+        self._release_state(sha)
+
+    def _release_state(self, sha: str) -> None:
+        self._evidence[sha] -= 1
+        if self._evidence[sha] <= 0:
+            del self._evidence[sha]
+            self.ctx.blobs.remove(sha)
 
     async def _outcome(self, unit: RunningUnit) -> Result:
         """Train the unit; whatever happens, a Result to send (a failure says why)."""
@@ -240,13 +252,19 @@ class WorkerRole:
             request = share_request(request, pkg.job_id, share, kept, out)
         # the evidence a spot check replays (training.evidence.checkpoints)
         request = request.with_checkpoints()
+        held = unit.held = HeldStates(out.parent / "checkpoints")
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
+            elif event.get("event") == "checkpoint":
+                held.written(event)
+                unit.committed.set()  # the next heartbeat commits to it soon
 
         try:
-            result = await ctx.train_unit(request, pkg.unit_id, pkg.max_hours, on_event)
+            result = await ctx.train_unit(
+                request, pkg.unit_id, pkg.max_hours, on_event, held.waiting
+            )
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         if share is not None:  # the inner state this node keeps for the job's next round
@@ -258,12 +276,16 @@ class WorkerRole:
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
         checkpoints = [str(sha) for sha in result.get("checkpoints", [])]
-        unit.evidence = checkpoints  # held before they are stored: see _drop_evidence
-        self._evidence.update(checkpoints)
-        await trio.to_thread.run_sync(keep_checkpoints, ctx, out.parent, checkpoints)
-        largest = max([size, *(ctx.blobs.size(c) for c in set(checkpoints))])
+        if checkpoints != held.shas:
+            raise RuntimeError("the runner's checkpoints are not those it committed to")
+        for path in held.remaining():  # the states no decision let go yet
+            await trio.to_thread.run_sync(self._store_state, unit, path)
+        shutil.rmtree(held.folder, ignore_errors=True)
+        unit.held = None  # from here on the result's grant holds them all, until settled
+        kept = sorted(set(unit.evidence))
+        largest = max([size, *(ctx.blobs.size(c) for c in kept)])
         grant = issue_grant(
-            ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha, *checkpoints], largest, 24 * 3600
+            ctx, pkg.job_id, pkg.unit_id, unit.owner, [sha, *kept], largest, 24 * 3600
         )
         return Result(
             job_id=pkg.job_id,
@@ -296,11 +318,14 @@ class WorkerRole:
         return unit.phase
 
     async def _heartbeat(self, unit: RunningUnit) -> None:
-        """Progress to the owner every second; it renews the lease or says stop."""
+        """Progress to the owner every second, and soon after each new checkpoint (its
+        commitment); the answer renews the lease or says stop, and decides which
+        committed states the worker keeps for the owner and which may go."""
         pkg = unit.package
         interval = min(HEARTBEAT_S, pkg.lease_s / 3)
         while True:
             p = unit.progress
+            commit_from, commitments = unit.held.unsent() if unit.held else (0, [])
             message = Progress(
                 job_id=pkg.job_id,
                 unit_id=pkg.unit_id,
@@ -314,6 +339,9 @@ class WorkerRole:
                 val_loss=p.get("val_loss"),
                 val_step=int(p.get("val_step", -1)),
                 val_accuracy=p.get("val_accuracy"),
+                commit_from=commit_from,
+                commitments=commitments,
+                evidence_grant=unit.evidence_grant,
             )
             try:
                 raw = await self.ctx.host.request(
@@ -323,14 +351,34 @@ class WorkerRole:
                     WORK_LIMITS.max_bytes,
                     timeout=max(5.0, pkg.lease_s / 2),
                 )
-                ok, reason = decode_ack(raw)
-                if not ok:
-                    log.info("owner stopped unit %s: %s", pkg.unit_id, reason)
+                ack = decode_progress_ack(raw)
+                if not ack.ok:
+                    log.info("owner stopped unit %s: %s", pkg.unit_id, ack.reason)
                     unit.scope.cancel()
                     return
+                self._decided(unit, ack)
             except Exception as exc:  # owner unreachable for now: keep training
                 log.debug("heartbeat for %s failed: %s", pkg.unit_id, exc)
-            await trio.sleep(interval)
+            with trio.move_on_after(interval):
+                await unit.committed.wait()
+            unit.committed = trio.Event()
+            await trio.sleep(MIN_HEARTBEAT_S)
+
+    def _decided(self, unit: RunningUnit, ack: ProgressAck) -> None:
+        """Keep what the owner will replay until it has it; let the rest go."""
+        held = unit.held
+        if held is None:
+            return
+        store = functools.partial(self._store_state, unit)
+        release = functools.partial(self._release_held, unit)
+        if held.apply(ack, store, release):
+            pkg, kept = unit.package, held.kept()
+            largest = max((self.ctx.blobs.size(sha) for sha in kept), default=0)
+            unit.evidence_grant = (
+                issue_grant(self.ctx, pkg.job_id, pkg.unit_id, unit.owner, kept, largest, 24 * 3600)
+                if kept
+                else b""
+            )
 
     async def _deliver(self, unit: RunningUnit, result: Result) -> None:
         """Send the result (retrying what fails in transit) and countersign the receipt."""

@@ -338,7 +338,7 @@ def test_a_share_still_live_at_its_rounds_close_is_told_it_came_late() -> None:
     from node.work.owner import Leases, round_closed_reason
 
     jobs = JobStore(sqlite_utils.Database(memory=True))
-    leases = Leases(SimpleNamespace(jobs=jobs), None)  # type: ignore[arg-type]
+    leases = Leases(SimpleNamespace(jobs=jobs), None, None)  # type: ignore[arg-type]
     job = jobs.create("el", {}, "auto", {}, [])
     late, vanished = (jobs.add_unit(job.id, "peer", 10, round_=3, slot=s) for s in (0, 1))
     jobs.unit_transition(late.unit_id, ("offered",), state="expired", reason=round_closed_reason(3))

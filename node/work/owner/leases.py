@@ -19,8 +19,9 @@ import trio
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.owner.lifecycle import Lifecycle, round_closed_reason
+from node.work.trust import Commitments
 from protocol import ProtocolError, open_envelope
-from protocol.work import WORK_LIMITS, Progress, encode_ack
+from protocol.work import WORK_LIMITS, Progress, encode_ack, encode_progress_ack
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,11 @@ class Leases:
         self,
         ctx: WorkContext,
         lifecycle: Lifecycle,
+        commitments: Commitments,
     ) -> None:
         self.ctx = ctx
         self._lifecycle = lifecycle
+        self.commitments = commitments  # the states a worker commits to as it trains
         self._paused: set[str] = set()  # live units whose worker said "paused"
 
     def active_unit(self, peer: str, job_id: str, unit_id: str) -> tuple[Unit | None, str]:
@@ -78,9 +81,14 @@ class Leases:
         if unit.state == "offered":  # the owner restarted before it saw the acceptance
             self._lifecycle.start(unit, f"{peer} still training; re-attached")
         self._note_pause(unit, peer, progress.phase)
+        job = self.ctx.jobs.get(unit.job_id)
+        mode = self._lifecycle.mode_of(job)
         # "" to go on, or why the unit stops (a sweep's pruner stopped its trial)
-        stop = self._lifecycle.mode_of(self.ctx.jobs.get(unit.job_id)).progress(unit, progress)
-        return encode_ack(not stop, stop)
+        stop = mode.progress(unit, progress)
+        if stop or job is None:
+            return encode_ack(not stop, stop)
+        spec = mode.unit_spec(job, unit)
+        return encode_progress_ack(self.commitments.heard(job, unit, spec, progress))
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
         """The job's timeline says when a worker's volunteer pauses its unit, and when

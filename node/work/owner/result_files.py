@@ -110,13 +110,15 @@ async def fetch_and_check(
 
 
 def weights_grant(ctx: WorkContext, peer: str, result: Result) -> BlobGrant:
-    """The worker's grant for its weights and checkpoints, as the result names them."""
+    """The worker's grant for its weights and the checkpoints it still holds (those
+    its owner let go of while it trained are gone), as the result names them."""
     grant = open_envelope(
         result.weights_grant, BlobGrant, expected_signer=peer, limits=WORK_LIMITS
     ).message
     if (
         grant.grantee != ctx.peer_id
-        or grant.blobs != [result.weights_sha256, *result.checkpoints]
+        or grant.blobs[:1] != [result.weights_sha256]
+        or not set(grant.blobs[1:]) <= set(result.checkpoints)
         or (grant.job_id, grant.unit_id) != (result.job_id, result.unit_id)
     ):
         raise ProtocolError("the weights grant does not match the result")

@@ -42,8 +42,9 @@ class OwnerRole:
         self._placing: set[str] = set()
         self._local: dict[str, trio.CancelScope] = {}
         self.lifecycle = Lifecycle(ctx, self.mode_of)
-        self.leases = Leases(ctx, self.lifecycle)
         self.reputation = Reputation(ctx.jobs.db)
+        spot_checks = SpotChecks(ctx, runner_request, self.reputation)
+        self.leases = Leases(ctx, self.lifecycle, spot_checks.commitments)
         self.placement = Placement(ctx, self.lifecycle, self.reputation)
         parts = OwnerParts(
             ctx, self.lifecycle, self.placement, runner_request, self._run_here, self.wake
@@ -52,7 +53,6 @@ class OwnerRole:
         for make in modes:
             mode = make(parts)
             self.modes[mode.name] = mode
-        spot_checks = SpotChecks(ctx, runner_request, self.reputation)
         self.results = Results(ctx, self.lifecycle, self.leases, spot_checks)
         # the streams the worker opens to this owner
         self.handle_progress = self.leases.handle_progress
@@ -71,6 +71,7 @@ class OwnerRole:
         self.leases.recover()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.leases.run)
+            nursery.start_soon(self.leases.commitments.run)
             while True:
                 for job in self.ctx.jobs.in_state("queued"):
                     if job.id not in self._placing:

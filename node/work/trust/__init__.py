@@ -13,6 +13,7 @@ engine, which calls it. docs/design/trust.md.
   exclusion (as BOINC's adaptive replication).
 """
 
+from node.work.trust.commitments import Commitments, HeldStates, replay_chance
 from node.work.trust.replicas import Replicas
 from node.work.trust.reputation import Reputation
 from node.work.trust.spot_checks import (
@@ -29,6 +30,9 @@ from node.work.trust.spot_checks import (
 
 __all__ = [
     "BF16_TOLERANCE",
+    "Commitments",
+    "HeldStates",
+    "replay_chance",
     "Replicas",
     "Reputation",
     "SpotChecks",

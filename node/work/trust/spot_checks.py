@@ -41,8 +41,9 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
+from node.work.trust.commitments import Commitments
 from node.work.trust.reputation import Reputation, segments_to_check
-from protocol import seal
+from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
 from protocol.evidence import Evidence
 from protocol.work import Result
@@ -112,6 +113,8 @@ class SpotChecks:
         # states (checkpoint 0 at least), so a file goes when its last check ends
         self._holders: Counter[str] = Counter()
         self._fetched: set[str] = set()
+        self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
+        self.commitments = Commitments(ctx, reputation, self._state_bytes, self._fetched.add)
 
     def wanted(self, job: Job) -> bool:
         """Whether the job's units carry checkpoints, and are checked."""
@@ -132,8 +135,17 @@ class SpotChecks:
         streak = self.reputation.get(sub.peer).streak
         budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
         rng = secrets.SystemRandom()
-        chosen = choose_segments(len(steps) - 1, budget, streak, rng)
-        reported = _reported_segments(sub, steps, chosen, rng)
+        try:  # drawn while it trained, as it committed to each state
+            decided = self.commitments.decide_all(sub.unit, sub.spec, result.checkpoints)
+        except ProtocolError as exc:
+            return Verdict(False, str(exc), caught=True)
+        finally:
+            self.commitments.forget(sub.unit.unit_id)
+        if decided is None:  # it committed to nothing while training: drawn now
+            chosen = choose_segments(len(steps) - 1, budget, streak, rng)
+        else:
+            chosen = decided
+        reported = _reported_segments(sub, steps, chosen, rng, decided is None)
         chosen = sorted({*chosen, *reported})
         cross = self.ctx.peers.determinism_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
@@ -200,6 +212,18 @@ class SpotChecks:
             time.time(),
         )
         return seal(evidence, self.ctx.identity.signing_key)
+
+    async def _state_bytes(self, job: Job, spec: dict[str, Any]) -> int:
+        """The most bytes one training state of a unit of `job` may have."""
+        if job.id not in self._state_limits:
+            from training.spec.job import parse_spec
+
+            data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+            _, bound = await trio.to_thread.run_sync(
+                _sizes, parse_spec(spec), spec, data, self.ctx.blobs.path
+            )
+            self._state_limits[job.id] = bound
+        return self._state_limits[job.id]
 
     async def _steps(self, sub: Submitted) -> tuple[list[int], int]:
         """The steps of the unit's checkpoints (a share's: its H inner steps), and the
@@ -289,17 +313,19 @@ def _claimed(result: Result, index: int) -> str:
 
 
 def _reported_segments(
-    sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random
+    sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random, one_more: bool
 ) -> set[int]:
     """The segments whose end a trial reported a validation value at, among those
-    chosen, plus one more drawn among all of them: the reports checked by replay."""
+    chosen, plus (`one_more`: every state was kept) one more drawn among all of them:
+    the reports checked by replay."""
     if sub.metric not in ("val_loss", "val_accuracy"):
         return set()  # a batch loss (train_loss) is not re-evaluated
     ending = {steps[i + 1]: i for i in range(len(steps) - 1)}
     reported = [ending[s] for s in sub.reports if s in ending]
     if not reported:
         return set()
-    return {i for i in chosen if i in reported} | {rng.choice(reported)}
+    extra = {rng.choice(reported)} if one_more else set()
+    return {i for i in chosen if i in reported} | extra
 
 
 def tolerance_of(spec: dict[str, Any]) -> float:

@@ -228,7 +228,7 @@ def test_recovery_keeps_units_with_keys_and_loses_the_rest(tmp_path: Path) -> No
     # a restart: new context over the same node.db
     again = _ctx(tmp_path, seed)
     relife, _ = _lifecycle(again)
-    Leases(again, relife).recover()
+    Leases(again, relife, None).recover()  # type: ignore[arg-type]  (no heartbeats here)
     assert again.jobs.unit(kept.unit_id).state == "running"
     assert again.grant_keys[(kept_job.id, kept.unit_id)] == b"k" * 32
     assert again.jobs.get(kept_job.id).state == "running"
