@@ -128,7 +128,7 @@ class Commitments:
             raise ProtocolError("the result's checkpoints are not those it committed to")
         chain.shas = list(shas)
         chance = replay_chance(spec, self._reputation.get(unit.worker).streak)
-        self._decide(chain, chance, len(shas))
+        self._decide(chain, chance, len(shas) - 1)  # the last state closes segment S - 1
         return sorted(i for i, chosen in chain.decided.items() if chosen)
 
     def forget(self, unit_id: str) -> None:
