@@ -192,6 +192,7 @@ async def _serve(
                         max_units=settings.max_units,
                         max_unit_download_bytes=settings.max_unit_download_mb << 20,
                         unit_disk_quota_bytes=settings.unit_disk_quota_mb << 20,
+                        evidence_floor_bytes=settings.evidence_floor_mb << 20,
                         unit_files_keep_s=settings.unit_files_keep_hours * 3600,
                     ),
                     unit_keys=UnitKeys(db, identity.seed),

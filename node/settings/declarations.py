@@ -185,6 +185,13 @@ class Settings:
         unit="MiB",
         bounds=Bounds(1),
     )
+    evidence_floor_mb: int = setting(
+        64,
+        "a unit's spot-check evidence under this many MiB is kept whole; over it, at "
+        "most 3 training states at once (training waits for the owner's draws)",
+        unit="MiB",
+        bounds=_AT_LEAST_0,
+    )
     unit_files_keep_hours: float = setting(
         24.0,
         "hours a finished unit's folder (log, weights copy) is kept",

@@ -34,6 +34,8 @@ class WorkLimits:
     max_unit_download_bytes: int = 16 << 30  # what one unit's grant may make it fetch
     unit_disk_quota_bytes: int = 10 << 30  # what one unit may write into its folder
     unit_files_keep_s: float = 24 * 3600.0  # how long a finished unit's folder stays
+    # a unit's evidence under this is kept whole; over it, `trust.commitments.MAX_HELD`
+    evidence_floor_bytes: int = 64 << 20
 
 
 @dataclass
@@ -81,17 +83,13 @@ class WorkContext:
         unit_id: str,
         max_hours: float,
         on_event: Callable[[dict[str, Any]], None],
-        held: Callable[[], bool] = lambda: False,
     ) -> dict[str, Any]:
         """Train a unit (a job's training, a peer's or our own) here: paused while the
-        volunteer's preferences say so (`duty_cycle`) or while `held()` (its owner
-        has not yet decided on the states it keeps), and counted towards the day's
+        volunteer's preferences say so (`duty_cycle`), and counted towards the day's
         training hours (`unit_pids`). See `_run` for the rest."""
-
-        def duty_cycle() -> float:
-            return 0.0 if held() else self.duty_cycle()
-
-        return await self._run(request, unit_id, max_hours, on_event, duty_cycle, self.unit_pids)
+        return await self._run(
+            request, unit_id, max_hours, on_event, self.duty_cycle, self.unit_pids
+        )
 
     async def run_owner_task(
         self,

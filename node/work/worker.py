@@ -11,7 +11,6 @@ the owner has taken the countersigned receipt, never on the worker's own word.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import shutil
 import time
@@ -34,7 +33,7 @@ from node.work.run import (
     keep_inner_state,
     share_request,
 )
-from node.work.trust import HeldStates
+from node.work.trust import MAX_HELD, HeldStates, drawn_by_commitment
 from protocol import (
     MeshminerError,
     ProtocolError,
@@ -83,8 +82,9 @@ class RunningUnit:
     hand_back: str = ""  # why the volunteer gives it back ("": it does not)
     evidence: list[str] = field(default_factory=list)  # its checkpoints in the blob store
     held: HeldStates | None = None  # the states it committed to, while it trains
+    held_lock: trio.Lock = field(default_factory=trio.Lock)  # heartbeats vs. the result
     committed: trio.Event = field(default_factory=trio.Event)  # a new state to commit to
-    evidence_grant: bytes = b""  # the owner's grant to the states it asked to keep
+    evidence_grant: bytes = b""  # the worker's grant to the states the owner asked for
 
 
 class WorkerRole:
@@ -188,17 +188,12 @@ class WorkerRole:
             self._release_state(sha)
         unit.evidence = []
 
-    def _store_state(self, unit: RunningUnit, path: Path) -> str:
-        """A committed state into the blob store, held for `unit`."""
-        sha = self.ctx.blobs.put_file(path)
+    def _store_state(self, unit: RunningUnit, path: Path, sha: str) -> None:
+        """A committed state into the blob store (its file's second name), held for
+        `unit`; the owner fetches it from there."""
+        self.ctx.blobs.link_file(path, sha)
         unit.evidence.append(sha)
         self._evidence[sha] += 1
-        return sha
-
-    def _release_held(self, unit: RunningUnit, sha: str) -> None:
-        """A state the owner let go of before `unit` settled."""
-        unit.evidence.remove(sha)
-        self._release_state(sha)
 
     def _release_state(self, sha: str) -> None:
         self._evidence[sha] -= 1
@@ -250,8 +245,12 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
             request = share_request(request, pkg.job_id, share, kept, out)
-        # the evidence a spot check replays (training.evidence.checkpoints)
-        request = request.with_checkpoints()
+        # the evidence a spot check replays (training.evidence.checkpoints), at most
+        # MAX_HELD states at once where the owner draws as they come (commitments)
+        if drawn_by_commitment(unit.spec):
+            request = request.with_checkpoints(MAX_HELD, ctx.limits.evidence_floor_bytes)
+        else:
+            request = request.with_checkpoints()
         held = unit.held = HeldStates(out.parent / "checkpoints")
 
         def on_event(event: dict[str, Any]) -> None:
@@ -262,9 +261,7 @@ class WorkerRole:
                 unit.committed.set()  # the next heartbeat commits to it soon
 
         try:
-            result = await ctx.train_unit(
-                request, pkg.unit_id, pkg.max_hours, on_event, held.waiting
-            )
+            result = await ctx.train_unit(request, pkg.unit_id, pkg.max_hours, on_event)
         except UnitFailed as exc:
             return self._failure(pkg, str(exc))
         if share is not None:  # the inner state this node keeps for the job's next round
@@ -278,10 +275,20 @@ class WorkerRole:
         checkpoints = [str(sha) for sha in result.get("checkpoints", [])]
         if checkpoints != held.shas:
             raise RuntimeError("the runner's checkpoints are not those it committed to")
-        for path in held.remaining():  # the states no decision let go yet
-            await trio.to_thread.run_sync(self._store_state, unit, path)
+        async with unit.held_lock:  # from here on the result's grant holds the states
+            unit.held = None
+            for index, path in held.files.items():  # those not drawn, or drawn to keep
+                if index not in held.stored:
+                    await trio.to_thread.run_sync(self._store_state, unit, path, held.shas[index])
         shutil.rmtree(held.folder, ignore_errors=True)
-        unit.held = None  # from here on the result's grant holds them all, until settled
+        peak = result.get("evidence_peak", {})
+        log.info(
+            "unit %s: %d checkpoints, at most %s of them held at once (%s MiB)",
+            pkg.unit_id,
+            len(checkpoints),
+            peak.get("states", "?"),
+            int(peak.get("bytes", 0)) >> 20,
+        )
         kept = sorted(set(unit.evidence))
         largest = max([size, *(ctx.blobs.size(c) for c in kept)])
         grant = issue_grant(
@@ -356,7 +363,7 @@ class WorkerRole:
                     log.info("owner stopped unit %s: %s", pkg.unit_id, ack.reason)
                     unit.scope.cancel()
                     return
-                self._decided(unit, ack)
+                await self._decided(unit, ack)
             except Exception as exc:  # owner unreachable for now: keep training
                 log.debug("heartbeat for %s failed: %s", pkg.unit_id, exc)
             with trio.move_on_after(interval):
@@ -364,21 +371,33 @@ class WorkerRole:
             unit.committed = trio.Event()
             await trio.sleep(MIN_HEARTBEAT_S)
 
-    def _decided(self, unit: RunningUnit, ack: ProgressAck) -> None:
+    async def _decided(self, unit: RunningUnit, ack: ProgressAck) -> None:
         """Keep what the owner will replay until it has it; let the rest go."""
-        held = unit.held
-        if held is None:
-            return
-        store = functools.partial(self._store_state, unit)
-        release = functools.partial(self._release_held, unit)
-        if held.apply(ack, store, release):
-            pkg, kept = unit.package, held.kept()
-            largest = max((self.ctx.blobs.size(sha) for sha in kept), default=0)
-            unit.evidence_grant = (
-                issue_grant(self.ctx, pkg.job_id, pkg.unit_id, unit.owner, kept, largest, 24 * 3600)
-                if kept
-                else b""
-            )
+        async with unit.held_lock:
+            held = unit.held
+            if held is None:
+                return
+            stored = held.to_store(ack)
+            for index in stored:
+                path, sha = held.files[index], held.shas[index]
+                await trio.to_thread.run_sync(self._store_state, unit, path, sha)
+                held.stored.add(index)
+            files, released = held.to_drop(ack)
+            for path in files:
+                path.unlink(missing_ok=True)
+            for sha in released:
+                unit.evidence.remove(sha)
+                self._release_state(sha)
+            if stored or released:
+                pkg, kept = unit.package, held.kept()
+                largest = max((self.ctx.blobs.size(sha) for sha in kept), default=0)
+                unit.evidence_grant = (
+                    issue_grant(
+                        self.ctx, pkg.job_id, pkg.unit_id, unit.owner, kept, largest, 24 * 3600
+                    )
+                    if kept
+                    else b""
+                )
 
     async def _deliver(self, unit: RunningUnit, result: Result) -> None:
         """Send the result (retrying what fails in transit) and countersign the receipt."""

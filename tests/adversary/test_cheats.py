@@ -31,7 +31,7 @@ from node.work.blobs import BlobStore
 from protocol import open_envelope, seal
 from protocol.evidence import EVIDENCE_LIMITS, Evidence, claimed_result
 from protocol.names import PROGRESS_PROTOCOL
-from protocol.work import Progress, ReceiptReply, WorkPackage, decode_ack
+from protocol.work import Progress, ReceiptReply, WorkPackage, decode_progress_ack
 from training.elastic.rounds import init_weights
 from training.model.weights import file_sha256
 from training.run.execute import prepare, run_job
@@ -262,7 +262,7 @@ def test_a_trial_that_reports_false_validation_values_is_caught(
             raw = await rogue.host.request(
                 owner.peer_id, PROGRESS_PROTOCOL, seal(beat, rogue.key), 4096
             )
-            assert decode_ack(raw)[0]
+            assert decode_progress_ack(raw).ok
             await until(
                 lambda: owner.get(f"/api/v1/jobs/{job}")["trials"][0]["reports"], 10, "the report"
             )

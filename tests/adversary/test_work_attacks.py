@@ -69,7 +69,7 @@ from protocol.work import (
     ReceiptReply,
     WorkOffer,
     WorkPackage,
-    decode_ack,
+    decode_progress_ack,
 )
 from training.evidence.result_check import expected_tensors
 from training.spec.examples import digits_toml
@@ -519,8 +519,8 @@ async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, 
                 raw = await host.request(
                     owner.peer_id, PROGRESS_PROTOCOL, seal(beat, rogue.key), 4096
                 )
-                ok, reason = decode_ack(raw)
-                if not ok:
+                ack = decode_progress_ack(raw)
+                if not ack.ok:
                     break
                 await trio.sleep(0.5)
         held = time.monotonic() - accepted_at
@@ -530,7 +530,7 @@ async def _heartbeat_forever(owner: LocalNode, root: Path) -> tuple[float, str, 
             "the owner to end the unit",
         )
         nursery.cancel_scope.cancel()
-    return held, reason, job
+    return held, ack.reason, job
 
 
 def test_heartbeats_cannot_hold_a_unit_past_max_hours(

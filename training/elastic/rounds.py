@@ -37,6 +37,7 @@ from safetensors.torch import load_file
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.errors import TrainingError
 from training.evidence.checkpoints import Course, checkpoint_steps
+from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
 from training.model.modules import build_model
 from training.model.weights import file_sha256, write_weights
 from training.ops import (
@@ -48,9 +49,9 @@ from training.ops import (
 )
 from training.run.execute import (
     Prepared,
-    checkpointer,
     deterministic,
     emit_started,
+    evidence_of,
     prepare,
     validate,
 )
@@ -159,7 +160,7 @@ class InnerOutcome:
     steps: int
     samples: int
     train_seconds: float  # in the inner steps alone (no start-up, no file work)
-    checkpoints: list[str] = field(default_factory=list)  # their sha256, in step order
+    evidence: dict[str, Any] = field(default_factory=dict)  # `execute.evidence_of`
 
 
 def inner_round(
@@ -173,15 +174,16 @@ def inner_round(
     state_out: Path,
     emit: Emit,
     checkpoint_dir: Path | None = None,
+    hold: Hold = NO_BOUND,
 ) -> InnerOutcome:
     """Train one share of a round from `weights`; the inner optimizer state goes from
     `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
     `checkpoint_dir`, the training state is written there at `share_checkpoint_steps`
-    and `InnerOutcome.checkpoints` lists the files' sha256."""
+    (never more of them at once than `hold` allows) and `InnerOutcome.evidence` lists
+    the files' sha256."""
     spec = run.spec
     model = _load_model(run, weights)
     course = share_course(run, slot, round_)
-    checkpoints: list[str] = []
     with deterministic(course.batch_seed):
         optimizer = make_optimizer(spec.optim, model.parameters())
         if state_in is not None:
@@ -189,25 +191,24 @@ def inner_round(
                 _load_optimizer(optimizer, load_file(str(state_in), device=str(run.device)))
             except Exception as exc:  # our own file; a mismatch means start fresh, loudly
                 raise TrainingError(f"the kept inner optimizer state does not fit: {exc}") from None
-        on_step = None
-        if checkpoint_dir is not None:
-            steps = share_checkpoint_steps(run)
-            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints, emit)
+        steps = share_checkpoint_steps(run)
         began = time.monotonic()
-        outcome = train(
-            model,
-            run.data,
-            spec,
-            loss_name=run.summary.loss,
-            batch=run.summary.batch_size,
-            total_steps=course.total_steps,
-            device=run.device,
-            emit=emit,
-            optimizer=optimizer,
-            batch_seed=course.batch_seed,
-            validate=False,
-            on_step=on_step,
-        )
+        with checkpoints_written(run, model, checkpoint_dir, steps, emit, hold) as writer:
+            outcome = train(
+                model,
+                run.data,
+                spec,
+                loss_name=run.summary.loss,
+                batch=run.summary.batch_size,
+                total_steps=course.total_steps,
+                device=run.device,
+                emit=emit,
+                optimizer=optimizer,
+                batch_seed=course.batch_seed,
+                validate=False,
+                on_step=writer.on_step if writer else None,
+            )
+            evidence = evidence_of(writer)
         train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
     message = round_delta(
@@ -219,7 +220,7 @@ def inner_round(
         outcome.steps,
         outcome.samples,
         train_seconds,
-        checkpoints,
+        evidence,
     )
 
 

@@ -16,6 +16,7 @@ from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
 from training.elastic import rounds as elastic
 from training.errors import SpecError
+from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
 from training.run.execute import emit_started, prepare
 from training.run.loop import Emit
@@ -35,10 +36,12 @@ def run_elastic_task(
     device: str,
     emit: Emit,
     checkpoints: bool = False,
+    hold: Hold = NO_BOUND,
 ) -> dict[str, Any]:
     """Run `task` ("elastic_init", "elastic_inner" or "elastic_outer"); emits and
     returns its `result`. With `checkpoints`, a share keeps its evidence (the
-    training state at every checkpoint step, `training.evidence.checkpoints`)."""
+    training state at every checkpoint step, `training.evidence.checkpoints`; never
+    more states at once than `hold` allows)."""
     began = time.monotonic()
     if task == "elastic_init":
         section.finish()
@@ -65,6 +68,7 @@ def run_elastic_task(
                 round_,
                 weights,
                 folder,
+                hold,
             )
         else:
             result = _outer(
@@ -88,6 +92,7 @@ def _inner(
     round_: int,
     weights: Path,
     checkpoint_dir: Path | None,
+    hold: Hold,
 ) -> dict[str, Any]:
     slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
     state_in = _beside(out, section.string("state_in", None, max_len=4096), "state_in")
@@ -106,6 +111,7 @@ def _inner(
         state_out=state_out,
         emit=emit,
         checkpoint_dir=checkpoint_dir,
+        hold=hold,
     )
     write_atomic(out, encode_round_delta(outcome.delta))
     result = {
@@ -113,9 +119,8 @@ def _inner(
         "samples": outcome.samples,
         "metrics": {"train_loss": outcome.train_loss, "train_seconds": outcome.train_seconds},
         "weights_sha256": file_sha256(out),
+        **outcome.evidence,
     }
-    if checkpoint_dir is not None:
-        result["checkpoints"] = outcome.checkpoints
     return result
 
 

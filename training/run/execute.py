@@ -25,6 +25,8 @@ from training.budget import SpecSummary, summarize
 from training.data.batches import Dataset, load_dataset
 from training.data.info import data_ref, probe
 from training.errors import SpecError, TrainingError
+from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.writer import NO_BOUND, CheckpointWriter, Hold, checkpoints_written
 from training.model.modules import build_model
 from training.model.plan import ModelPlan, plan_model
 from training.model.weights import write_weights
@@ -159,6 +161,7 @@ def run_job(
     emit: Emit | None = None,
     notes: list[str] | None = None,
     checkpoint_dir: Path | None = None,
+    hold: Hold = NO_BOUND,
     locate: Locate | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
@@ -166,35 +169,31 @@ def run_job(
     Emits `started`, `progress` and `result` events; returns the result (the `result`
     event without its "event" key). With `checkpoint_dir`, the training state is
     written there at every step of `checkpoint_steps` (spec.trust.checkpoints
-    segments) and the result lists the files' sha256, in step order. Raises
-    `SpecError` or `TrainingError`.
+    segments), never more of them at once than `hold` allows, and the result lists
+    the files' sha256, in step order. Raises `SpecError` or `TrainingError`.
     """
     emit = emit or (lambda event: None)
     began = time.monotonic()
     run = prepare(spec, data_file, device, locate)
-    checkpoints: list[str] = []
+    steps = checkpoint_steps(
+        run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
+    )
     with deterministic(spec.seed):
         model = build_model(run.plan).to(run.device)
         emit_started(run, emit, notes)
-        on_step = None
-        if checkpoint_dir is not None:
-            from training.evidence.checkpoints import checkpoint_steps
-
-            steps = checkpoint_steps(
-                run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
+        with checkpoints_written(run, model, checkpoint_dir, steps, emit, hold) as writer:
+            outcome = train(
+                model,
+                run.data,
+                spec,
+                loss_name=run.summary.loss,
+                batch=run.summary.batch_size,
+                total_steps=run.summary.total_steps,
+                device=run.device,
+                emit=emit,
+                on_step=writer.on_step if writer else None,
             )
-            on_step = checkpointer(run, model, checkpoint_dir, steps, checkpoints, emit)
-        outcome = train(
-            model,
-            run.data,
-            spec,
-            loss_name=run.summary.loss,
-            batch=run.summary.batch_size,
-            total_steps=run.summary.total_steps,
-            device=run.device,
-            emit=emit,
-            on_step=on_step,
-        )
+            evidence = evidence_of(writer)
         sha256 = write_weights(Path(out), model.state_dict(), run.metadata)
     result = {
         "steps": outcome.steps,
@@ -203,45 +202,19 @@ def run_job(
         "device": run.device.type,
         "metrics": outcome.metrics,
         "weights_sha256": sha256,
+        **evidence,
     }
-    if checkpoint_dir is not None:
-        result["checkpoints"] = checkpoints
     emit({"event": "result", **result})
     return result
 
 
-def checkpointer(
-    run: Prepared,
-    model: torch.nn.Module,
-    folder: Path,
-    steps: list[int],
-    shas: list[str],
-    emit: Emit,
-) -> Callable[[int, torch.optim.Optimizer], None]:
-    """The training loop's `on_step` that writes the training state at `steps` into
-    `folder`, appends each file's sha256 to `shas`, and emits a `checkpoint` event for
-    it at once: the worker commits to each state as it is made, before it can know
-    which segments the owner will replay (`node/work/trust/`)."""
-    from training.evidence.checkpoints import checkpoint_file, save_checkpoint
-
-    wanted = set(steps)
-    folder.mkdir(exist_ok=True)
-
-    def on_step(step: int, optimizer: torch.optim.Optimizer) -> None:
-        if step in wanted:
-            path = folder / checkpoint_file(step)
-            shas.append(save_checkpoint(path, model, optimizer, step, run.device))
-            emit(
-                {
-                    "event": "checkpoint",
-                    "index": len(shas) - 1,
-                    "step": step,
-                    "sha256": shas[-1],
-                    "file": path.name,
-                }
-            )
-
-    return on_step
+def evidence_of(writer: CheckpointWriter | None) -> dict[str, Any]:
+    """The result's evidence: every checkpoint's sha256, and the most states (and
+    bytes) its folder held at once; nothing without checkpoints."""
+    if writer is None:
+        return {}
+    shas = writer.close()
+    return {"checkpoints": shas, "evidence_peak": dataclasses.asdict(writer.peak)}
 
 
 def validate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:

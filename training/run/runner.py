@@ -13,6 +13,8 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
                    "parent_pid": int},           (optional; see training.run.isolation)
      "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer",
      "checkpoints": bool,                        (train, elastic_inner: keep the evidence)
+     "hold": {"states": int >= 0, "floor_bytes": int >= 0},
+                                                 (how many checkpoints on disk at once)
      "replay": {...},                            (the replay task's segments)
      "elastic": {...}}                           (the elastic tasks' files; see below)
 
@@ -46,6 +48,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +98,10 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     elastic = section.table("elastic")
     replay = section.table("replay")
     checkpoints = section.boolean("checkpoints", False)
+    held = section.table("hold")
+    hold_states = held.integer("states", 0, lo=0, hi=1 << 20)
+    hold_floor = held.integer("floor_bytes", 0, lo=0, hi=2**50)
+    held.finish()
     isolation = section.table("isolation")
     cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
     disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
@@ -140,6 +147,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if apply_limits and gpus is not None:  # read when CUDA starts, which is not yet
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
 
+    from training.evidence.writer import Hold
     from training.run.execute import resolve_device, run_job
 
     blob_file = functools.partial(_blob_file, blobs)  # every input blob, sha256 checked
@@ -162,6 +170,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             emit=emit,
             notes=notes,
             checkpoint_dir=folder,
+            hold=Hold(hold_states, hold_floor),
             locate=blob_file,
         )
     if task == "replay":
@@ -180,6 +189,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         target.type,
         emit,
         checkpoints,
+        Hold(hold_states, hold_floor),
     )
 
 
@@ -221,9 +231,13 @@ def _out_path(raw: Any) -> Path:
 
 
 def _emitter(stream: TextIO) -> Callable[[dict], None]:
+    lock = threading.Lock()  # checkpoints are written, and told of, by a thread of their own
+
     def emit(event: dict) -> None:
-        stream.write(json.dumps(event, allow_nan=False) + "\n")
-        stream.flush()
+        line = json.dumps(event, allow_nan=False) + "\n"
+        with lock:
+            stream.write(line)
+            stream.flush()
 
     return emit
 

@@ -275,6 +275,26 @@ class BlobStore:
             writer.discard()
         return writer.sha256
 
+    def link_file(self, source: Path, sha256: str) -> None:
+        """Store the file at `source`, which must hash to `sha256`, as a second name
+        of the same file (no copy: a training state can be hundreds of MB); copied
+        where the store is on another filesystem."""
+        target = self.location(sha256)
+        digest = hashlib.sha256()
+        with open(source, "rb") as handle:
+            while chunk := handle.read(COPY_CHUNK):
+                digest.update(chunk)
+        found = digest.hexdigest()
+        if found != sha256:
+            raise BlobHashMismatch(f"{source.name} hashes to {found}, not {sha256}")
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            pass
+        except OSError:  # another filesystem, or one without hard links
+            self.put_file(source)
+
     def put_file(self, source: Path) -> str:
         """Copy the file at `source` into the store, hashing while copying."""
         with open(source, "rb") as src:

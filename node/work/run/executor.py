@@ -316,8 +316,8 @@ async def _duty_cycle(
         try:
             if share <= 0:
                 await _paused(proc, percent, limit)
-            elif share >= 1.0:  # looked at often: a unit's owner may hold it (trust)
-                await trio.sleep(PAUSE_CHECK_S)
+            elif share >= 1.0:
+                await trio.sleep(DUTY_PERIOD_S)
             else:
                 await trio.sleep(DUTY_PERIOD_S * share)
                 os.killpg(proc.pid, signal.SIGSTOP)

@@ -33,6 +33,10 @@ class RunnerRequest:
     gpus: tuple[int, ...] = ()  # the CUDA devices it may use (none named: all)
     task: Task = "train"
     checkpoints: bool = False  # train, elastic_inner: keep the evidence for spot checks
+    # at most this many checkpoints on disk at once (0: no bound), unless they are
+    # under `hold_floor_bytes` in all (`training.evidence.writer.Hold`)
+    hold_states: int = 0
+    hold_floor_bytes: int = 0
     replay: dict[str, Any] | None = None  # the replay task's segments
     elastic: dict[str, Any] | None = None  # the elastic tasks' files
 
@@ -67,9 +71,12 @@ class RunnerRequest:
         """One step of an elastic job, on the files `elastic` names (none: no table)."""
         return dataclasses.replace(self, task=task, elastic=elastic or None)
 
-    def with_checkpoints(self) -> RunnerRequest:
-        """The same task, keeping its checkpoints as evidence."""
-        return dataclasses.replace(self, checkpoints=True)
+    def with_checkpoints(self, hold_states: int = 0, floor_bytes: int = 0) -> RunnerRequest:
+        """The same task, keeping its checkpoints as evidence: at most `hold_states`
+        on disk at once (0: all of them) once they pass `floor_bytes` in all."""
+        return dataclasses.replace(
+            self, checkpoints=True, hold_states=hold_states, hold_floor_bytes=floor_bytes
+        )
 
     def as_plain(self) -> dict[str, Any]:
         """The map the runner reads; keys left at their defaults are left out."""
@@ -91,6 +98,8 @@ class RunnerRequest:
             plain["elastic"] = self.elastic
         if self.checkpoints:
             plain["checkpoints"] = True
+        if self.hold_states:
+            plain["hold"] = {"states": self.hold_states, "floor_bytes": self.hold_floor_bytes}
         return plain
 
 

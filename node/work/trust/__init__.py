@@ -1,11 +1,14 @@
 """Trust: how an owner checks a worker's result without taking its word.
 
-A worker commits, in its signed result, to the hash of its training state every k
-steps; the owner draws segments afterwards, replays them in its own sandboxed runner
-and compares. How much of each result is checked depends on what this node has seen
+A worker commits to the hash of its training state every k steps, in its heartbeats
+as it trains and again in its signed result; the owner draws each segment as soon as
+both its ends are committed, fetches what a chosen one needs, replays it in its own
+sandboxed runner and compares. How much of each result is checked depends on what this node has seen
 of the peer. Uses the work context, the job store and blobs; never the owner's
 engine, which calls it. docs/design/trust.md.
 
+- `commitments`: both ends of the draws as the worker trains: what the owner keeps,
+  what the worker may delete (it holds at most `MAX_HELD` states).
 - `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare.
 - `replicas`: one unit trained by two workers of one determinism class, settled by
   bisection to one segment.
@@ -13,7 +16,15 @@ engine, which calls it. docs/design/trust.md.
   exclusion (as BOINC's adaptive replication).
 """
 
-from node.work.trust.commitments import Commitments, HeldStates, replay_chance
+from node.work.trust.commitments import (
+    MAX_HELD,
+    Commitments,
+    FetchedStates,
+    HeldStates,
+    drawn_by_commitment,
+    needed_states,
+    replay_chance,
+)
 from node.work.trust.replicas import Replicas
 from node.work.trust.reputation import Reputation
 from node.work.trust.spot_checks import (
@@ -30,8 +41,12 @@ from node.work.trust.spot_checks import (
 
 __all__ = [
     "BF16_TOLERANCE",
+    "MAX_HELD",
     "Commitments",
+    "FetchedStates",
     "HeldStates",
+    "drawn_by_commitment",
+    "needed_states",
     "replay_chance",
     "Replicas",
     "Reputation",

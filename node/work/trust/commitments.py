@@ -1,27 +1,29 @@
 """Checkpoint commitments, both ends: the worker commits to each training state as it
-makes it, the owner decides at once whether the segment that state ends is replayed.
+makes it; the owner draws at once whether the segment that state ends is replayed.
 
     worker -> owner  `Progress.commitments` (from index `commit_from`): the sha256 of
-                     each checkpoint as it is written, and `evidence_grant`, a grant
-                     for the states the owner asked to keep
+                     each checkpoint as it is written; `evidence_grant`, a grant for
+                     the states the owner asked to keep
     owner -> worker  `ProgressAck`: how many commitments it holds (`have`), the states
-                     to keep until it fetched them (`keep`), those that may go (`drop`)
+                     to keep until it has fetched them (`keep`), those that may go
+                     (`drop`)
 
-Segment i (checkpoint i to i + 1) is decided once commitment i + 1 is in, by a draw
-of this node's own random source: chosen with probability p, each segment on its
-own. The worker is bound to both ends before the draw, so it cannot know in advance
-which segment is replayed; and since every draw is independent, the segments revealed
+Segment i (checkpoint i to i + 1) is drawn once commitment i + 1 is in, with this
+node's own random source: chosen with probability p, each segment on its own. The
+worker is bound to both ends before the draw, so it cannot know in advance which
+segment is replayed; and since the draws are independent, the segments revealed
 unchosen tell it nothing of the next ones (with "n of S", the last ones would be
-known safe once n were revealed). p is the spot-check budget (fewer for a trusted
-peer: `segments_to_check`) over the unit's segments. The owner fetches a chosen
-segment's start (and, across determinism classes, its end) while training goes on,
-then lets it go; every other state goes when decided. So a worker holds the state
-still undecided, the newest, and those waiting for a fetch, instead of all of them.
-At the result the owner decides what is still open and replays the chosen segments
+known safe once n were revealed). p is the spot-check budget (less for a trusted
+peer: `segments_to_check`) over the unit's segments. The owner fetches what a chosen
+segment's replay needs while training goes on (`needed_states`), and the worker lets
+every other state go as soon as it is drawn. So a worker holds the newest state, the
+one before it until its segment is drawn, and one waiting for the owner's fetch: the
+runner waits for room past `MAX_HELD` (`training.evidence.writer`). At the result
+the owner draws what is still open and replays the chosen segments
 (`spot_checks.py`); a result whose chain differs from its commitments fails.
 
-A job with replicas keeps every state (replicas compare whole chains and replay the
-first segment where they part, which can be any).
+A job whose units are not spot checked one by one (replicas compare whole chains and
+replay wherever they part) keeps every state, as before commitments.
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.work.blobs import fetch_granted
+from node.work.blobs import BlobStore, fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.trust.reputation import Reputation, segments_to_check
@@ -48,20 +51,72 @@ from protocol.work import WORK_LIMITS, Progress, ProgressAck
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 64
-MAX_HELD = 3  # training states a worker holds for one unit, at most
+#: training states a worker holds for one unit, at most, once they pass the
+#: volunteer's `evidence_floor_mb` in all (a small model's hundred states cost less
+#: disk than a round trip to the owner per checkpoint costs time)
+MAX_HELD = 3
+
+
+def drawn_by_commitment(spec: dict[str, Any]) -> bool:
+    """Whether a unit of `spec` is spot checked segment by segment (else a worker
+    keeps every state until its result is settled)."""
+    trust = spec.get("trust", {})
+    return (
+        int(trust.get("checkpoints", 100)) > 0
+        and float(trust.get("spot_check_budget", 0.1)) > 0
+        and int(trust.get("replicas", 1)) <= 1
+    )
 
 
 def replay_chance(spec: dict[str, Any], streak: int) -> float:
     """The probability that any one segment of a unit of `spec` is replayed: its
-    budget's share of the segments, fewer for a peer with a `streak` of valid results;
-    0 when the job keeps every state (no checks, or replicas)."""
+    budget's share of the segments, less for a peer with a `streak` of valid results."""
+    if not drawn_by_commitment(spec):
+        return 0.0
     trust = spec.get("trust", {})
     segments = int(trust.get("checkpoints", 100))
-    budget = float(trust.get("spot_check_budget", 0.1))
-    if segments <= 0 or budget <= 0 or int(trust.get("replicas", 1)) > 1:
-        return 0.0
-    full = max(1, math.floor(budget * segments))
+    full = max(1, math.floor(float(trust.get("spot_check_budget", 0.1)) * segments))
     return min(1.0, segments_to_check(full, streak) / segments)
+
+
+def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
+    """The states a replay of the `chosen` segments reads from the worker: their
+    starts; across determinism classes their ends and checkpoint 0 as well (compared
+    within a tolerance, not by hash); for a round's share checkpoint 0 (its inner
+    optimizer state is the worker's). The last state is read at the result."""
+    needed = set(chosen)
+    if cross:
+        needed |= {i + 1 for i in needed}
+    if cross or share:
+        needed.add(0)
+    return needed
+
+
+class FetchedStates:
+    """Training states this node fetched from workers, held while a check needs them:
+    two units of one spec share states (checkpoint 0 at least), so a file goes when
+    the last holder lets go, and only if this node fetched it (a blob it had before
+    stays)."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self._blobs = blobs
+        self._holders: Counter[str] = Counter()
+        self._fetched: set[str] = set()
+
+    def hold(self, shas: Iterable[str]) -> None:
+        for sha in shas:
+            if not self._holders[sha] and not self._blobs.has(sha):
+                self._fetched.add(sha)
+            self._holders[sha] += 1
+
+    def release(self, shas: Iterable[str]) -> None:
+        for sha in shas:
+            self._holders[sha] -= 1
+            if self._holders[sha] <= 0:
+                del self._holders[sha]
+                if sha in self._fetched:
+                    self._fetched.discard(sha)
+                    self._blobs.remove(sha)
 
 
 @dataclass
@@ -69,8 +124,11 @@ class _Chain:
     """What the owner holds of one unit's commitments."""
 
     shas: list[str] = field(default_factory=list)
-    decided: dict[int, bool] = field(default_factory=dict)  # segment -> chosen
-    fetched: set[int] = field(default_factory=set)  # states in this node's blob store
+    drawn: dict[int, bool] = field(default_factory=dict)  # segment -> chosen
+    fetched: set[int] = field(default_factory=set)  # states held here (`FetchedStates`)
+
+    def chosen(self) -> list[int]:
+        return sorted(i for i, chosen in self.drawn.items() if chosen)
 
 
 class Commitments:
@@ -80,75 +138,66 @@ class Commitments:
         self,
         ctx: WorkContext,
         reputation: Reputation,
+        fetched: FetchedStates,
         state_bytes: Callable[[Job, dict[str, Any]], Awaitable[int]],
-        fetched: Callable[[str], None],
     ) -> None:
         self.ctx = ctx
         self._reputation = reputation
+        self._fetched = fetched
         self._state_bytes = state_bytes  # the most bytes one of the unit's states has
-        self._fetched = fetched  # a state fetched here, removed once no check needs it
         self._chains: dict[str, _Chain] = {}
-        # kept in node.db as well: after a restart the owner draws no segment twice
+        # kept in node.db as well: after a restart no segment is drawn twice
         self._table = ctx.jobs.db["commitments"]
         if not self._table.exists():
             self._table.create({"unit_id": str, "chain": str}, pk="unit_id")
         self._send, self._queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
         self._fetching: set[tuple[str, int]] = set()
 
-    def heard(self, job: Job, unit: Unit, spec: dict[str, Any], progress: Progress) -> ProgressAck:
-        """Record the heartbeat's new commitments, decide the segments they close,
-        and say what the worker keeps and drops; not ok when a commitment changed."""
+    def heard(
+        self, job: Job, unit: Unit, spec: dict[str, Any], progress: Progress, share: bool
+    ) -> ProgressAck:
+        """Record the heartbeat's new commitments, draw the segments they close, and
+        say what the worker keeps and drops; not ok when a commitment changed."""
         chain = self._chain(unit.unit_id)
-        before = (len(chain.shas), len(chain.decided))
-        start = progress.commit_from
+        before = (len(chain.shas), len(chain.drawn))
         for offset, sha in enumerate(progress.commitments):
-            index = start + offset
+            index = progress.commit_from + offset
             if index < len(chain.shas) and chain.shas[index] != sha:
                 return ProgressAck(False, f"commitment {index} changed")
             if index == len(chain.shas):
                 chain.shas.append(sha)
-        chance = replay_chance(spec, self._reputation.get(unit.worker).streak)
-        if chance > 0:
-            self._decide(chain, chance, len(chain.shas) - 1)
-        keep, drop = self._answer(chain, unit.worker, chance)
-        if (len(chain.shas), len(chain.decided)) != before:
+        if not drawn_by_commitment(spec):
+            return ProgressAck(True, "", len(chain.shas))
+        self._draw(chain, self._chance(unit, spec), len(chain.shas) - 1)
+        keep, drop = self._answer(chain, unit.worker, share)
+        if (len(chain.shas), len(chain.drawn)) != before:
             self._save(unit.unit_id, chain)
         if keep and progress.evidence_grant:
             self._queue_fetch(job, unit, spec, progress.evidence_grant, keep)
         return ProgressAck(True, "", len(chain.shas), tuple(keep), tuple(drop))
 
-    def decide_all(self, unit: Unit, spec: dict[str, Any], shas: list[str]) -> list[int] | None:
+    def chosen_at_result(
+        self, unit: Unit, spec: dict[str, Any], shas: list[str]
+    ) -> list[int] | None:
         """At the result: the chosen segments of a chain whose commitments match
-        `shas` (the open ones decided now), or None when the worker committed nothing
-        (its result's chain is checked as a whole, chosen then)."""
+        `shas` (the open ones drawn now), or None when the worker committed nothing
+        while training (its chain is drawn from as a whole, as it stands)."""
         chain = self._chain(unit.unit_id)
-        if not chain.shas:
+        if not chain.shas or not drawn_by_commitment(spec):
             return None
         if chain.shas != shas[: len(chain.shas)]:
             raise ProtocolError("the result's checkpoints are not those it committed to")
         chain.shas = list(shas)
-        chance = replay_chance(spec, self._reputation.get(unit.worker).streak)
-        self._decide(chain, chance, len(shas) - 1)  # the last state closes segment S - 1
-        return sorted(i for i, chosen in chain.decided.items() if chosen)
+        self._draw(chain, self._chance(unit, spec), len(shas) - 1)
+        self._save(unit.unit_id, chain)
+        return chain.chosen()
 
     def forget(self, unit_id: str) -> None:
-        self._chains.pop(unit_id, None)
+        """The unit's check is over: its chain and the states fetched for it go."""
+        chain = self._chains.pop(unit_id, None)
+        if chain is not None:
+            self._fetched.release(chain.shas[i] for i in chain.fetched)
         self._table.delete_where("unit_id = ?", [unit_id])
-
-    def _chain(self, unit_id: str) -> _Chain:
-        if unit_id not in self._chains:
-            rows = list(self._table.rows_where("unit_id = ?", [unit_id], limit=1))
-            plain = json.loads(rows[0]["chain"]) if rows else {}
-            self._chains[unit_id] = _Chain(
-                list(plain.get("shas", [])),
-                {int(k): bool(v) for k, v in plain.get("decided", {}).items()},
-                set(plain.get("fetched", [])),
-            )
-        return self._chains[unit_id]
-
-    def _save(self, unit_id: str, chain: _Chain) -> None:
-        plain = {"shas": chain.shas, "decided": chain.decided, "fetched": sorted(chain.fetched)}
-        self._table.upsert({"unit_id": unit_id, "chain": json.dumps(plain)}, pk="unit_id")
 
     async def run(self) -> None:
         """Fetch the kept states the workers grant, one unit's at a time."""
@@ -160,28 +209,44 @@ class Commitments:
             finally:
                 self._fetching -= {(unit.unit_id, i) for i in indices}
 
-    def _decide(self, chain: _Chain, chance: float, closed: int) -> None:
-        """Draw every segment up to `closed` (exclusive) not drawn yet."""
+    def _chance(self, unit: Unit, spec: dict[str, Any]) -> float:
+        return replay_chance(spec, self._reputation.get(unit.worker).streak)
+
+    def _chain(self, unit_id: str) -> _Chain:
+        if unit_id not in self._chains:
+            rows = list(self._table.rows_where("unit_id = ?", [unit_id], limit=1))
+            plain = json.loads(rows[0]["chain"]) if rows else {}
+            chain = _Chain(
+                list(plain.get("shas", [])),
+                {int(k): bool(v) for k, v in plain.get("drawn", {}).items()},
+                set(plain.get("fetched", [])),
+            )
+            # after a restart: what was fetched before is held again, or fetched again
+            chain.fetched = {i for i in chain.fetched if self.ctx.blobs.has(chain.shas[i])}
+            self._fetched.hold(chain.shas[i] for i in chain.fetched)
+            self._chains[unit_id] = chain
+        return self._chains[unit_id]
+
+    def _save(self, unit_id: str, chain: _Chain) -> None:
+        plain = {"shas": chain.shas, "drawn": chain.drawn, "fetched": sorted(chain.fetched)}
+        self._table.upsert({"unit_id": unit_id, "chain": json.dumps(plain)}, pk="unit_id")
+
+    def _draw(self, chain: _Chain, chance: float, closed: int) -> None:
+        """Draw every segment before `closed` not drawn yet."""
         rng = secrets.SystemRandom()
         for segment in range(closed):
-            if segment not in chain.decided:
-                chain.decided[segment] = chance > 0 and rng.random() < chance
+            if segment not in chain.drawn:
+                chain.drawn[segment] = chance > 0 and rng.random() < chance
 
-    def _answer(self, chain: _Chain, worker: str, chance: float) -> tuple[list[int], list[int]]:
-        """(states to keep, not fetched yet; states that may go)."""
-        if chance <= 0:
-            return [], []
+    def _answer(self, chain: _Chain, worker: str, share: bool) -> tuple[list[int], list[int]]:
+        """(states to keep, not fetched yet; states that may go). A state goes once
+        the segment it starts is drawn (the one it ends was drawn before) and no
+        replay needs it, or once this node holds it; the newest never does."""
         cross = self.ctx.peers.determinism_of(worker) != self.ctx.own_ad().determinism
-        needed = {i for i, chosen in chain.decided.items() if chosen}
-        if cross:  # across classes the replay is compared with the segment's end state
-            needed |= {i + 1 for i in needed}
+        last = len(chain.shas) - 1
+        needed = {i for i in needed_states(chain.chosen(), cross, share) if i <= last}
         keep = sorted(needed - chain.fetched)
-        last = len(chain.shas) - 1  # the newest: the next segment's start, undecided
-        # a state goes once the segment it starts is drawn (the one it ends was drawn
-        # before) and no replay needs it, or once this node has it
-        drop = [
-            i for i in range(last) if i in chain.decided and (i not in needed or i in chain.fetched)
-        ]
+        drop = [i for i in range(last) if i not in needed or i in chain.fetched]
         return keep, drop
 
     def _queue_fetch(
@@ -193,7 +258,7 @@ class Commitments:
         try:
             self._send.send_nowait((job, unit, spec, grant_env, wanted))
         except trio.WouldBlock:
-            return  # busy: these are fetched with the result instead
+            return  # busy: asked for again at the next heartbeat, or read at the result
         self._fetching |= {(unit.unit_id, i) for i in wanted}
 
     async def _fetch(
@@ -209,26 +274,32 @@ class Commitments:
         if (grant.grantee, grant.job_id, grant.unit_id) != (self.ctx.peer_id, job.id, unit.unit_id):
             raise ProtocolError("the evidence grant is for another unit or node")
         granted = [i for i in indices if chain.shas[i] in grant.blobs]  # the rest: next time
-        bound = await self._state_bytes(job, spec)
-        fresh = [chain.shas[i] for i in granted if not self.ctx.blobs.has(chain.shas[i])]
-        await fetch_granted(self.ctx, unit.worker, grant, grant_env, key, fresh, bound, bound)
-        for sha in fresh:
-            self._fetched(sha)
+        shas = [chain.shas[i] for i in granted]
+        self._fetched.hold(shas)
+        try:
+            bound = await self._state_bytes(job, spec)
+            await fetch_granted(self.ctx, unit.worker, grant, grant_env, key, shas, bound, bound)
+        except BaseException:
+            self._fetched.release(shas)
+            raise
+        if self._chains.get(unit.unit_id) is not chain:  # checked and forgotten meanwhile
+            self._fetched.release(shas)
+            return
         chain.fetched |= set(granted)
         self._save(unit.unit_id, chain)
 
 
 @dataclass
 class HeldStates:
-    """The worker's end, for one unit: the states it committed to and still holds."""
+    """The worker's end, for one unit: the states it committed to, and those of them
+    still on disk in the runner's folder (`files`) and in the blob store (`stored`:
+    a second name of the same file, granted to the owner)."""
 
     folder: Path  # where the runner writes them
     shas: list[str] = field(default_factory=list)
-    files: dict[int, Path] = field(default_factory=dict)  # written, not yet stored
-    stored: set[int] = field(default_factory=set)  # kept: in the blob store, granted
-    dropped: set[int] = field(default_factory=set)
+    files: dict[int, Path] = field(default_factory=dict)
+    stored: set[int] = field(default_factory=set)
     have: int = 0  # commitments the owner acknowledged
-    deciding: bool = False  # the owner decides on states (else it keeps them all)
 
     def written(self, event: dict[str, Any]) -> None:
         """The runner's `checkpoint` event: a state to commit to."""
@@ -241,44 +312,20 @@ class HeldStates:
         """(`commit_from`, `commitments`) for the next heartbeat."""
         return self.have, self.shas[self.have :]
 
-    def apply(
-        self, ack: ProgressAck, store: Callable[[Path], str], release: Callable[[str], None]
-    ) -> bool:
-        """Act on the owner's decisions (`store` puts a state in the blob store where
-        the owner's grant reaches it); True when what is granted changed."""
+    def to_store(self, ack: ProgressAck) -> list[int]:
+        """The states the owner asks for, not yet in the blob store."""
         self.have = min(ack.have, len(self.shas))  # the owner's count: it may have lost some
-        self.deciding = self.deciding or bool(ack.keep or ack.drop)
-        changed = False
-        for index in ack.keep:
-            path = self.files.pop(index, None)
-            if path is not None and path.is_file():
-                store(path)  # a copy: the runner's file goes
-                path.unlink()
-                self.stored.add(index)
-                changed = True
-        for index in ack.drop:
-            if index >= len(self.shas) - 1 or index in self.dropped:
-                continue  # the newest state is never dropped: it starts the next segment
-            self.dropped.add(index)
-            path = self.files.pop(index, None)
-            if path is not None:
-                path.unlink(missing_ok=True)
-            if index in self.stored:
-                self.stored.discard(index)
-                release(self.shas[index])
-                changed = True
-        return changed
+        return [i for i in ack.keep if i in self.files and i not in self.stored]
 
-    def waiting(self) -> bool:
-        """The runner waits while this many states are on disk undecided or unfetched:
-        the newest, the one before it (its segment is drawn once the newest is
-        committed) and one for the owner to fetch."""
-        return self.deciding and len(self.files) + len(self.stored) >= MAX_HELD
+    def to_drop(self, ack: ProgressAck) -> tuple[list[Path], list[str]]:
+        """The states the owner lets go of (never the newest: it starts the next
+        segment), forgotten here: (their files, the sha256 of those stored)."""
+        newest = len(self.shas) - 1
+        gone = [i for i in ack.drop if i < newest and i in self.files]
+        released = [self.shas[i] for i in gone if i in self.stored]
+        self.stored -= set(gone)
+        return [self.files.pop(i) for i in gone], released
 
     def kept(self) -> list[str]:
         """The states stored for the owner to fetch."""
         return [self.shas[i] for i in sorted(self.stored)]
-
-    def remaining(self) -> list[Path]:
-        """The states still in the runner's folder (stored with the result)."""
-        return [p for p in self.files.values() if p.is_file()]

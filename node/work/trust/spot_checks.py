@@ -29,7 +29,6 @@ import math
 import random
 import secrets
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
-from node.work.trust.commitments import Commitments
+from node.work.trust.commitments import Commitments, FetchedStates, needed_states
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
@@ -109,12 +108,9 @@ class SpotChecks:
         self.ctx = ctx
         self._runner_request = runner_request
         self.reputation = reputation
-        # checkpoints fetched for checks in progress: two units of one spec share
-        # states (checkpoint 0 at least), so a file goes when its last check ends
-        self._holders: Counter[str] = Counter()
-        self._fetched: set[str] = set()
+        self._fetched = FetchedStates(ctx.blobs)  # the states fetched for checks
         self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
-        self.commitments = Commitments(ctx, reputation, self._state_bytes, self._fetched.add)
+        self.commitments = Commitments(ctx, reputation, self._fetched, self._state_bytes)
 
     def wanted(self, job: Job) -> bool:
         """Whether the job's units carry checkpoints, and are checked."""
@@ -123,7 +119,14 @@ class SpotChecks:
         return trust.get("checkpoints", 100) > 0 and checked
 
     async def check(self, sub: Submitted) -> Verdict:
-        """Replay the segments chosen now; the verdict, with evidence when it fails."""
+        """Replay the segments chosen (as it trained, or now); the verdict, with
+        evidence when it fails."""
+        try:
+            return await self._check(sub)
+        finally:
+            self.commitments.forget(sub.unit.unit_id)
+
+    async def _check(self, sub: Submitted) -> Verdict:
         steps, bound = await self._steps(sub)
         result = sub.result
         if len(result.checkpoints) != len(steps):
@@ -132,34 +135,28 @@ class SpotChecks:
                 f"the result commits to {len(result.checkpoints)} checkpoints; this job's "
                 f"spec takes {len(steps)}",
             )
-        streak = self.reputation.get(sub.peer).streak
-        budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
         rng = secrets.SystemRandom()
-        try:  # drawn while it trained, as it committed to each state
-            decided = self.commitments.decide_all(sub.unit, sub.spec, result.checkpoints)
+        try:  # drawn as it trained, when it committed to each state
+            chosen = self.commitments.chosen_at_result(sub.unit, sub.spec, result.checkpoints)
         except ProtocolError as exc:
             return Verdict(False, str(exc), caught=True)
-        finally:
-            self.commitments.forget(sub.unit.unit_id)
-        if decided is None:  # it committed to nothing while training: drawn now
+        reported = _reported_segments(sub, steps, chosen or [], rng, chosen is None)
+        if chosen is None:  # it committed to nothing while training: drawn now
+            streak = self.reputation.get(sub.peer).streak
+            budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
             chosen = choose_segments(len(steps) - 1, budget, streak, rng)
-        else:
-            chosen = decided
-        reported = _reported_segments(sub, steps, chosen, rng, decided is None)
         chosen = sorted({*chosen, *reported})
         cross = self.ctx.peers.determinism_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
         table = replay_table(steps, chosen, cps, cross)
         for segment, i in zip(table["segments"], chosen, strict=True):
             segment["evaluate"] = i in reported
-        need = {cps[i] for i in chosen} | {cps[-1]} | ({cps[0]} if cross else set())
-        if cross:
-            need |= {cps[i + 1] for i in chosen}
+        share = sub.delta_round is not None
+        need = {cps[i] for i in needed_states(chosen, cross, share)} | {cps[-1]}
         owned: set[str] = set()
-        if sub.delta_round is not None:  # checkpoint 0 is rebuilt from the round's weights
+        if share:  # checkpoint 0 is rebuilt from the round's weights
             table["init_claimed"] = cps[0]
             table["share"] = self._share(sub)
-            need.add(cps[0])
             owned.add(table["share"]["weights"])
         replay = await self._replay(sub, table, need, bound, owned)
         tolerance = tolerance_of(sub.spec)
@@ -267,7 +264,7 @@ class SpotChecks:
         """Fetch `need` from the worker and run the runner's replay task on `table`
         (with `owned`: blobs of this node's own it also reads)."""
         ctx = self.ctx
-        self._hold(need)
+        self._fetched.hold(need)
         try:
             await fetch_granted(
                 ctx,
@@ -289,23 +286,7 @@ class SpotChecks:
                 request, sub.unit.unit_id, sub.job.max_hours, lambda e: None
             )
         finally:
-            self._release(need)
-
-    def _hold(self, shas: set[str]) -> None:
-        for sha in shas:
-            if not self._holders[sha] and not self.ctx.blobs.has(sha):
-                self._fetched.add(sha)
-            self._holders[sha] += 1
-
-    def _release(self, shas: set[str]) -> None:
-        """Evidence fetched for a check is not kept once no check needs it."""
-        for sha in shas:
-            self._holders[sha] -= 1
-            if self._holders[sha] <= 0:
-                del self._holders[sha]
-                if sha in self._fetched:
-                    self._fetched.discard(sha)
-                    self.ctx.blobs.remove(sha)
+            self._fetched.release(need)
 
 
 def _claimed(result: Result, index: int) -> str:

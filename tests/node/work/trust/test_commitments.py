@@ -19,7 +19,14 @@ from node.preferences import Preferences
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import JobStore, Unit
-from node.work.trust import Commitments, HeldStates, Reputation, replay_chance
+from node.work.trust import (
+    Commitments,
+    FetchedStates,
+    HeldStates,
+    Reputation,
+    needed_states,
+    replay_chance,
+)
 from protocol import ProtocolError
 from protocol.work import Progress, ProgressAck
 
@@ -56,7 +63,7 @@ def _owner(ctx: WorkContext) -> tuple[Commitments, Unit]:
     async def state_bytes(job, spec) -> int:  # noqa: ANN001
         return 1 << 20
 
-    commitments = Commitments(ctx, Reputation(ctx.jobs.db), state_bytes, lambda sha: None)
+    commitments = Commitments(ctx, Reputation(ctx.jobs.db), FetchedStates(ctx.blobs), state_bytes)
     job = ctx.jobs.create("j", SPEC, "auto", {}, [])
     unit = ctx.jobs.add_unit(job.id, WORKER, 30, deadline=time.time() + 3600)
     return commitments, unit
@@ -83,13 +90,14 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
     shas = [_sha(i) for i in range(11)]
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, shas[:1]))
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, shas[:1]), False)
     assert (ack.ok, ack.have, ack.keep, ack.drop) == (True, 1, (), ())  # nothing closed yet
     acks = [
-        commitments.heard(job, unit, SPEC, _beat(unit, i, shas[i : i + 1])) for i in range(1, 11)
+        commitments.heard(job, unit, SPEC, _beat(unit, i, shas[i : i + 1]), False)
+        for i in range(1, 11)
     ]
     assert [a.have for a in acks] == list(range(2, 12))
-    chosen = commitments.decide_all(unit, SPEC, shas)
+    chosen = commitments.chosen_at_result(unit, SPEC, shas)
     assert chosen is not None and all(0 <= i < 10 for i in chosen)
     kept = {i for a in acks for i in a.keep}
     dropped = {i for a in acks for i in a.drop}
@@ -101,32 +109,62 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
 def test_a_changed_commitment_stops_the_unit_and_a_changed_chain_fails(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]))
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 1, [_sha(9)]))
+    commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), False)
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 1, [_sha(9)]), False)
     assert (ack.ok, ack.reason) == (False, "commitment 1 changed")
     with pytest.raises(ProtocolError, match="not those it committed to"):
-        commitments.decide_all(unit, SPEC, [_sha(0), _sha(7), _sha(2)])
+        commitments.chosen_at_result(unit, SPEC, [_sha(0), _sha(7), _sha(2)])
 
 
 def test_a_worker_that_committed_nothing_is_checked_as_before(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
-    assert commitments.decide_all(unit, SPEC, [_sha(0), _sha(1)]) is None
+    assert commitments.chosen_at_result(unit, SPEC, [_sha(0), _sha(1)]) is None
 
 
 def test_the_worker_holds_only_undecided_and_kept_states(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     held = HeldStates(folder)
-    blobs = BlobStore(tmp_path)
-    released: list[str] = []
     for i in range(4):
         (folder / f"checkpoint-{i}.safetensors").write_bytes(bytes([i]) * 10)
         held.written({"index": i, "sha256": _sha(i), "file": f"checkpoint-{i}.safetensors"})
     assert held.unsent() == (0, [_sha(i) for i in range(4)])
     ack = ProgressAck(True, "", 4, keep=(1,), drop=(0, 2, 3))
-    assert held.apply(ack, blobs.put_file, released.append)
-    assert held.unsent() == (4, []) and held.kept() == [_sha(1)]
-    left = sorted(p.name for p in folder.iterdir())
-    assert left == ["checkpoint-3.safetensors"]  # 1 is in the blob store; 3 is the newest
-    assert held.apply(ProgressAck(True, "", 4, drop=(1,)), blobs.put_file, released.append)
-    assert released == [_sha(1)] and held.kept() == []
+    assert held.to_store(ack) == [1]
+    held.stored.add(1)
+    files, released = held.to_drop(ack)
+    assert [p.name for p in files] == ["checkpoint-0.safetensors", "checkpoint-2.safetensors"]
+    assert released == [] and held.unsent() == (4, []) and held.kept() == [_sha(1)]
+    assert sorted(held.files) == [1, 3]  # 1 is kept for the owner; 3 is the newest
+    files, released = held.to_drop(ProgressAck(True, "", 4, drop=(1,)))
+    assert released == [_sha(1)] and held.kept() == [] and sorted(held.files) == [3]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "cross", "share", "needed"),
+    [
+        ([2, 5], False, False, {2, 5}),
+        ([2, 5], True, False, {0, 2, 3, 5, 6}),
+        ([2], False, True, {0, 2}),
+        ([], False, False, set()),
+    ],
+)
+def test_a_replay_needs_the_starts_and_across_classes_the_ends(
+    chosen: list[int], cross: bool, share: bool, needed: set[int]
+) -> None:
+    assert needed_states(chosen, cross, share) == needed
+
+
+def test_a_share_keeps_its_first_state_for_the_owner(ctx: WorkContext) -> None:
+    commitments, unit = _owner(ctx)
+    job = ctx.jobs.get(unit.job_id)
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), True)
+    assert 0 in ack.keep and 0 not in ack.drop
+
+
+def test_a_job_with_replicas_keeps_every_state(ctx: WorkContext) -> None:
+    commitments, unit = _owner(ctx)
+    job = ctx.jobs.get(unit.job_id)
+    spec = {"trust": {**SPEC["trust"], "replicas": 2}}
+    ack = commitments.heard(job, unit, spec, _beat(unit, 0, [_sha(i) for i in range(5)]), False)
+    assert (ack.have, ack.keep, ack.drop) == (5, (), ())
