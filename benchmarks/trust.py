@@ -1,15 +1,15 @@
 """Spot checks: how fast a worker that skips steps is caught, at what cost, and
 whether an honest one is ever flagged.
 
-    .venv/bin/python -m benchmarks.trust [--parts detect robust] [--units 100]
-                                         [--steps 200]
+    .venv/bin/python -m benchmarks.trust [--parts detect network robust]
+                                         [--units 100] [--steps 200]
 
 The unit is the digits MLP ([16] hidden) for `--steps` steps with the default trust
 settings (100 checkpoints, a budget of 10% of the segments). A cheating worker skips
 a fraction f of its steps (0.5, 0.1, 0.01), spread at random or all in one run of
 consecutive steps at a random place, and claims the checkpoint chain that gives
 (`tests/adversary/cheats.py`). Each of `--units` units is checked as an owner checks
-a worker on probation: segments drawn by `node.work.trust.spot_checks.choose_segments`,
+a worker on probation: each segment drawn on its own (`node.work.trust.commitments`),
 replayed by the runner's `replay` task (in this process, without the sandbox) and
 compared by `compare_replay`. Reported per case:
 
@@ -24,6 +24,12 @@ Honest units are checked the same way for the false positive rate. Goal: f = 0.1
 caught within 5 units with probability >= 99% however the steps are placed, at
 <= 10% verification overhead, with zero false positives.
 
+**network**: what the checks cost through two real nodes (an owner that does not
+train, one volunteer at one thread), a `char_transformer` job of about 3M and 10M
+parameters trained once with `[trust]` off and once at the defaults: the wall time
+from submit to "completed" and the most training states the worker held at once
+(its runner counts them as it writes each). Goal: <= 3 states, wall <= 1.1x.
+
 **robust**: an elastic job (the digits MLP, 4 workers, 10 rounds of 20 inner steps)
 trained through `training.elastic.rounds`'s own inner rounds and outer step, with every
 worker honest and with worker 0 sending -10x its delta every round (gradient
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import tempfile
 import time
@@ -44,7 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.harness import Result, run_parts
-from node.work.trust import choose_segments, compare_replay, replay_table
+from node.work.trust import compare_replay, drawn, replay_chance, replay_table
 from protocol.rounds import encode_round_delta
 from protocol.tensors import decode_tensor
 from training.elastic.rounds import SIMULATED_JOB_ID, init_weights, inner_round, outer_step
@@ -70,7 +77,8 @@ def check(
     cps = [file_sha256(p) for p in claim.checkpoints]
     blobs = {sha: str(path) for sha, path in zip(cps, claim.checkpoints, strict=True)}
     steps = checkpoint_steps(spec.optim.steps or 0, spec.trust.checkpoints)
-    chosen = choose_segments(len(steps) - 1, spec.trust.spot_check_budget, 0, rng)
+    chance = replay_chance(spec_plain, 0)  # each segment drawn as the worker commits to it
+    chosen = [i for i in range(len(steps) - 1) if drawn(chance, rng)]
     request = {
         "spec": spec_plain,
         "blobs": blobs,
@@ -155,6 +163,63 @@ def detection(units: int, steps: int, seed: int) -> Result:
     return result
 
 
+SIZES = {"3M": (4, 256), "10M": (6, 384)}  # layers, width
+NETWORK_SPEC = """\
+name = "trust-{size}"
+seed = 0
+[model]
+arch = "char_transformer"
+layers = {layers}
+heads = 4
+width = {width}
+context = 64
+[data]
+source = "builtin:text:{corpus}"
+batch_size = 8
+validation = 0.02
+[optim]
+steps = {steps}
+lr = 3e-4
+{trust}
+"""
+TRUST_OFF = "[trust]\ncheckpoints = 0\nspot_check_budget = 0"
+HELD = re.compile(r"(\d+) checkpoints, at most (\d+) of them held at once \((\d+) MiB\)")
+
+
+def network(steps: int) -> Result:
+    from node.demo.localnet import ONE_THREAD, LocalNetwork
+
+    result = Result(
+        "trust: through the network",
+        ["model", "[trust]", "wall s", "vs off", "checkpoints", "states held", "MiB held"],
+    )
+    folder = Path(tempfile.mkdtemp(prefix="meshminer-trust-net-"))
+    corpus = folder / "corpus.txt"
+    words = random.Random(0).choices(["the", "a", "mesh", "node", "trains", "weights"], k=400_000)
+    corpus.write_text(" ".join(words))
+    with LocalNetwork(folder / "net") as net:
+        owner = net.add(["--not-accepting"], env=ONE_THREAD)
+        worker = net.add(env=ONE_THREAD)
+        net.wait_all_see_each_other(timeout=60)
+        for size, (layers, width) in SIZES.items():
+            off = 0.0
+            for label, trust in (("off", TRUST_OFF), ("default", "")):
+                toml = NETWORK_SPEC.format(
+                    size=size, layers=layers, width=width, corpus=corpus, steps=steps, trust=trust
+                )
+                began = time.perf_counter()
+                job = owner.wait_job_end(owner.submit_spec(toml), 3600)
+                wall = time.perf_counter() - began
+                if job["state"] != "completed":
+                    raise RuntimeError(f"{size}, trust {label}: {job['state']}: {job['reason']}")
+                off = off or wall
+                held = HELD.findall(worker.log_tail(200)) if label == "default" else []
+                count, states, mib = map(int, held[-1]) if held else (0, 0, 0)
+                result.add(size, label, wall, wall / off, count, states, mib)
+                print(f"{size}, trust {label}: {wall:.1f} s, held {states} ({mib} MiB)", flush=True)
+    return result
+
+
 def elastic_loss(spec: JobSpec, ascent: float) -> float:
     """The final validation loss of `spec` trained round by round in this process,
     worker 0's delta multiplied by `ascent` (1: honest)."""
@@ -223,9 +288,11 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=100)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--network-steps", type=int, default=200)
     args = parser.parse_args()
     runs = {
         "detect": lambda: detection(args.units, args.steps, args.seed),
+        "network": lambda: network(args.network_steps),
         "robust": robustness,
     }
     run_parts("trust", args.parts, runs)

@@ -3,6 +3,8 @@ the replay task reproduces every segment bit for bit from the worker's files."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,61 @@ def test_a_replay_refuses_what_does_not_fit(tmp_path: Path) -> None:
     other["model"]["hidden"] = [8]  # another model: the worker's state does not fit it
     with pytest.raises(TrainingError, match="does not fit"):
         _replay(other, tmp_path / "other", blobs, {"final": cps[-1]})
+
+
+def test_the_runner_waits_for_room_past_its_hold_and_writes_the_same_chain(
+    tmp_path: Path,
+) -> None:
+    """A worker deletes each state once it is no longer the newest two (as the owner's
+    draws let it go); the runner never has more than `hold.states` on disk, waits
+    while it would, and its chain and weights are those of an unbounded run."""
+    spec = _spec(OPTIMS["adam, cosine, dropout"], steps=30, checkpoints=30)
+    free = _train(spec, tmp_path / "free", checkpoints=True)
+    folder = tmp_path / "held"
+    (folder / "checkpoints").mkdir(parents=True)
+    seen: list[int] = []
+    done = threading.Event()
+
+    def worker() -> None:  # keeps the newest two, deletes the rest, checks often
+        while not done.is_set():
+            files = sorted((folder / "checkpoints").glob("checkpoint-*.safetensors"))
+            seen.append(len(files))
+            for old in files[:-2]:
+                old.unlink()
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        request = {
+            "spec": spec,
+            "blobs": {},
+            "out": str(folder / "weights.safetensors"),
+            "device": "cpu",
+            "checkpoints": True,
+            "hold": {"states": 3, "floor_bytes": 0},
+        }
+        held = run_request(request, lambda event: None)
+    finally:
+        done.set()
+        thread.join()
+    assert held["checkpoints"] == free["checkpoints"] and len(held["checkpoints"]) == 31
+    assert held["weights_sha256"] == free["weights_sha256"]
+    assert held["evidence_peak"]["states"] <= 3 and max(seen) <= 3
+    assert free["evidence_peak"]["states"] == 31  # unbounded: every state stays
+
+
+def test_under_the_floor_a_hold_does_not_bound(tmp_path: Path) -> None:
+    spec = _spec(OPTIMS["sgd with momentum"], steps=10, checkpoints=10)
+    folder = tmp_path / "floor"
+    folder.mkdir()
+    request = {
+        "spec": spec,
+        "blobs": {},
+        "out": str(folder / "weights.safetensors"),
+        "device": "cpu",
+        "checkpoints": True,
+        "hold": {"states": 3, "floor_bytes": 1 << 30},
+    }
+    result = run_request(request, lambda event: None)
+    assert result["evidence_peak"]["states"] == 11  # nobody deletes them: it never waits

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -77,6 +78,11 @@ def replay_chance(spec: dict[str, Any], streak: int) -> float:
     segments = int(trust.get("checkpoints", 100))
     full = max(1, math.floor(float(trust.get("spot_check_budget", 0.1)) * segments))
     return min(1.0, segments_to_check(full, streak) / segments)
+
+
+def drawn(chance: float, rng: random.Random) -> bool:
+    """One segment's draw: replayed with probability `chance`, on its own."""
+    return chance > 0 and rng.random() < chance
 
 
 def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
@@ -236,7 +242,7 @@ class Commitments:
         rng = secrets.SystemRandom()
         for segment in range(closed):
             if segment not in chain.drawn:
-                chain.drawn[segment] = chance > 0 and rng.random() < chance
+                chain.drawn[segment] = drawn(chance, rng)
 
     def _answer(self, chain: _Chain, worker: str, share: bool) -> tuple[list[int], list[int]]:
         """(states to keep, not fetched yet; states that may go). A state goes once
