@@ -174,7 +174,7 @@ heads = 4
 width = {width}
 context = 64
 [data]
-source = "builtin:text:{corpus}"
+source = "corpus.txt"
 batch_size = 8
 validation = 0.02
 [optim]
@@ -187,6 +187,7 @@ HELD = re.compile(r"(\d+) checkpoints, at most (\d+) of them held at once \((\d+
 
 
 def network(steps: int) -> Result:
+    from benchmarks.program_network import network_s
     from node.demo.localnet import ONE_THREAD, LocalNetwork
 
     result = Result(
@@ -204,14 +205,15 @@ def network(steps: int) -> Result:
         for size, (layers, width) in SIZES.items():
             off = 0.0
             for label, trust in (("off", TRUST_OFF), ("default", "")):
-                toml = NETWORK_SPEC.format(
-                    size=size, layers=layers, width=width, corpus=corpus, steps=steps, trust=trust
+                spec = folder / f"{size}-{label}.toml"
+                spec.write_text(
+                    NETWORK_SPEC.format(
+                        size=size, layers=layers, width=width, steps=steps, trust=trust
+                    )
                 )
-                began = time.perf_counter()
-                job = owner.wait_job_end(owner.submit_spec(toml), 3600)
-                wall = time.perf_counter() - began
-                if job["state"] != "completed":
-                    raise RuntimeError(f"{size}, trust {label}: {job['state']}: {job['reason']}")
+                wall, failed = network_s(owner.api, spec)
+                if failed:
+                    raise RuntimeError(f"{size}, trust {label}: {failed}")
                 off = off or wall
                 held = HELD.findall(worker.log_tail(200)) if label == "default" else []
                 count, states, mib = map(int, held[-1]) if held else (0, 0, 0)

@@ -54,6 +54,7 @@ def test_a_worker_holds_at_most_three_states_and_the_chosen_segments_still_repla
     assert job["state"] == "completed", job.get("reason")
     assert job["metrics"]["check"] == "bitwise"
     assert job["metrics"]["checked_segments"] >= 10, job["metrics"]
+    assert job["metrics"]["checked_while_training"] >= 1, job["metrics"]
 
     # the runner's own count of the states on disk at once, each time it wrote one
     found = re.findall(r"(\d+) checkpoints, at most (\d+) of them held", worker.log_tail(400))

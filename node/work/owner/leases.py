@@ -88,8 +88,8 @@ class Leases:
         if stop or job is None:
             return encode_ack(not stop, stop)
         spec = mode.unit_spec(job, unit)
-        share = mode.delta_round(unit) is not None
-        return encode_progress_ack(self.commitments.heard(job, unit, spec, progress, share))
+        heard = self.commitments.heard(job, unit, spec, progress, mode.delta_round(unit))
+        return encode_progress_ack(heard)
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
         """The job's timeline says when a worker's volunteer pauses its unit, and when

@@ -191,6 +191,7 @@ class Results:
             return {**dict(result.metrics), **counts}, "claimed"
         checked = {
             "checked_segments": len(verdict.segments),
+            "checked_while_training": verdict.early,
             "replayed_steps": verdict.replayed_steps,
             "check": "bitwise" if verdict.strict else f"tolerance {verdict.tolerance:g}",
         }

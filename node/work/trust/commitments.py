@@ -34,7 +34,7 @@ import math
 import random
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ import trio
 from node.work.blobs import BlobStore, fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
+from node.work.trust.replays import Replays
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, open_envelope
 from protocol.blobs import BlobGrant
@@ -132,6 +133,9 @@ class _Chain:
     shas: list[str] = field(default_factory=list)
     drawn: dict[int, bool] = field(default_factory=dict)  # segment -> chosen
     fetched: set[int] = field(default_factory=set)  # states held here (`FetchedStates`)
+    # segments replayed while it trained: [the replayed end's sha256, its distance
+    # from the worker's end (across determinism classes; else 0)]
+    replayed: dict[int, list] = field(default_factory=dict)
 
     def chosen(self) -> list[int]:
         return sorted(i for i, chosen in self.drawn.items() if chosen)
@@ -141,16 +145,12 @@ class Commitments:
     """The owner's end: the chains heard in heartbeats, the draws, the fetches."""
 
     def __init__(
-        self,
-        ctx: WorkContext,
-        reputation: Reputation,
-        fetched: FetchedStates,
-        state_bytes: Callable[[Job, dict[str, Any]], Awaitable[int]],
+        self, ctx: WorkContext, reputation: Reputation, fetched: FetchedStates, replays: Replays
     ) -> None:
         self.ctx = ctx
         self._reputation = reputation
         self._fetched = fetched
-        self._state_bytes = state_bytes  # the most bytes one of the unit's states has
+        self._replays = replays
         self._chains: dict[str, _Chain] = {}
         # kept in node.db as well: after a restart no segment is drawn twice
         self._table = ctx.jobs.db["commitments"]
@@ -158,9 +158,15 @@ class Commitments:
             self._table.create({"unit_id": str, "chain": str}, pk="unit_id")
         self._send, self._queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
         self._fetching: set[tuple[str, int]] = set()
+        self._replay_send, self._replay_queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
 
     def heard(
-        self, job: Job, unit: Unit, spec: dict[str, Any], progress: Progress, share: bool
+        self,
+        job: Job,
+        unit: Unit,
+        spec: dict[str, Any],
+        progress: Progress,
+        delta_round: int | None = None,
     ) -> ProgressAck:
         """Record the heartbeat's new commitments, draw the segments they close, and
         say what the worker keeps and drops; not ok when a commitment changed."""
@@ -175,11 +181,11 @@ class Commitments:
         if not drawn_by_commitment(spec):
             return ProgressAck(True, "", len(chain.shas))
         self._draw(chain, self._chance(unit, spec), len(chain.shas) - 1)
-        keep, drop = self._answer(chain, unit.worker, share)
+        keep, drop = self._answer(chain, unit.worker, delta_round is not None)
         if (len(chain.shas), len(chain.drawn)) != before:
             self._save(unit.unit_id, chain)
         if keep and progress.evidence_grant:
-            self._queue_fetch(job, unit, spec, progress.evidence_grant, keep)
+            self._queue_fetch(job, unit, (spec, delta_round), progress.evidence_grant, keep)
         return ProgressAck(True, "", len(chain.shas), tuple(keep), tuple(drop))
 
     def chosen_at_result(
@@ -198,6 +204,11 @@ class Commitments:
         self._save(unit.unit_id, chain)
         return chain.chosen()
 
+    def replayed(self, unit_id: str) -> dict[int, tuple[str, float]]:
+        """The unit's segments replayed while it trained: (end sha256, distance)."""
+        chain = self._chains.get(unit_id)
+        return {i: (str(e), float(d)) for i, (e, d) in chain.replayed.items()} if chain else {}
+
     def forget(self, unit_id: str) -> None:
         """The unit's check is over: its chain and the states fetched for it go."""
         chain = self._chains.pop(unit_id, None)
@@ -206,14 +217,64 @@ class Commitments:
         self._table.delete_where("unit_id = ?", [unit_id])
 
     async def run(self) -> None:
-        """Fetch the kept states the workers grant, one unit's at a time."""
-        async for job, unit, spec, grant_env, indices in self._queue:
+        """Fetch the kept states the workers grant, one unit's at a time, and replay
+        each chosen segment once what it reads is here."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._replay_all)
+            async for job, unit, about, grant_env, indices in self._queue:
+                try:
+                    await self._fetch(job, unit, about[0], grant_env, indices)
+                    self._replay_send.send_nowait((job, unit, about))
+                except trio.WouldBlock:
+                    pass  # replayed at the result instead
+                except Exception as exc:  # the state stays kept: fetched with the result
+                    log.info("unit %s: kept states not fetched yet: %s", unit.unit_id, exc)
+                finally:
+                    self._fetching -= {(unit.unit_id, i) for i in indices}
+
+    async def _replay_all(self) -> None:
+        async for job, unit, (spec, delta_round) in self._replay_queue:
             try:
-                await self._fetch(job, unit, spec, grant_env, indices)
-            except Exception as exc:  # the state stays kept: fetched with the result
-                log.info("unit %s: kept states not fetched yet: %s", unit.unit_id, exc)
-            finally:
-                self._fetching -= {(unit.unit_id, i) for i in indices}
+                await self._replay_ready(job, unit, spec, delta_round)
+            except Exception as exc:  # replayed at the result instead
+                log.info("unit %s: a segment not replayed early: %s", unit.unit_id, exc)
+
+    async def _replay_ready(
+        self, job: Job, unit: Unit, spec: dict[str, Any], delta_round: int | None
+    ) -> None:
+        """Replay the chosen segments whose states are all here, not replayed yet."""
+        chain = self._chains.get(unit.unit_id)
+        if chain is None:
+            return
+        cross = self.ctx.peers.determinism_of(unit.worker) != self.ctx.own_ad().determinism
+        ready = [
+            i
+            for i in chain.chosen()
+            if i not in chain.replayed
+            and i + 1 < len(chain.shas)
+            and needed_states([i], cross, False) <= chain.fetched
+        ]
+        if not ready:
+            return
+        steps, _ = await self._replays.steps(job, spec, delta_round is not None)
+        table: dict[str, Any] = {"segments": []}
+        for i in ready:
+            segment = {"start": steps[i], "end": steps[i + 1], "from": chain.shas[i]}
+            if cross:
+                segment["claimed"] = chain.shas[i + 1]
+            table["segments"].append(segment)
+        owned: set[str] = set()
+        if delta_round is not None:
+            table["share"] = self._replays.share_table(job.id, delta_round, unit.slot)
+            owned.add(table["share"]["weights"])
+        shas = {chain.shas[i] for i in needed_states(ready, cross, False)} | owned
+        replay = await self._replays.run(job, unit, spec, table, shas)
+        if self._chains.get(unit.unit_id) is not chain:
+            return  # checked and forgotten meanwhile
+        distances = replay["distances"] if cross else [0.0] * len(ready)
+        for i, end, distance in zip(ready, replay["ends"], distances, strict=True):
+            chain.replayed[i] = [end, distance]
+        self._save(unit.unit_id, chain)
 
     def _chance(self, unit: Unit, spec: dict[str, Any]) -> float:
         return replay_chance(spec, self._reputation.get(unit.worker).streak)
@@ -226,6 +287,7 @@ class Commitments:
                 list(plain.get("shas", [])),
                 {int(k): bool(v) for k, v in plain.get("drawn", {}).items()},
                 set(plain.get("fetched", [])),
+                {int(k): list(v) for k, v in plain.get("replayed", {}).items()},
             )
             # after a restart: what was fetched before is held again, or fetched again
             chain.fetched = {i for i in chain.fetched if self.ctx.blobs.has(chain.shas[i])}
@@ -234,7 +296,12 @@ class Commitments:
         return self._chains[unit_id]
 
     def _save(self, unit_id: str, chain: _Chain) -> None:
-        plain = {"shas": chain.shas, "drawn": chain.drawn, "fetched": sorted(chain.fetched)}
+        plain = {
+            "shas": chain.shas,
+            "drawn": chain.drawn,
+            "fetched": sorted(chain.fetched),
+            "replayed": chain.replayed,
+        }
         self._table.upsert({"unit_id": unit_id, "chain": json.dumps(plain)}, pk="unit_id")
 
     def _draw(self, chain: _Chain, chance: float, closed: int) -> None:
@@ -256,13 +323,13 @@ class Commitments:
         return keep, drop
 
     def _queue_fetch(
-        self, job: Job, unit: Unit, spec: dict[str, Any], grant_env: bytes, keep: list[int]
+        self, job: Job, unit: Unit, about: tuple, grant_env: bytes, keep: list[int]
     ) -> None:
         wanted = [i for i in keep if (unit.unit_id, i) not in self._fetching]
         if not wanted:
             return
         try:
-            self._send.send_nowait((job, unit, spec, grant_env, wanted))
+            self._send.send_nowait((job, unit, about, grant_env, wanted))
         except trio.WouldBlock:
             return  # busy: asked for again at the next heartbeat, or read at the result
         self._fetching |= {(unit.unit_id, i) for i in wanted}
@@ -283,7 +350,7 @@ class Commitments:
         shas = [chain.shas[i] for i in granted]
         self._fetched.hold(shas)
         try:
-            bound = await self._state_bytes(job, spec)
+            bound = await self._replays.state_bytes(job, spec)
             await fetch_granted(self.ctx, unit.worker, grant, grant_env, key, shas, bound, bound)
         except BaseException:
             self._fetched.release(shas)

@@ -29,18 +29,16 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import trio
 
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
 from node.work.trust.commitments import Commitments, FetchedStates, needed_states
+from node.work.trust.replays import Replays
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
@@ -67,6 +65,7 @@ class Verdict:
     evidence: bytes = b""  # the signed Evidence when not ok
     segments: list[int] = field(default_factory=list)  # the checked ones
     replayed_steps: int = 0
+    early: int = 0  # of `segments`, replayed while the worker still trained
     total_steps: int = 0
     strict: bool = True  # bitwise (one determinism class), else within `tolerance`
     tolerance: float = TOLERANCE
@@ -106,11 +105,10 @@ class SpotChecks:
         self, ctx: WorkContext, runner_request: RequestBuilder, reputation: Reputation
     ) -> None:
         self.ctx = ctx
-        self._runner_request = runner_request
         self.reputation = reputation
         self._fetched = FetchedStates(ctx.blobs)  # the states fetched for checks
-        self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
-        self.commitments = Commitments(ctx, reputation, self._fetched, self._state_bytes)
+        self.replays = Replays(ctx, runner_request)
+        self.commitments = Commitments(ctx, reputation, self._fetched, self.replays)
 
     def wanted(self, job: Job) -> bool:
         """Whether the job's units carry checkpoints, and are checked."""
@@ -148,17 +146,20 @@ class SpotChecks:
         chosen = sorted({*chosen, *reported})
         cross = self.ctx.peers.determinism_of(sub.peer) != self.ctx.own_ad().determinism
         cps = result.checkpoints
-        table = replay_table(steps, chosen, cps, cross)
-        for segment, i in zip(table["segments"], chosen, strict=True):
+        early = self.commitments.replayed(sub.unit.unit_id)  # as it trained
+        rest = [i for i in chosen if i not in early or i in reported]
+        table = replay_table(steps, rest, cps, cross)
+        for segment, i in zip(table["segments"], rest, strict=True):
             segment["evaluate"] = i in reported
         share = sub.delta_round is not None
-        need = {cps[i] for i in needed_states(chosen, cross, share)} | {cps[-1]}
+        need = {cps[i] for i in needed_states(rest, cross, share)} | {cps[-1]}
         owned: set[str] = set()
         if share:  # checkpoint 0 is rebuilt from the round's weights
             table["init_claimed"] = cps[0]
             table["share"] = self._share(sub)
             owned.add(table["share"]["weights"])
-        replay = await self._replay(sub, table, need, bound, owned)
+        replay = with_early(await self._replay(sub, table, need, bound, owned), rest, early, chosen)
+        replay["replayed_steps"] += sum(steps[i + 1] - steps[i] for i in chosen if i not in rest)
         tolerance = tolerance_of(sub.spec)
         failure = compare_replay(
             replay, steps, chosen, cps, cross, result.weights_sha256, tolerance
@@ -170,6 +171,7 @@ class SpotChecks:
             metrics=dict(replay.get("metrics", {})),
             segments=chosen,
             replayed_steps=int(replay.get("replayed_steps", 0)),
+            early=len(chosen) - len(rest),
             total_steps=steps[-1],
             strict=not cross,
             tolerance=tolerance,
@@ -210,48 +212,12 @@ class SpotChecks:
         )
         return seal(evidence, self.ctx.identity.signing_key)
 
-    async def _state_bytes(self, job: Job, spec: dict[str, Any]) -> int:
-        """The most bytes one training state of a unit of `job` may have."""
-        if job.id not in self._state_limits:
-            from training.spec.job import parse_spec
-
-            data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
-            _, bound = await trio.to_thread.run_sync(
-                _sizes, parse_spec(spec), spec, data, self.ctx.blobs.path
-            )
-            self._state_limits[job.id] = bound
-        return self._state_limits[job.id]
-
     async def _steps(self, sub: Submitted) -> tuple[list[int], int]:
-        """The steps of the unit's checkpoints (a share's: its H inner steps), and the
-        most bytes one of its checkpoints may have."""
-        from training.evidence.checkpoints import checkpoint_steps
-        from training.spec.job import parse_spec
-
-        parsed = parse_spec(sub.spec)
-        job = sub.job
-        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
-        total, bound = await trio.to_thread.run_sync(
-            _sizes, parsed, sub.spec, data, self.ctx.blobs.path
-        )
-        if sub.delta_round is not None and parsed.elastic is not None:
-            return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
-        steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
-        return steps, bound
+        return await self.replays.steps(sub.job, sub.spec, sub.delta_round is not None)
 
     def _share(self, sub: Submitted) -> dict[str, Any]:
-        """The replay's `share` table: which round and slot, from which weights."""
-        from node.work.jobs import RoundStore
-
-        started = RoundStore(self.ctx.jobs.db).get(sub.job.id, sub.delta_round)
-        if started is None:
-            raise RuntimeError(f"round {sub.delta_round} of this job is unknown here")
-        return {
-            "job_id": sub.job.id,
-            "round": sub.delta_round,
-            "slot": sub.unit.slot,
-            "weights": started.weights_sha256,
-        }
+        assert sub.delta_round is not None
+        return self.replays.share_table(sub.job.id, sub.delta_round, sub.unit.slot)
 
     async def _replay(
         self,
@@ -263,11 +229,10 @@ class SpotChecks:
     ) -> dict[str, Any]:
         """Fetch `need` from the worker and run the runner's replay task on `table`
         (with `owned`: blobs of this node's own it also reads)."""
-        ctx = self.ctx
         self._fetched.hold(need)
         try:
             await fetch_granted(
-                ctx,
+                self.ctx,
                 sub.peer,
                 sub.grant,
                 sub.result.weights_grant,
@@ -276,17 +241,33 @@ class SpotChecks:
                 bound,
                 relay_blob_bytes(sub.spec),
             )
-            shas = {*sub.job.data_blobs, *need, *owned}
-            blobs = {s: str(ctx.blobs.path(s)) for s in shas if ctx.blobs.has(s)}
-            folder = ctx.unit_dir(sub.unit.unit_id)
-            folder.mkdir(parents=True, exist_ok=True)
-            out = folder / "replayed-weights.safetensors"
-            request = self._runner_request(sub.spec, blobs, out).replaying(table)
-            return await ctx.run_owner_task(
-                request, sub.unit.unit_id, sub.job.max_hours, lambda e: None
-            )
+            return await self.replays.run(sub.job, sub.unit, sub.spec, table, {*need, *owned})
         finally:
             self._fetched.release(need)
+
+
+def with_early(
+    replay: dict[str, Any],
+    rest: list[int],
+    early: dict[int, tuple[str, float]],
+    chosen: list[int],
+) -> dict[str, Any]:
+    """The result's replay (of `rest`) with the segments replayed while the worker
+    trained (`early`), in the order of `chosen`, as one replay of them all."""
+    at = {i: j for j, i in enumerate(rest)}
+    merged = {**replay, "ends": [], "distances": [], "evaluations": []}
+    distances = replay["distances"] or [0.0] * len(rest)
+    for i in chosen:
+        if i in at:
+            j = at[i]
+            merged["ends"].append(replay["ends"][j])
+            merged["distances"].append(distances[j])
+            merged["evaluations"].append(replay["evaluations"][j])
+        else:
+            merged["ends"].append(early[i][0])
+            merged["distances"].append(early[i][1])
+            merged["evaluations"].append({})
+    return merged
 
 
 def _claimed(result: Result, index: int) -> str:
@@ -364,18 +345,6 @@ def replay_table(steps: list[int], chosen: list[int], cps: list[str], cross: boo
     if cross:
         table["init_claimed"] = cps[0]
     return table
-
-
-def _sizes(
-    parsed: Any, spec: dict[str, Any], data: Path | None, locate: Callable[[str], Path]
-) -> tuple[int, int]:
-    """The spec's steps, and the most bytes one of its checkpoints may have: the
-    weights, at most two optimizer moments of them, and the RNG and headers."""
-    from training.budget import validate_for_submit
-    from training.evidence.result_check import expected_tensors, max_weights_bytes
-
-    weights = max_weights_bytes(expected_tensors(spec, data, locate))
-    return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
 
 
 def compare_replay(

@@ -27,6 +27,7 @@ from node.work.trust import (
     needed_states,
     replay_chance,
 )
+from node.work.trust.replays import Replays
 from protocol import ProtocolError
 from protocol.work import Progress, ProgressAck
 
@@ -60,10 +61,8 @@ def ctx(tmp_path: Path) -> WorkContext:
 
 
 def _owner(ctx: WorkContext) -> tuple[Commitments, Unit]:
-    async def state_bytes(job, spec) -> int:  # noqa: ANN001
-        return 1 << 20
-
-    commitments = Commitments(ctx, Reputation(ctx.jobs.db), FetchedStates(ctx.blobs), state_bytes)
+    replays = Replays(ctx, None)  # type: ignore[arg-type]  (nothing is replayed here)
+    commitments = Commitments(ctx, Reputation(ctx.jobs.db), FetchedStates(ctx.blobs), replays)
     job = ctx.jobs.create("j", SPEC, "auto", {}, [])
     unit = ctx.jobs.add_unit(job.id, WORKER, 30, deadline=time.time() + 3600)
     return commitments, unit
@@ -90,11 +89,10 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
     shas = [_sha(i) for i in range(11)]
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, shas[:1]), False)
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, shas[:1]))
     assert (ack.ok, ack.have, ack.keep, ack.drop) == (True, 1, (), ())  # nothing closed yet
     acks = [
-        commitments.heard(job, unit, SPEC, _beat(unit, i, shas[i : i + 1]), False)
-        for i in range(1, 11)
+        commitments.heard(job, unit, SPEC, _beat(unit, i, shas[i : i + 1])) for i in range(1, 11)
     ]
     assert [a.have for a in acks] == list(range(2, 12))
     chosen = commitments.chosen_at_result(unit, SPEC, shas)
@@ -109,8 +107,8 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
 def test_a_changed_commitment_stops_the_unit_and_a_changed_chain_fails(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), False)
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 1, [_sha(9)]), False)
+    commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]))
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 1, [_sha(9)]))
     assert (ack.ok, ack.reason) == (False, "commitment 1 changed")
     with pytest.raises(ProtocolError, match="not those it committed to"):
         commitments.chosen_at_result(unit, SPEC, [_sha(0), _sha(7), _sha(2)])
@@ -158,7 +156,7 @@ def test_a_replay_needs_the_starts_and_across_classes_the_ends(
 def test_a_share_keeps_its_first_state_for_the_owner(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), True)
+    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), 0)
     assert 0 in ack.keep and 0 not in ack.drop
 
 
@@ -166,5 +164,5 @@ def test_a_job_with_replicas_keeps_every_state(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
     spec = {"trust": {**SPEC["trust"], "replicas": 2}}
-    ack = commitments.heard(job, unit, spec, _beat(unit, 0, [_sha(i) for i in range(5)]), False)
+    ack = commitments.heard(job, unit, spec, _beat(unit, 0, [_sha(i) for i in range(5)]))
     assert (ack.have, ack.keep, ack.drop) == (5, (), ())

@@ -1,0 +1,82 @@
+"""The owner's replays: what a unit's chain looks like, and the runner's `replay` task
+on states already in this node's blob store.
+
+Both the spot check at a result (`spot_checks.py`) and the replays of segments drawn
+while the worker still trains (`commitments.py`) run here, so a segment replayed
+early and one replayed at the result are the same computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.work.context import WorkContext
+from node.work.jobs import Job, RoundStore, Unit
+from node.work.run import RequestBuilder
+
+
+class Replays:
+    def __init__(self, ctx: WorkContext, runner_request: RequestBuilder) -> None:
+        self.ctx = ctx
+        self._runner_request = runner_request
+        self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
+
+    async def steps(self, job: Job, spec: dict[str, Any], share: bool) -> tuple[list[int], int]:
+        """The steps of a unit's checkpoints (a share's: its H inner steps), and the
+        most bytes one of its checkpoints may have."""
+        from training.evidence.checkpoints import checkpoint_steps
+        from training.spec.job import parse_spec
+
+        parsed = parse_spec(spec)
+        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        total, bound = await trio.to_thread.run_sync(
+            _sizes, parsed, spec, data, self.ctx.blobs.path
+        )
+        self._state_limits[job.id] = bound
+        if share and parsed.elastic is not None:
+            return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
+        steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
+        return steps, bound
+
+    async def state_bytes(self, job: Job, spec: dict[str, Any]) -> int:
+        """The most bytes one training state of a unit of `job` may have."""
+        if job.id not in self._state_limits:
+            await self.steps(job, spec, False)
+        return self._state_limits[job.id]
+
+    def share_table(self, job_id: str, round_: int, slot: int) -> dict[str, Any]:
+        """The replay's `share` table: which round and slot, from which weights."""
+        started = RoundStore(self.ctx.jobs.db).get(job_id, round_)
+        if started is None:
+            raise RuntimeError(f"round {round_} of this job is unknown here")
+        return {"job_id": job_id, "round": round_, "slot": slot, "weights": started.weights_sha256}
+
+    async def run(
+        self, job: Job, unit: Unit, spec: dict[str, Any], table: dict[str, Any], shas: Iterable[str]
+    ) -> dict[str, Any]:
+        """The runner's replay task on `table`, reading the job's data and `shas`
+        (every one in this node's blob store by now)."""
+        ctx = self.ctx
+        wanted = {*job.data_blobs, *shas}
+        blobs = {s: str(ctx.blobs.path(s)) for s in wanted if ctx.blobs.has(s)}
+        folder = ctx.unit_dir(unit.unit_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        out = folder / "replayed-weights.safetensors"
+        request = self._runner_request(spec, blobs, out).replaying(table)
+        return await ctx.run_owner_task(request, unit.unit_id, job.max_hours, lambda e: None)
+
+
+def _sizes(
+    parsed: Any, spec: dict[str, Any], data: Path | None, locate: Callable[[str], Path]
+) -> tuple[int, int]:
+    """The spec's steps, and the most bytes one of its checkpoints may have: the
+    weights, at most two optimizer moments of them, and the RNG and headers."""
+    from training.budget import validate_for_submit
+    from training.evidence.result_check import expected_tensors, max_weights_bytes
+
+    weights = max_weights_bytes(expected_tensors(spec, data, locate))
+    return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
