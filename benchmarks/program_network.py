@@ -16,6 +16,7 @@ tokens per second >= 0.9 with `[trust]` off.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,8 @@ lr = 3e-4
 {trust}
 """
 TRUST_OFF = "[trust]\ncheckpoints = 0\nspot_check_budget = 0"
+#: the worker's log line for a unit's evidence (`node/work/worker.py`)
+HELD = re.compile(r"(\d+) checkpoints, at most (\d+) of them held at once \((\d+) MiB\)")
 
 
 def eager_s(spec: Path, model: torch.nn.Module) -> float:
@@ -112,23 +115,27 @@ def main() -> None:
         specs[label] = folder / f"{label.replace(' ', '-')}.toml"
         specs[label].write_text(SPEC.format(batch=args.batch, steps=steps, trust=trust))
 
-    result = Result("program_network", ["run", "seconds", "tokens/s", "vs eager"])
+    result = Result(
+        "program_network", ["run", "seconds", "tokens/s", "vs eager", "states held", "MiB held"]
+    )
     result.meta.update(
         {"parameters": parameters, "steps": steps, "batch": args.batch, "context": args.context}
     )
     eager = eager_s(specs["trust off"], fresh())
-    result.add("eager loop, one process", eager, tokens / eager, 1.0)
+    result.add("eager loop, one process", eager, tokens / eager, 1.0, 0, 0)
     with LocalNetwork(folder / "net") as net:
         owner = net.add(["--not-accepting"])
-        net.add_many(1)
+        (worker,) = net.add_many(1)
         net.wait_all_see_each_other(timeout=60)
         for label, spec in specs.items():
             wall, failed = network_s(owner.api, spec)
+            held = HELD.findall(worker.log_tail(200)) if label == "default trust" else []
+            _, states, mib = map(int, held[-1]) if held else (0, 0, 0)
             if failed:
                 result.meta[f"{label} failed"] = failed
-                result.add(f"network, {label}: FAILED", wall, 0.0, 0.0)
+                result.add(f"network, {label}: FAILED", wall, 0.0, 0.0, states, mib)
             else:
-                result.add(f"network, {label}", wall, tokens / wall, eager / wall)
+                result.add(f"network, {label}", wall, tokens / wall, eager / wall, states, mib)
     result.show()
     print(f"saved {result.save()}")
 

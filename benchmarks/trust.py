@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import sys
 import tempfile
 import time
@@ -183,11 +182,10 @@ lr = 3e-4
 {trust}
 """
 TRUST_OFF = "[trust]\ncheckpoints = 0\nspot_check_budget = 0"
-HELD = re.compile(r"(\d+) checkpoints, at most (\d+) of them held at once \((\d+) MiB\)")
 
 
 def network(steps: int) -> Result:
-    from benchmarks.program_network import network_s
+    from benchmarks.program_network import HELD, network_s
     from node.demo.localnet import ONE_THREAD, LocalNetwork
 
     result = Result(

@@ -320,3 +320,48 @@ def test_a_lazy_share_of_an_elastic_round_is_caught_and_the_round_ends_honest(
     assert closed["workers"] == [honest.peer_id, honest.peer_id], closed
     credited = {row[2] for row in _ledger_rows(owner, "work_received")}
     assert credited == {honest.peer_id}
+
+
+def test_a_worker_that_commits_then_discards_its_states_gets_nothing(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """A lazy worker commits to its chain in a heartbeat as an honest one does, then
+    deletes every state but the last (the owner asked it to keep some) and bluffs
+    with a result that still names them all: the owner cannot replay what it drew,
+    so the result is refused (a `rejected` entry), with no receipt and no credit."""
+    owner = localnet.add(["--not-accepting"])
+    spec = parse_spec(tomllib.loads(SPEC))
+
+    async def play() -> tuple[RogueWorker, WorkPackage, ReceiptReply, list[int]]:
+        async with _rogue(owner, tmp_path / "r") as rogue:
+            job = await trio.to_thread.run_sync(owner.submit_spec, SPEC)
+            (package,) = await _offered([rogue], job)
+            claim = await trio.to_thread.run_sync(lazy, spec, tmp_path / "lazy")
+            shas = [file_sha256(path) for path in claim.checkpoints]
+            beat = Progress(
+                job, package.unit_id, "training", 100, 100, 0.5, 100.0, 6400, time.time(),
+                commit_from=0, commitments=shas,
+            )  # fmt: skip
+            assert rogue.host is not None
+            raw = await rogue.host.request(
+                owner.peer_id, PROGRESS_PROTOCOL, seal(beat, rogue.key), 64 * 1024
+            )
+            ack = decode_progress_ack(raw)
+            assert ack.ok and ack.have == len(shas), ack
+            weights = rogue.store.put_file(claim.weights)
+            kept = [rogue.store.put_file(path) for path in claim.checkpoints]
+            for sha in set(kept[:-1]) - {kept[-1]}:  # "deleted as the owner drew"
+                rogue.store.remove(sha)
+            size = claim.weights.stat().st_size
+            result = rogue.result(package, owner.peer_id, weights, size, kept)
+            reply = await rogue.send_result(owner, seal(result, rogue.key))
+        return rogue, package, reply, list(ack.keep)
+
+    rogue, package, reply, keep = trio.run(play)
+    assert keep, "the owner drew no segment of 100 at 10% (p = 0.9^100)"
+    assert not reply.accepted and reply.receipt == b"", reply
+    assert query(owner, "select count(*) from receipts where unit_id = ?", package.unit_id) == [
+        (0,)
+    ]
+    rows = [r for r in _ledger_rows(owner, "rejected") if r[1] == package.unit_id]
+    assert rows and rows[0][2:4] == (rogue.peer_id, 0.0), rows

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from node.demo.localnet import ONE_THREAD, LocalNetwork, LocalNode
+from node.demo.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
 from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.slow
@@ -66,4 +67,42 @@ def test_a_worker_holds_at_most_three_states_and_the_chosen_segments_still_repla
     trained = _cli("train-local", str(spec), "--out", str(local))
     assert trained.returncode == 0, trained.stderr
 
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == job["weights_sha256"]
+
+
+def test_an_owner_killed_while_segments_wait_for_it_draws_none_twice(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """The owner is SIGKILLed while the worker waits on its draws (its runner holds 3
+    states and may take no more); restarted on the same data dir, it goes on from the
+    draws and fetches it kept in node.db: the same unit completes, checked, bitwise
+    equal to train-local, and the worker trained it once."""
+    owner = localnet.add(["--not-accepting", "--lease", "30"])
+    worker = _bounded_worker(localnet)
+    localnet.wait_all_see_each_other(timeout=20)
+    spec = tmp_path / "job.toml"
+    toml = digits_toml(steps=1500, hidden=(32,), lr=3e-3)
+    spec.write_text(toml + "\n[trust]\nspot_check_budget = 0.3\n")
+    out = _cli("submit", str(spec), "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    job = wait_for(
+        lambda: (j := owner.get(f"/api/v1/jobs/{job_id}"))["progress"].get("step", 0) >= 300 and j,
+        120,
+        "a fifth of the training",
+    )
+    unit_id = job["unit_id"]
+    owner.stop(signal.SIGKILL)
+    owner.start()
+    job = owner.wait_job_end(job_id, 300)
+    assert job["state"] == "completed", job.get("reason")
+    assert (job["unit_id"], job["attempts"]) == (unit_id, 1)
+    assert job["metrics"]["check"] == "bitwise" and job["metrics"]["checked_segments"] >= 5
+    assert worker.log_tail(400).count("accepted unit") == 1
+    (found,) = re.findall(r"(\d+) checkpoints, at most (\d+) of them held", worker.log_tail(400))
+    assert int(found[1]) <= 3, found
+
+    local = tmp_path / "local.safetensors"
+    trained = _cli("train-local", str(spec), "--out", str(local))
+    assert trained.returncode == 0, trained.stderr
     assert hashlib.sha256(local.read_bytes()).hexdigest() == job["weights_sha256"]
