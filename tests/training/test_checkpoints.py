@@ -169,3 +169,29 @@ def test_under_the_floor_a_hold_does_not_bound(tmp_path: Path) -> None:
     }
     result = run_request(request, lambda event: None)
     assert result["evidence_peak"]["states"] == 11  # nobody deletes them: it never waits
+
+
+def test_a_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Another worker goes on from checkpoint 4 (step 20) of a unit: its chain is the
+    rest of the first one's, its weights the same bits, and it trained the 10 steps
+    after the state."""
+    spec = _spec(OPTIMS["adam, cosine, dropout"], steps=30, checkpoints=7)
+    whole = _train(spec, tmp_path / "whole", checkpoints=True)
+    files = sorted((tmp_path / "whole" / "checkpoints").iterdir())
+    state, sha = files[4], whole["checkpoints"][4]
+    folder = tmp_path / "resumed"
+    folder.mkdir()
+    request = {
+        "spec": spec,
+        "blobs": {sha: str(state)},
+        "out": str(folder / "weights.safetensors"),
+        "device": "cpu",
+        "checkpoints": True,
+        "resume": {"state": sha, "step": 20},
+    }
+    resumed = run_request(request, lambda event: None)
+    assert resumed["checkpoints"] == whole["checkpoints"][4:]
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+    assert resumed["steps"] == 10
+    with pytest.raises(SpecError, match="not 25"):
+        run_request(request | {"resume": {"state": sha, "step": 25}}, lambda event: None)

@@ -163,6 +163,7 @@ def run_job(
     checkpoint_dir: Path | None = None,
     hold: Hold = NO_BOUND,
     locate: Locate | None = None,
+    resume: tuple[Path, int] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
 
@@ -170,7 +171,9 @@ def run_job(
     event without its "event" key). With `checkpoint_dir`, the training state is
     written there at every step of `checkpoint_steps` (spec.trust.checkpoints
     segments), never more of them at once than `hold` allows, and the result lists
-    the files' sha256, in step order. Raises `SpecError` or `TrainingError`.
+    the files' sha256, in step order. With `resume` (a checkpoint file and its step),
+    training goes on from that state as the uninterrupted run would; its chain starts
+    there. Raises `SpecError` or `TrainingError`.
     """
     emit = emit or (lambda event: None)
     began = time.monotonic()
@@ -179,7 +182,17 @@ def run_job(
         run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
     )
     with deterministic(spec.seed):
-        model = build_model(run.plan).to(run.device)
+        if resume is None:
+            model, optimizer, schedule, start = build_model(run.plan).to(run.device), None, None, 0
+        else:
+            state = resumed(run, *resume)
+            model, optimizer, schedule, start = (
+                state.model,
+                state.optimizer,
+                state.schedule,
+                state.step,
+            )
+            steps = [step for step in steps if step >= start]
         emit_started(run, emit, notes)
         with checkpoints_written(run, model, checkpoint_dir, steps, emit, hold) as writer:
             outcome = train(
@@ -191,7 +204,10 @@ def run_job(
                 total_steps=run.summary.total_steps,
                 device=run.device,
                 emit=emit,
+                optimizer=optimizer,
                 on_step=writer.on_step if writer else None,
+                start_step=start,
+                schedule=schedule,
             )
             evidence = evidence_of(writer)
         sha256 = write_weights(Path(out), model.state_dict(), run.metadata)
@@ -206,6 +222,19 @@ def run_job(
     }
     emit({"event": "result", **result})
     return result
+
+
+def resumed(run: Prepared, path: Path, step: int) -> Any:
+    """The training state of a checkpoint another worker made (`TrainState`), which
+    must be of a checkpoint step of this spec: a unit resumed from it goes on there."""
+    from training.evidence.checkpoints import load_checkpoint
+
+    state = load_checkpoint(run, path)
+    if state.step != step:
+        raise SpecError(f"request.resume: the state is of step {state.step}, not {step}")
+    if not 0 < step < run.summary.total_steps:
+        raise SpecError(f"request.resume.step {step} is not within the run's steps")
+    return state
 
 
 def evidence_of(writer: CheckpointWriter | None) -> dict[str, Any]:

@@ -64,6 +64,8 @@ def train(
     batch_seed: int | None = None,
     validate: bool = True,
     on_step: OnStep | None = None,
+    start_step: int = 0,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> LoopResult:
     """Train `model` in place for `total_steps` steps; emits `progress` events.
 
@@ -71,20 +73,26 @@ def train(
     round to round), the `batch_seed` of its data slot, and `validate=False` (the
     owner validates the global weights after its outer step). `on_step(step,
     optimizer)` is called before the first step (step 0) and after every step: the
-    checkpoints a worker keeps as evidence (`training.evidence.checkpoints`) are written there."""
+    checkpoints a worker keeps as evidence (`training.evidence.checkpoints`) are written there.
+    A unit resumed from a state passes its `optimizer`, its `schedule` and the
+    `start_step` it holds (`training.evidence.checkpoints.load_checkpoint`): the
+    steps after it are those an uninterrupted run takes, bit for bit."""
     loss_fn = make_loss(loss_name, data.info.task)
     if optimizer is None:
         optimizer = make_optimizer(spec.optim, model.parameters())
-    schedule = make_schedule(spec.optim, optimizer, total_steps)
+    if schedule is None:
+        schedule = make_schedule(spec.optim, optimizer, total_steps)
     deadline = time.monotonic() + spec.requirements.max_hours * 3600
     tail_from = total_steps - max(1, total_steps // 10)
     tail_sum = torch.zeros((), device=device)
     start = last_report = time.monotonic()
     model.train()
     index_batches = batches(len(data.train), batch, spec.seed if batch_seed is None else batch_seed)
+    for _ in range(start_step):  # the batches before a resumed state: permutations only
+        next(index_batches)
     if on_step is not None:
-        on_step(0, optimizer)
-    for step in range(1, total_steps + 1):
+        on_step(start_step, optimizer)
+    for step in range(start_step + 1, total_steps + 1):
         x, y = data.train.batch(next(index_batches))
         loss = train_step(model, loss_fn, optimizer, schedule, x.to(device), y.to(device), spec)
         if on_step is not None:
@@ -101,8 +109,8 @@ def train(
                 "step": step,
                 "total_steps": total_steps,
                 "loss": _finite(loss.item(), step),
-                "samples_per_s": step * batch / max(now - start, 1e-9),
-                "samples": step * batch,
+                "samples_per_s": (step - start_step) * batch / max(now - start, 1e-9),
+                "samples": (step - start_step) * batch,
             }
             if checkpoint and data.val is not None:  # eval mode draws no random numbers
                 found = evaluate(
@@ -116,12 +124,14 @@ def train(
                 f"stopped at step {step} of {total_steps}: the job ran past "
                 f"requirements.max_hours ({spec.requirements.max_hours:g})"
             )
-    metrics = {"train_loss": _finite(tail_sum.item() / (total_steps - tail_from), total_steps)}
+    tail = total_steps - max(tail_from, start_step)
+    metrics = {"train_loss": _finite(tail_sum.item() / max(tail, 1), total_steps)}
     if validate and data.val is not None:
         metrics.update(
             evaluate(model, data.val, loss_fn, batch, device, data.info.task, spec.optim.precision)
         )
-    return LoopResult(total_steps, total_steps * batch, metrics)
+    trained = total_steps - start_step
+    return LoopResult(trained, trained * batch, metrics)
 
 
 def train_step(

@@ -15,6 +15,7 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "checkpoints": bool,                        (train, elastic_inner: keep the evidence)
      "hold": {"states": int >= 0, "floor_bytes": int >= 0},
                                                  (how many checkpoints on disk at once)
+     "resume": {"state": sha256, "step": int}    (train: go on from that checkpoint)
      "replay": {...},                            (the replay task's segments)
      "elastic": {...}}                           (the elastic tasks' files; see below)
 
@@ -102,6 +103,14 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     hold_states = held.integer("states", 0, lo=0, hi=1 << 20)
     hold_floor = held.integer("floor_bytes", 0, lo=0, hi=2**50)
     held.finish()
+    resume_table = section.table("resume")
+    resume = None
+    if section.has("resume"):
+        resume = (
+            resume_table.string("state", max_len=64),
+            resume_table.integer("step", lo=1, hi=2**40),
+        )
+    resume_table.finish()
     isolation = section.table("isolation")
     cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
     disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
@@ -143,6 +152,8 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         raise RequestError("request.checkpoints is only for the train and elastic_inner tasks")
     if task != "replay" and section.has("replay"):
         raise RequestError("request.replay is only for the replay task")
+    if task != "train" and resume is not None:
+        raise RequestError("request.resume is only for the train task")
 
     if apply_limits and gpus is not None:  # read when CUDA starts, which is not yet
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -172,6 +183,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             checkpoint_dir=folder,
             hold=Hold(hold_states, hold_floor),
             locate=blob_file,
+            resume=(blob_file(resume[0]), resume[1]) if resume else None,
         )
     if task == "replay":
         from training.evidence.replay import run_replay
