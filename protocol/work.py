@@ -45,6 +45,19 @@ def _check_metrics(metrics: dict[str, float], path: str) -> None:
 
 
 @dataclass(frozen=True)
+class ResumeFrom:
+    """A unit that goes on from where a lost one stopped: a checkpoint of that unit
+    the owner fetched (one of the package's blobs), and its step."""
+
+    state_sha256: str
+    step: int
+
+    def check(self, path: str) -> None:
+        require_sha256(self.state_sha256, f"{path}.state_sha256")
+        require(1 <= self.step <= 2**40, f"{path}.step", "must be 1..2**40")
+
+
+@dataclass(frozen=True)
 class WorkPackage:
     """The plaintext inside a `WorkOffer` (never sent unencrypted)."""
 
@@ -60,11 +73,18 @@ class WorkPackage:
     max_hours: float
     lease_s: float  # heartbeat at least this often, or the owner re-offers the unit
     round_share: RoundShare | None = None  # set for a share of an elastic round
+    resume: ResumeFrom | None = None  # set for a unit that goes on from a lost one's state
 
     def check(self, path: str) -> None:
         _check_ids(self, path)
         for i, sha in enumerate(self.blobs):
             require_sha256(sha, f"{path}.blobs[{i}]")
+        if self.resume is not None:
+            require(
+                self.resume.state_sha256 in self.blobs and self.round_share is None,
+                f"{path}.resume.state_sha256",
+                "must be one of the package's blobs (and no round's share resumes)",
+            )
         if self.round_share is not None:
             require(
                 self.round_share.weights_sha256 in self.blobs,

@@ -40,7 +40,7 @@ from protocol.crypto import open_from, seal_to
 from protocol.ids import is_id
 from protocol.names import TASK_PROTOCOL
 from protocol.rounds import RoundShare
-from protocol.work import WORK_LIMITS, OfferReply, WorkOffer, WorkPackage
+from protocol.work import WORK_LIMITS, OfferReply, ResumeFrom, WorkOffer, WorkPackage
 
 GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
 NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be read
@@ -55,10 +55,13 @@ def build_offer(
     spec: dict[str, Any] | None = None,
 ) -> bytes:
     """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker; a
-    share of an elastic round adds the round's global weights to the blobs, a sweep's
-    trial sends its own `spec` instead of the job's."""
+    share of an elastic round adds the round's global weights to the blobs, a unit
+    that resumes a lost one's state adds that state, a sweep's trial sends its own
+    `spec` instead of the job's."""
     peer = unit.worker
+    resume = ResumeFrom(unit.resume_sha256, unit.resume_step) if unit.resume_sha256 else None
     blobs = [*job.data_blobs, *([share.weights_sha256] if share is not None else [])]
+    blobs += [resume.state_sha256] if resume is not None else []
     max_bytes = max((ctx.blobs.size(s) for s in blobs), default=0)
     grant = (
         issue_grant(
@@ -83,6 +86,7 @@ def build_offer(
         job.max_hours,
         ctx.limits.lease_s,
         share,
+        resume,
     )
     sealed = seal_to(
         public_key_from_peer_id(peer),

@@ -245,6 +245,8 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
             request = share_request(request, pkg.job_id, share, kept, out)
+        if pkg.resume is not None:  # it goes on from a lost unit's state
+            request = request.resuming(pkg.resume.state_sha256, pkg.resume.step)
         # the evidence a spot check replays (training.evidence.checkpoints), at most
         # MAX_HELD states at once where the owner draws as they come (commitments)
         if drawn_by_commitment(unit.spec):
@@ -432,8 +434,9 @@ class WorkerRole:
 
     async def _countersign(self, unit: RunningUnit, result: Result, half: bytes) -> None:
         """Check the owner's receipt against our result and our own credit figure (a
-        pruned trial's: the share of it for the steps before the stop), then hand it
-        back countersigned (`node.work.receipts`)."""
+        pruned trial's: the share of it for the steps before the stop; a resumed
+        unit's: for the steps after its state), then hand it back countersigned
+        (`node.work.receipts`)."""
         ctx = self.ctx
         issued = receipts.check_issued(ctx, unit.owner, result, half)
         data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
@@ -445,6 +448,9 @@ class WorkerRole:
                     f"a receipt for {issued.steps} steps; this node trained {result.steps}"
                 )
             credit = partial_credit(credit, issued.steps, total)
+        elif unit.package.resume is not None:  # resumed: the steps after its state
+            total = int(unit.progress.get("total_steps", 0))
+            credit = partial_credit(credit, total - unit.package.resume.step, total)
         await receipts.hand_back(ctx, unit.owner, result, half, credit, self._with_retries)
 
     async def _with_retries(

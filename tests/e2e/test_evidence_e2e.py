@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,53 @@ def test_an_owner_killed_while_segments_wait_for_it_draws_none_twice(
     assert worker.log_tail(400).count("accepted unit") == 1
     (found,) = re.findall(r"(\d+) checkpoints, at most (\d+) of them held", worker.log_tail(400))
     assert int(found[1]) <= 3, found
+
+    local = tmp_path / "local.safetensors"
+    trained = _cli("train-local", str(spec), "--out", str(local))
+    assert trained.returncode == 0, trained.stderr
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == job["weights_sha256"]
+
+
+def test_a_unit_whose_worker_is_killed_goes_on_from_a_recent_state_elsewhere(
+    localnet: LocalNetwork, tmp_path: Path
+) -> None:
+    """`trust.resume_minutes`: the owner fetches a state of the unit every few
+    seconds while it trains; the worker is SIGKILLed, and the next worker trains only
+    the steps after the latest state the owner trusts. The job's weights are still
+    the bits of train-local, and the second worker is credited for its steps only."""
+    owner = localnet.add(["--not-accepting", "--lease", "4"])
+    first, second = localnet.add_many(2)
+    localnet.wait_all_see_each_other(timeout=20)
+    spec = tmp_path / "job.toml"
+    toml = digits_toml(steps=6000, hidden=(32,), lr=3e-3)
+    spec.write_text(toml + "\n[trust]\nresume_minutes = 0.02\n")
+    out = _cli("submit", str(spec), "--api", owner.api)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    db = f"file:{owner.data_dir / 'node.db'}?mode=ro"
+
+    def resume_point() -> tuple | None:
+        with closing(sqlite3.connect(db, uri=True)) as conn:
+            try:
+                return conn.execute(
+                    "select unit_id, step from resume_points where job_id = ?", [job_id]
+                ).fetchone()
+            except sqlite3.OperationalError:  # no table yet
+                return None
+
+    unit_id, step = wait_for(resume_point, 120, "a resume point")
+    job = owner.get(f"/api/v1/jobs/{job_id}")
+    trainer = first if job["worker"] == first.peer_id else second
+    trainer.stop(signal.SIGKILL)
+    job = owner.wait_job_end(job_id, 300)
+    assert job["state"] == "completed", job.get("reason")
+    assert job["attempts"] == 2 and job["unit_id"] != unit_id
+    notes = [e["note"] for e in job["timeline"]]
+    resumed = [n for n in notes if "going on from step" in n]
+    assert resumed, notes
+    resumed_at = int(re.search(r"going on from step (\d+)", resumed[0]).group(1))
+    assert resumed_at >= step > 0
+    assert job["metrics"]["steps"] == 6000 - resumed_at
 
     local = tmp_path / "local.safetensors"
     trained = _cli("train-local", str(spec), "--out", str(local))

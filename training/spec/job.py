@@ -154,6 +154,7 @@ class TrustSpec:
     checkpoints: int = 100  # segments per unit; the worker commits to a state hash at each end
     spot_check_budget: float = 0.1  # the most of a unit's segments the owner replays
     replicas: int = 1  # workers of one determinism class that train each unit
+    resume_minutes: float = 10.0  # a lost unit goes on from a state at most this old
 
 
 @dataclass(frozen=True)
@@ -500,6 +501,7 @@ def _parse_trust(section: Section, mode: str) -> TrustSpec:
             "spot_check_budget", TrustSpec.spot_check_budget, lo=0, hi=1
         ),
         replicas=section.integer("replicas", TrustSpec.replicas, lo=1, hi=2),
+        resume_minutes=section.number("resume_minutes", TrustSpec.resume_minutes, lo=0, hi=24 * 60),
     )
     section.finish()
     if trust.replicas > 1 and mode != "single":

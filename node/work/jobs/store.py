@@ -98,6 +98,9 @@ class Unit:
     output_sha256: str = ""  # what the accepted result returned (an elastic unit's delta)
     output_bytes: int = 0
     trial: int = -1  # a sweep job's unit: the number of the trial it trains (else -1)
+    # a unit that goes on from a lost one's checkpoint: that state, and its step
+    resume_sha256: str = ""
+    resume_step: int = 0
 
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
@@ -130,6 +133,8 @@ class JobStore:
             ("output_sha256", str, ""),
             ("output_bytes", int, 0),
             ("trial", int, -1),
+            ("resume_sha256", str, ""),
+            ("resume_step", int, 0),
         ):
             if column not in db["units"].columns_dict:
                 db["units"].add_column(column, kind, not_null_default=default)
@@ -289,6 +294,7 @@ class JobStore:
         round_: int = -1,
         slot: int = -1,
         trial: int = -1,
+        resume: tuple[str, int] = ("", 0),
     ) -> Unit:
         now = time.time()
         unit = Unit(
@@ -302,6 +308,8 @@ class JobStore:
             round=round_,
             slot=slot,
             trial=trial,
+            resume_sha256=resume[0],
+            resume_step=resume[1],
         )
         with self._tx():
             self._db["units"].insert(asdict(unit))

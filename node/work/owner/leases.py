@@ -88,7 +88,9 @@ class Leases:
         if stop or job is None:
             return encode_ack(not stop, stop)
         spec = mode.unit_spec(job, unit)
-        heard = self.commitments.heard(job, unit, spec, progress, mode.delta_round(unit))
+        heard = self.commitments.heard(
+            job, unit, spec, progress, mode.delta_round(unit), mode.resumable(job)
+        )
         return encode_progress_ack(heard)
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:

@@ -32,7 +32,7 @@ from node.work.offers import offer_if_fit
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import Lifecycle, replicas_of
 from node.work.owner.worker_choice import SELF, choose_worker
-from node.work.trust import Reputation
+from node.work.trust import Reputation, resume_point
 from protocol.crypto import new_job_key
 from protocol.rounds import RoundShare
 from protocol.work import OfferReply
@@ -155,10 +155,20 @@ class Placement:
     async def _offer_single(self, job: Job, peer: str) -> bool:
         """True when the unit is placed; False to choose another peer."""
         ctx = self.ctx
+        point = resume_point(ctx.jobs.db, job.id) if replicas_of(job) == 1 else None
+        if point is not None and not ctx.blobs.has(point.sha256):
+            point = None
         unit = ctx.jobs.add_unit(
-            job.id, peer, ctx.limits.lease_s * 3, deadline=unit_deadline(ctx, job, time.time())
+            job.id,
+            peer,
+            ctx.limits.lease_s * 3,
+            deadline=unit_deadline(ctx, job, time.time()),
+            resume=(point.sha256, point.step) if point is not None else ("", 0),
         )
-        reply = await self.offer(job, unit, f"accepted by {peer}")
+        note = f"accepted by {peer}"
+        if point is not None:
+            note += f", going on from step {point.step} (a state of unit {point.unit_id})"
+        reply = await self.offer(job, unit, note)
         if reply.transient:
             delay = self.backoff.delay(job.id, peer)
             ctx.jobs.amend(

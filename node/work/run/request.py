@@ -3,7 +3,8 @@
 `RunnerRequest` is that request, typed; `as_plain()` is the map the runner reads (its
 module docstring lists the keys), to which `executor.run_training` adds `isolation`.
 A request starts as a job's training (`for_spec`, with this node's device settings)
-and becomes another task's by `replaying`, `elastic_task` and `with_checkpoints`.
+and becomes another task's by `replaying`, `elastic_task`, `with_checkpoints` and
+`resuming`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RunnerRequest:
     # under `hold_floor_bytes` in all (`training.evidence.writer.Hold`)
     hold_states: int = 0
     hold_floor_bytes: int = 0
+    resume: tuple[str, int] | None = None  # train: go on from this state (sha256, step)
     replay: dict[str, Any] | None = None  # the replay task's segments
     elastic: dict[str, Any] | None = None  # the elastic tasks' files
 
@@ -78,6 +80,10 @@ class RunnerRequest:
             self, checkpoints=True, hold_states=hold_states, hold_floor_bytes=floor_bytes
         )
 
+    def resuming(self, state_sha256: str, step: int) -> RunnerRequest:
+        """The same training, going on from a lost unit's state (one of its blobs)."""
+        return dataclasses.replace(self, resume=(state_sha256, step))
+
     def as_plain(self) -> dict[str, Any]:
         """The map the runner reads; keys left at their defaults are left out."""
         plain: dict[str, Any] = {
@@ -100,6 +106,8 @@ class RunnerRequest:
             plain["checkpoints"] = True
         if self.hold_states:
             plain["hold"] = {"states": self.hold_states, "floor_bytes": self.hold_floor_bytes}
+        if self.resume is not None:
+            plain["resume"] = {"state": self.resume[0], "step": self.resume[1]}
         return plain
 
 

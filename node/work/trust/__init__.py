@@ -3,13 +3,15 @@
 A worker commits to the hash of its training state every k steps, in its heartbeats
 as it trains and again in its signed result; the owner draws each segment as soon as
 both its ends are committed, fetches what a chosen one needs, replays it in its own
-sandboxed runner and compares. How much of each result is checked depends on what this node has seen
-of the peer. Uses the work context, the job store and blobs; never the owner's
-engine, which calls it. docs/design/trust.md.
+sandboxed runner and compares. How much of each result is checked depends on what
+this node has seen of the peer. Uses the work context, the job store and blobs;
+never the owner's engine, which calls it. docs/design/trust.md.
 
 - `commitments`: both ends of the draws as the worker trains: what the owner keeps,
   what the worker may delete (it holds at most `MAX_HELD` states).
 - `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare.
+- `replays`: the owner's replay task, shared by both, and the states fetched for it.
+- `resume`: where a lost unit goes on from (the job's resume point).
 - `replicas`: one unit trained by two workers of one determinism class, settled by
   bisection to one segment.
 - `reputation`: what this node has seen of each peer's results: probation, RAC,
@@ -19,25 +21,29 @@ engine, which calls it. docs/design/trust.md.
 from node.work.trust.commitments import (
     MAX_HELD,
     Commitments,
-    FetchedStates,
     HeldStates,
     drawn,
     drawn_by_commitment,
     needed_states,
     replay_chance,
 )
-from node.work.trust.replicas import Replicas
-from node.work.trust.reputation import Reputation
-from node.work.trust.spot_checks import (
+from node.work.trust.replays import (
     BF16_TOLERANCE,
     TOLERANCE,
+    FetchedStates,
+    Replays,
+    tolerance_of,
+)
+from node.work.trust.replicas import Replicas
+from node.work.trust.reputation import Reputation
+from node.work.trust.resume import ResumePoint, resume_point
+from node.work.trust.spot_checks import (
     SpotChecks,
     Submitted,
     Verdict,
     choose_segments,
     compare_replay,
     replay_table,
-    tolerance_of,
 )
 
 __all__ = [
@@ -50,7 +56,10 @@ __all__ = [
     "drawn_by_commitment",
     "needed_states",
     "replay_chance",
+    "Replays",
     "Replicas",
+    "ResumePoint",
+    "resume_point",
     "Reputation",
     "SpotChecks",
     "Submitted",

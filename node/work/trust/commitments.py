@@ -33,7 +33,7 @@ import logging
 import math
 import random
 import secrets
-from collections import Counter
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +41,19 @@ from typing import Any
 
 import trio
 
-from node.work.blobs import BlobStore, fetch_granted
+from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
-from node.work.trust.replays import Replays
+from node.work.trust.replays import FetchedStates, Replays, tolerance_of
 from node.work.trust.reputation import Reputation, segments_to_check
+from node.work.trust.resume import (
+    ResumePoint,
+    clear_point,
+    due,
+    latest_trusted,
+    resume_point,
+    save_point,
+)
 from protocol import ProtocolError, open_envelope
 from protocol.blobs import BlobGrant
 from protocol.work import WORK_LIMITS, Progress, ProgressAck
@@ -99,33 +107,6 @@ def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
     return needed
 
 
-class FetchedStates:
-    """Training states this node fetched from workers, held while a check needs them:
-    two units of one spec share states (checkpoint 0 at least), so a file goes when
-    the last holder lets go, and only if this node fetched it (a blob it had before
-    stays)."""
-
-    def __init__(self, blobs: BlobStore) -> None:
-        self._blobs = blobs
-        self._holders: Counter[str] = Counter()
-        self._fetched: set[str] = set()
-
-    def hold(self, shas: Iterable[str]) -> None:
-        for sha in shas:
-            if not self._holders[sha] and not self._blobs.has(sha):
-                self._fetched.add(sha)
-            self._holders[sha] += 1
-
-    def release(self, shas: Iterable[str]) -> None:
-        for sha in shas:
-            self._holders[sha] -= 1
-            if self._holders[sha] <= 0:
-                del self._holders[sha]
-                if sha in self._fetched:
-                    self._fetched.discard(sha)
-                    self._blobs.remove(sha)
-
-
 @dataclass
 class _Chain:
     """What the owner holds of one unit's commitments."""
@@ -134,8 +115,9 @@ class _Chain:
     drawn: dict[int, bool] = field(default_factory=dict)  # segment -> chosen
     fetched: set[int] = field(default_factory=set)  # states held here (`FetchedStates`)
     # segments replayed while it trained: [the replayed end's sha256, its distance
-    # from the worker's end (across determinism classes; else 0)]
+    # from the worker's end (across determinism classes; else 0), whether they agree]
     replayed: dict[int, list] = field(default_factory=dict)
+    last_fetch_at: float = field(default_factory=time.time)  # for `resume.due`
 
     def chosen(self) -> list[int]:
         return sorted(i for i, chosen in self.drawn.items() if chosen)
@@ -167,9 +149,12 @@ class Commitments:
         spec: dict[str, Any],
         progress: Progress,
         delta_round: int | None = None,
+        resumable: bool = False,
     ) -> ProgressAck:
         """Record the heartbeat's new commitments, draw the segments they close, and
-        say what the worker keeps and drops; not ok when a commitment changed."""
+        say what the worker keeps and drops; not ok when a commitment changed. A
+        `resumable` unit also keeps its newest state for this node to fetch when none
+        was fetched for `trust.resume_minutes` (`resume.py`)."""
         chain = self._chain(unit.unit_id)
         before = (len(chain.shas), len(chain.drawn))
         for offset, sha in enumerate(progress.commitments):
@@ -182,10 +167,15 @@ class Commitments:
             return ProgressAck(True, "", len(chain.shas))
         self._draw(chain, self._chance(unit, spec), len(chain.shas) - 1)
         keep, drop = self._answer(chain, unit.worker, delta_round is not None)
+        minutes = float(spec.get("trust", {}).get("resume_minutes", 10.0))
+        newest = len(chain.shas) - 1
+        if resumable and newest >= 1 and due(chain.last_fetch_at, minutes, time.time()):
+            keep = sorted({*keep, newest} - chain.fetched)
         if (len(chain.shas), len(chain.drawn)) != before:
             self._save(unit.unit_id, chain)
         if keep and progress.evidence_grant:
-            self._queue_fetch(job, unit, (spec, delta_round), progress.evidence_grant, keep)
+            about = (spec, delta_round, resumable)
+            self._queue_fetch(job, unit, about, progress.evidence_grant, keep)
         return ProgressAck(True, "", len(chain.shas), tuple(keep), tuple(drop))
 
     def chosen_at_result(
@@ -207,14 +197,19 @@ class Commitments:
     def replayed(self, unit_id: str) -> dict[int, tuple[str, float]]:
         """The unit's segments replayed while it trained: (end sha256, distance)."""
         chain = self._chains.get(unit_id)
-        return {i: (str(e), float(d)) for i, (e, d) in chain.replayed.items()} if chain else {}
+        return {i: (str(r[0]), float(r[1])) for i, r in chain.replayed.items()} if chain else {}
 
     def forget(self, unit_id: str) -> None:
-        """The unit's check is over: its chain and the states fetched for it go."""
+        """The unit's check is over: its chain, the states fetched for it and its
+        job's resume point go (the job is done, or the next unit starts over)."""
         chain = self._chains.pop(unit_id, None)
         if chain is not None:
             self._fetched.release(chain.shas[i] for i in chain.fetched)
         self._table.delete_where("unit_id = ?", [unit_id])
+        unit = self.ctx.jobs.unit(unit_id)
+        point = clear_point(self.ctx.jobs.db, unit.job_id) if unit is not None else None
+        if point is not None:
+            self._fetched.release([point.sha256])
 
     async def run(self) -> None:
         """Fetch the kept states the workers grant, one unit's at a time, and replay
@@ -224,6 +219,8 @@ class Commitments:
             async for job, unit, about, grant_env, indices in self._queue:
                 try:
                     await self._fetch(job, unit, about[0], grant_env, indices)
+                    if about[2]:
+                        await self._advance_point(job, unit, about[0])
                     self._replay_send.send_nowait((job, unit, about))
                 except trio.WouldBlock:
                     pass  # replayed at the result instead
@@ -233,9 +230,11 @@ class Commitments:
                     self._fetching -= {(unit.unit_id, i) for i in indices}
 
     async def _replay_all(self) -> None:
-        async for job, unit, (spec, delta_round) in self._replay_queue:
+        async for job, unit, (spec, delta_round, resumable) in self._replay_queue:
             try:
                 await self._replay_ready(job, unit, spec, delta_round)
+                if resumable:
+                    await self._advance_point(job, unit, spec)
             except Exception as exc:  # replayed at the result instead
                 log.info("unit %s: a segment not replayed early: %s", unit.unit_id, exc)
 
@@ -256,7 +255,7 @@ class Commitments:
         ]
         if not ready:
             return
-        steps, _ = await self._replays.steps(job, spec, delta_round is not None)
+        steps, _ = await self._replays.steps(job, spec, delta_round is not None, unit.resume_step)
         table: dict[str, Any] = {"segments": []}
         for i in ready:
             segment = {"start": steps[i], "end": steps[i + 1], "from": chain.shas[i]}
@@ -272,9 +271,30 @@ class Commitments:
         if self._chains.get(unit.unit_id) is not chain:
             return  # checked and forgotten meanwhile
         distances = replay["distances"] if cross else [0.0] * len(ready)
+        tolerance = tolerance_of(spec)
         for i, end, distance in zip(ready, replay["ends"], distances, strict=True):
-            chain.replayed[i] = [end, distance]
+            agreed = distance <= tolerance if cross else end == chain.shas[i + 1]
+            chain.replayed[i] = [end, distance, agreed]
         self._save(unit.unit_id, chain)
+
+    async def _advance_point(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:
+        """Make the unit's latest trusted state the job's resume point."""
+        chain = self._chains.get(unit.unit_id)
+        if chain is None:
+            return
+        agreed = {i: bool(r[2]) for i, r in chain.replayed.items() if len(r) > 2}
+        index = latest_trusted(chain.fetched, chain.chosen(), agreed)
+        if index is None:
+            return
+        steps, _ = await self._replays.steps(job, spec, False, unit.resume_step)
+        db = self.ctx.jobs.db
+        before = resume_point(db, job.id)
+        if before is not None and before.step >= steps[index]:
+            return
+        self._fetched.hold([chain.shas[index]])
+        save_point(db, ResumePoint(job.id, unit.unit_id, chain.shas[index], steps[index]))
+        if before is not None:
+            self._fetched.release([before.sha256])
 
     def _chance(self, unit: Unit, spec: dict[str, Any]) -> float:
         return replay_chance(spec, self._reputation.get(unit.worker).streak)
@@ -359,6 +379,7 @@ class Commitments:
             self._fetched.release(shas)
             return
         chain.fetched |= set(granted)
+        chain.last_fetch_at = time.time()
         self._save(unit.unit_id, chain)
 
 

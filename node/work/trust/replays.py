@@ -1,5 +1,6 @@
-"""The owner's replays: what a unit's chain looks like, and the runner's `replay` task
-on states already in this node's blob store.
+"""The owner's replays: what a unit's chain looks like, the states fetched for them
+(`FetchedStates`), and the runner's `replay` task on states already in this node's
+blob store.
 
 Both the spot check at a result (`spot_checks.py`) and the replays of segments drawn
 while the worker still trains (`commitments.py`) run here, so a segment replayed
@@ -8,15 +9,57 @@ early and one replayed at the result are the same computation.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore, Unit
 from node.work.run import RequestBuilder
+
+#: across determinism classes: the largest relative L2 distance of any weight tensor
+#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
+TOLERANCE = 1e-3
+#: the same for a job trained in bf16 (`optim.precision`): 8 bits of mantissa in the
+#: matrix products put kernels of two classes further apart
+BF16_TOLERANCE = 3e-2
+
+
+def tolerance_of(spec: dict[str, Any]) -> float:
+    """How far apart two classes' states of this job may be (relative L2)."""
+    bf16 = spec.get("optim", {}).get("precision") == "bf16"
+    return BF16_TOLERANCE if bf16 else TOLERANCE
+
+
+class FetchedStates:
+    """Training states this node fetched from workers, held while a check needs them:
+    two units of one spec share states (checkpoint 0 at least), so a file goes when
+    the last holder lets go, and only if this node fetched it (a blob it had before
+    stays)."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self._blobs = blobs
+        self._holders: Counter[str] = Counter()
+        self._fetched: set[str] = set()
+
+    def hold(self, shas: Iterable[str]) -> None:
+        for sha in shas:
+            if not self._holders[sha] and not self._blobs.has(sha):
+                self._fetched.add(sha)
+            self._holders[sha] += 1
+
+    def release(self, shas: Iterable[str]) -> None:
+        for sha in shas:
+            self._holders[sha] -= 1
+            if self._holders[sha] <= 0:
+                del self._holders[sha]
+                if sha in self._fetched:
+                    self._fetched.discard(sha)
+                    self._blobs.remove(sha)
 
 
 class Replays:
@@ -25,9 +68,12 @@ class Replays:
         self._runner_request = runner_request
         self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
 
-    async def steps(self, job: Job, spec: dict[str, Any], share: bool) -> tuple[list[int], int]:
-        """The steps of a unit's checkpoints (a share's: its H inner steps), and the
-        most bytes one of its checkpoints may have."""
+    async def steps(
+        self, job: Job, spec: dict[str, Any], share: bool, from_step: int = 0
+    ) -> tuple[list[int], int]:
+        """The steps of a unit's checkpoints (a share's: its H inner steps; a resumed
+        unit's: those from the state it resumed from), and the most bytes one of its
+        checkpoints may have."""
         from training.evidence.checkpoints import checkpoint_steps
         from training.spec.job import parse_spec
 
@@ -40,7 +86,7 @@ class Replays:
         if share and parsed.elastic is not None:
             return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
         steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
-        return steps, bound
+        return [step for step in steps if step >= from_step], bound
 
     async def state_bytes(self, job: Job, spec: dict[str, Any]) -> int:
         """The most bytes one training state of a unit of `job` may have."""

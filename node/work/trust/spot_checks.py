@@ -38,7 +38,7 @@ from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
 from node.work.trust.commitments import Commitments, FetchedStates, needed_states
-from node.work.trust.replays import Replays
+from node.work.trust.replays import TOLERANCE, Replays, tolerance_of
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
@@ -48,13 +48,10 @@ from training.spec.job import relay_blob_bytes
 
 log = logging.getLogger(__name__)
 
-#: across determinism classes: the largest relative L2 distance of any weight tensor
-#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
-TOLERANCE = 1e-3
-#: the same for a job trained in bf16 (`optim.precision`): 8 bits of mantissa in the
-#: matrix products put kernels of two classes further apart
-BF16_TOLERANCE = 3e-2
-START = "the unit's start (the spec's initial state; a share's: the round's weights)"
+START = (
+    "the unit's start (the spec's initial state; a share's: the round's weights; a "
+    "resumed unit's: the state it resumed from)"
+)
 
 
 @dataclass
@@ -158,7 +155,15 @@ class SpotChecks:
             table["init_claimed"] = cps[0]
             table["share"] = self._share(sub)
             owned.add(table["share"]["weights"])
+        resumed_from = sub.unit.resume_sha256
+        if resumed_from:  # its start is a state this node holds: compared, not rebuilt
+            table.pop("init"), table.pop("init_claimed", None)
+            if 0 not in rest:
+                need.discard(cps[0])
         replay = with_early(await self._replay(sub, table, need, bound, owned), rest, early, chosen)
+        if resumed_from:
+            replay["init_sha256"] = resumed_from
+            replay["init_distance"] = 0.0 if cps[0] == resumed_from else math.inf
         replay["replayed_steps"] += sum(steps[i + 1] - steps[i] for i in chosen if i not in rest)
         tolerance = tolerance_of(sub.spec)
         failure = compare_replay(
@@ -213,7 +218,8 @@ class SpotChecks:
         return seal(evidence, self.ctx.identity.signing_key)
 
     async def _steps(self, sub: Submitted) -> tuple[list[int], int]:
-        return await self.replays.steps(sub.job, sub.spec, sub.delta_round is not None)
+        share = sub.delta_round is not None
+        return await self.replays.steps(sub.job, sub.spec, share, sub.unit.resume_step)
 
     def _share(self, sub: Submitted) -> dict[str, Any]:
         assert sub.delta_round is not None
@@ -288,12 +294,6 @@ def _reported_segments(
         return set()
     extra = {rng.choice(reported)} if one_more else set()
     return {i for i in chosen if i in reported} | extra
-
-
-def tolerance_of(spec: dict[str, Any]) -> float:
-    """How far apart two classes' states of this job may be (relative L2)."""
-    bf16 = spec.get("optim", {}).get("precision") == "bf16"
-    return BF16_TOLERANCE if bf16 else TOLERANCE
 
 
 def _compare_reports(

@@ -102,6 +102,11 @@ class JobMode:
         """What `unit`'s receipt credits: from the spec, never from the worker."""
         return credit_of(job)
 
+    def resumable(self, job: Job) -> bool:
+        """Whether a lost unit of `job` goes on from a recent state of it
+        (`node.work.trust.resume`) instead of starting over."""
+        return False
+
     def delta_round(self, unit: Unit) -> int | None:
         """The round whose weights `unit`'s result is a delta from; None: its result is
         whole weights."""

@@ -16,7 +16,8 @@ import trio
 
 from node.work.jobs import FINAL_STATES, LIVE_UNIT_STATES, Job, Unit
 from node.work.owner.lifecycle import replicas_of
-from node.work.owner.modes.mode import JobMode, OwnerParts
+from node.work.owner.modes.mode import JobMode, OwnerParts, credit_of
+from protocol.receipts import partial_credit
 from protocol.work import Progress
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,15 @@ class SingleJob(JobMode):
 
     async def drive(self, job_id: str) -> None:
         await self._placement.place(job_id, self._train_here)
+
+    def resumable(self, job: Job) -> bool:
+        return replicas_of(job) == 1
+
+    def credit(self, job: Job, unit: Unit) -> float:
+        """A resumed unit's share of the job's credit: the steps after its state."""
+        whole = credit_of(job)
+        total = int(job.summary.get("total_steps", 0))
+        return partial_credit(whole, total - unit.resume_step, total) if unit.resume_step else whole
 
     def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
         """Queue the job again (without the unit's worker when it was at fault), or
