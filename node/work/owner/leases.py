@@ -19,7 +19,7 @@ import trio
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.owner.lifecycle import Lifecycle, round_closed_reason
-from node.work.trust import Commitments
+from node.work.trust import CHECKED_REPORTS, Commitments, UnitTerms
 from protocol import ProtocolError, open_envelope
 from protocol.work import WORK_LIMITS, Progress, encode_ack, encode_progress_ack
 
@@ -87,11 +87,14 @@ class Leases:
         stop = mode.progress(unit, progress)
         if stop or job is None:
             return encode_ack(not stop, stop)
-        spec = mode.unit_spec(job, unit)
-        heard = self.commitments.heard(
-            job, unit, spec, progress, mode.delta_round(unit), mode.resumable(job)
+        _, metric = mode.spot_check_reports(job, unit)
+        terms = UnitTerms(
+            mode.unit_spec(job, unit),
+            mode.delta_round(unit),
+            mode.resumable(job),
+            metric in CHECKED_REPORTS,
         )
-        return encode_progress_ack(heard)
+        return encode_progress_ack(await self.commitments.heard(job, unit, terms, progress))
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
         """The job's timeline says when a worker's volunteer pauses its unit, and when

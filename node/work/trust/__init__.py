@@ -19,9 +19,11 @@ never the owner's engine, which calls it. docs/design/trust.md.
 """
 
 from node.work.trust.commitments import (
+    CHECKED_REPORTS,
     MAX_HELD,
     Commitments,
     HeldStates,
+    UnitTerms,
     drawn,
     drawn_by_commitment,
     needed_states,
@@ -48,6 +50,8 @@ from node.work.trust.spot_checks import (
 
 __all__ = [
     "BF16_TOLERANCE",
+    "CHECKED_REPORTS",
+    "UnitTerms",
     "MAX_HELD",
     "Commitments",
     "FetchedStates",

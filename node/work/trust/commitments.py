@@ -61,6 +61,8 @@ from protocol.work import WORK_LIMITS, Progress, ProgressAck
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 64
+#: the reported metrics a spot check re-evaluates (a batch's `train_loss` is not)
+CHECKED_REPORTS = ("val_loss", "val_accuracy")
 #: training states a worker holds for one unit, at most, once they pass the
 #: volunteer's `evidence_floor_mb` in all (a small model's hundred states cost less
 #: disk than a round trip to the owner per checkpoint costs time)
@@ -107,6 +109,16 @@ def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
     return needed
 
 
+@dataclass(frozen=True)
+class UnitTerms:
+    """What a unit's mode says of it, for the draws and what the owner keeps."""
+
+    spec: dict[str, Any]  # the plain spec the unit trains (a trial's own)
+    delta_round: int | None = None  # a round's share: the round its delta starts from
+    resumable: bool = False  # a lost unit goes on from its states (`resume.py`)
+    reports: bool = False  # a trial whose reported validation values are checked
+
+
 @dataclass
 class _Chain:
     """What the owner holds of one unit's commitments."""
@@ -142,19 +154,14 @@ class Commitments:
         self._fetching: set[tuple[str, int]] = set()
         self._replay_send, self._replay_queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
 
-    def heard(
-        self,
-        job: Job,
-        unit: Unit,
-        spec: dict[str, Any],
-        progress: Progress,
-        delta_round: int | None = None,
-        resumable: bool = False,
+    async def heard(
+        self, job: Job, unit: Unit, terms: UnitTerms, progress: Progress
     ) -> ProgressAck:
         """Record the heartbeat's new commitments, draw the segments they close, and
         say what the worker keeps and drops; not ok when a commitment changed. A
         `resumable` unit also keeps its newest state for this node to fetch when none
-        was fetched for `trust.resume_minutes` (`resume.py`)."""
+        was fetched for `trust.resume_minutes` (`resume.py`); a trial whose reports
+        are checked keeps the start of every segment that ends on a report."""
         chain = self._chain(unit.unit_id)
         before = (len(chain.shas), len(chain.drawn))
         for offset, sha in enumerate(progress.commitments):
@@ -163,20 +170,37 @@ class Commitments:
                 return ProgressAck(False, f"commitment {index} changed")
             if index == len(chain.shas):
                 chain.shas.append(sha)
+        spec = terms.spec
         if not drawn_by_commitment(spec):
             return ProgressAck(True, "", len(chain.shas))
         self._draw(chain, self._chance(unit, spec), len(chain.shas) - 1)
-        keep, drop = self._answer(chain, unit.worker, delta_round is not None)
+        share = terms.delta_round is not None
+        reported = await self._report_starts(job, unit, spec, share) if terms.reports else set()
+        keep, drop = self._answer(chain, unit.worker, share, reported)
         minutes = float(spec.get("trust", {}).get("resume_minutes", 10.0))
         newest = len(chain.shas) - 1
-        if resumable and newest >= 1 and due(chain.last_fetch_at, minutes, time.time()):
+        if terms.resumable and newest >= 1 and due(chain.last_fetch_at, minutes, time.time()):
             keep = sorted({*keep, newest} - chain.fetched)
         if (len(chain.shas), len(chain.drawn)) != before:
             self._save(unit.unit_id, chain)
         if keep and progress.evidence_grant:
-            about = (spec, delta_round, resumable)
-            self._queue_fetch(job, unit, about, progress.evidence_grant, keep)
+            self._queue_fetch(job, unit, terms, progress.evidence_grant, keep)
         return ProgressAck(True, "", len(chain.shas), tuple(keep), tuple(drop))
+
+    async def _report_starts(
+        self, job: Job, unit: Unit, spec: dict[str, Any], share: bool
+    ) -> set[int]:
+        """The segments that end on a step the trial reports a validation value at:
+        the owner holds their starts, so that at the result it can replay one drawn
+        among all of them (`spot_checks._reported_segments`)."""
+        every = int(spec.get("optim", {}).get("validate_every", 0) or 0)
+        if every <= 0:
+            return set()
+        steps, _ = await self._replays.steps(job, spec, share, unit.resume_step)
+        total = steps[-1]
+        return {
+            k for k in range(len(steps) - 1) if steps[k + 1] % every == 0 < total - steps[k + 1]
+        }
 
     def chosen_at_result(
         self, unit: Unit, spec: dict[str, Any], shas: list[str]
@@ -216,12 +240,12 @@ class Commitments:
         each chosen segment once what it reads is here."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._replay_all)
-            async for job, unit, about, grant_env, indices in self._queue:
+            async for job, unit, terms, grant_env, indices in self._queue:
                 try:
-                    await self._fetch(job, unit, about[0], grant_env, indices)
-                    if about[2]:
-                        await self._advance_point(job, unit, about[0])
-                    self._replay_send.send_nowait((job, unit, about))
+                    await self._fetch(job, unit, terms.spec, grant_env, indices)
+                    if terms.resumable:
+                        await self._advance_point(job, unit, terms.spec)
+                    self._replay_send.send_nowait((job, unit, terms))
                 except trio.WouldBlock:
                     pass  # replayed at the result instead
                 except Exception as exc:  # the state stays kept: fetched with the result
@@ -230,11 +254,11 @@ class Commitments:
                     self._fetching -= {(unit.unit_id, i) for i in indices}
 
     async def _replay_all(self) -> None:
-        async for job, unit, (spec, delta_round, resumable) in self._replay_queue:
+        async for job, unit, terms in self._replay_queue:
             try:
-                await self._replay_ready(job, unit, spec, delta_round)
-                if resumable:
-                    await self._advance_point(job, unit, spec)
+                await self._replay_ready(job, unit, terms.spec, terms.delta_round)
+                if terms.resumable:
+                    await self._advance_point(job, unit, terms.spec)
             except Exception as exc:  # replayed at the result instead
                 log.info("unit %s: a segment not replayed early: %s", unit.unit_id, exc)
 
@@ -331,25 +355,28 @@ class Commitments:
             if segment not in chain.drawn:
                 chain.drawn[segment] = drawn(chance, rng)
 
-    def _answer(self, chain: _Chain, worker: str, share: bool) -> tuple[list[int], list[int]]:
+    def _answer(
+        self, chain: _Chain, worker: str, share: bool, reported: set[int]
+    ) -> tuple[list[int], list[int]]:
         """(states to keep, not fetched yet; states that may go). A state goes once
         the segment it starts is drawn (the one it ends was drawn before) and no
         replay needs it, or once this node holds it; the newest never does."""
         cross = self.ctx.peers.determinism_of(worker) != self.ctx.own_ad().determinism
         last = len(chain.shas) - 1
-        needed = {i for i in needed_states(chain.chosen(), cross, share) if i <= last}
+        wanted = {*chain.chosen(), *reported}
+        needed = {i for i in needed_states(wanted, cross, share) if i <= last}
         keep = sorted(needed - chain.fetched)
         drop = [i for i in range(last) if i not in needed or i in chain.fetched]
         return keep, drop
 
     def _queue_fetch(
-        self, job: Job, unit: Unit, about: tuple, grant_env: bytes, keep: list[int]
+        self, job: Job, unit: Unit, terms: UnitTerms, grant_env: bytes, keep: list[int]
     ) -> None:
         wanted = [i for i in keep if (unit.unit_id, i) not in self._fetching]
         if not wanted:
             return
         try:
-            self._send.send_nowait((job, unit, about, grant_env, wanted))
+            self._send.send_nowait((job, unit, terms, grant_env, wanted))
         except trio.WouldBlock:
             return  # busy: asked for again at the next heartbeat, or read at the result
         self._fetching |= {(unit.unit_id, i) for i in wanted}

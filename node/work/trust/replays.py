@@ -9,6 +9,7 @@ early and one replayed at the result are the same computation.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -62,11 +63,16 @@ class FetchedStates:
                     self._blobs.remove(sha)
 
 
+STEPS_CACHED = 256
+
+
 class Replays:
     def __init__(self, ctx: WorkContext, runner_request: RequestBuilder) -> None:
         self.ctx = ctx
         self._runner_request = runner_request
         self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
+        # (job id, spec, share, from step) -> steps and bound: asked at every heartbeat
+        self._steps: dict[tuple, tuple[list[int], int]] = {}
 
     async def steps(
         self, job: Job, spec: dict[str, Any], share: bool, from_step: int = 0
@@ -74,6 +80,16 @@ class Replays:
         """The steps of a unit's checkpoints (a share's: its H inner steps; a resumed
         unit's: those from the state it resumed from), and the most bytes one of its
         checkpoints may have."""
+        key = (job.id, json.dumps(spec, sort_keys=True, default=str), share, from_step)
+        if key not in self._steps:
+            if len(self._steps) >= STEPS_CACHED:
+                self._steps.pop(next(iter(self._steps)))
+            self._steps[key] = await self._compute_steps(job, spec, share, from_step)
+        return self._steps[key]
+
+    async def _compute_steps(
+        self, job: Job, spec: dict[str, Any], share: bool, from_step: int
+    ) -> tuple[list[int], int]:
         from training.evidence.checkpoints import checkpoint_steps
         from training.spec.job import parse_spec
 

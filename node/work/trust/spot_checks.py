@@ -37,8 +37,8 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
-from node.work.trust.commitments import Commitments, FetchedStates, needed_states
-from node.work.trust.replays import TOLERANCE, Replays, tolerance_of
+from node.work.trust.commitments import CHECKED_REPORTS, Commitments, needed_states
+from node.work.trust.replays import TOLERANCE, FetchedStates, Replays, tolerance_of
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
@@ -135,7 +135,7 @@ class SpotChecks:
             chosen = self.commitments.chosen_at_result(sub.unit, sub.spec, result.checkpoints)
         except ProtocolError as exc:
             return Verdict(False, str(exc), caught=True)
-        reported = _reported_segments(sub, steps, chosen or [], rng, chosen is None)
+        reported = _reported_segments(sub, steps, chosen or [], rng)
         if chosen is None:  # it committed to nothing while training: drawn now
             streak = self.reputation.get(sub.peer).streak
             budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
@@ -281,19 +281,18 @@ def _claimed(result: Result, index: int) -> str:
 
 
 def _reported_segments(
-    sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random, one_more: bool
+    sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random
 ) -> set[int]:
     """The segments whose end a trial reported a validation value at, among those
-    chosen, plus (`one_more`: every state was kept) one more drawn among all of them:
-    the reports checked by replay."""
-    if sub.metric not in ("val_loss", "val_accuracy"):
+    chosen, plus one more drawn among all of them (their starts were kept for it:
+    `Commitments._report_starts`): the reports checked by replay."""
+    if sub.metric not in CHECKED_REPORTS:
         return set()  # a batch loss (train_loss) is not re-evaluated
     ending = {steps[i + 1]: i for i in range(len(steps) - 1)}
     reported = [ending[s] for s in sub.reports if s in ending]
     if not reported:
         return set()
-    extra = {rng.choice(reported)} if one_more else set()
-    return {i for i in chosen if i in reported} | extra
+    return {i for i in chosen if i in reported} | {rng.choice(reported)}
 
 
 def _compare_reports(

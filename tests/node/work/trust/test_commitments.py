@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_utils
+import trio
 from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
@@ -18,12 +20,13 @@ from node.net.peers import PeerTable
 from node.preferences import Preferences
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext
-from node.work.jobs import JobStore, Unit
+from node.work.jobs import Job, JobStore, Unit
 from node.work.trust import (
     Commitments,
     FetchedStates,
     HeldStates,
     Reputation,
+    UnitTerms,
     needed_states,
     replay_chance,
 )
@@ -68,6 +71,12 @@ def _owner(ctx: WorkContext) -> tuple[Commitments, Unit]:
     return commitments, unit
 
 
+def _heard(
+    commitments: Commitments, job: Job, unit: Unit, spec: dict, beat: Progress, **terms: Any
+) -> ProgressAck:
+    return trio.run(commitments.heard, job, unit, UnitTerms(spec, **terms), beat)
+
+
 def _beat(unit: Unit, start: int, shas: list[str]) -> Progress:
     return Progress(
         unit.job_id, unit.unit_id, "training", 1, 10, 1.0, 1.0, 1, time.time(),
@@ -89,10 +98,10 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
     shas = [_sha(i) for i in range(11)]
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, shas[:1]))
+    ack = _heard(commitments, job, unit, SPEC, _beat(unit, 0, shas[:1]))
     assert (ack.ok, ack.have, ack.keep, ack.drop) == (True, 1, (), ())  # nothing closed yet
     acks = [
-        commitments.heard(job, unit, SPEC, _beat(unit, i, shas[i : i + 1])) for i in range(1, 11)
+        _heard(commitments, job, unit, SPEC, _beat(unit, i, shas[i : i + 1])) for i in range(1, 11)
     ]
     assert [a.have for a in acks] == list(range(2, 12))
     chosen = commitments.chosen_at_result(unit, SPEC, shas)
@@ -107,8 +116,8 @@ def test_each_segment_is_drawn_once_its_end_is_committed(ctx: WorkContext) -> No
 def test_a_changed_commitment_stops_the_unit_and_a_changed_chain_fails(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]))
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 1, [_sha(9)]))
+    _heard(commitments, job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]))
+    ack = _heard(commitments, job, unit, SPEC, _beat(unit, 1, [_sha(9)]))
     assert (ack.ok, ack.reason) == (False, "commitment 1 changed")
     with pytest.raises(ProtocolError, match="not those it committed to"):
         commitments.chosen_at_result(unit, SPEC, [_sha(0), _sha(7), _sha(2)])
@@ -156,7 +165,7 @@ def test_a_replay_needs_the_starts_and_across_classes_the_ends(
 def test_a_share_keeps_its_first_state_for_the_owner(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    ack = commitments.heard(job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), 0)
+    ack = _heard(commitments, job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), delta_round=0)
     assert 0 in ack.keep and 0 not in ack.drop
 
 
@@ -164,5 +173,5 @@ def test_a_job_with_replicas_keeps_every_state(ctx: WorkContext) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
     spec = {"trust": {**SPEC["trust"], "replicas": 2}}
-    ack = commitments.heard(job, unit, spec, _beat(unit, 0, [_sha(i) for i in range(5)]))
+    ack = _heard(commitments, job, unit, spec, _beat(unit, 0, [_sha(i) for i in range(5)]))
     assert (ack.have, ack.keep, ack.drop) == (5, (), ())
