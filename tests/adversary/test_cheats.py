@@ -350,10 +350,10 @@ def test_a_worker_that_commits_then_discards_its_states_gets_nothing(
             assert ack.ok and ack.have == len(shas), ack
             weights = rogue.store.put_file(claim.weights)
             kept = [rogue.store.put_file(path) for path in claim.checkpoints]
-            for sha in set(kept[:-1]) - {kept[-1]}:  # "deleted as the owner drew"
-                rogue.store.remove(sha)
             size = claim.weights.stat().st_size
             result = rogue.result(package, owner.peer_id, weights, size, kept)
+            for sha in set(kept[:-1]) - {kept[-1]}:  # "deleted as the owner drew"
+                rogue.store.remove(sha)
             reply = await rogue.send_result(owner, seal(result, rogue.key))
         return rogue, package, reply, list(ack.keep)
 
