@@ -254,13 +254,15 @@ class WorkerRole:
         else:
             request = request.with_checkpoints()
         held = unit.held = HeldStates(out.parent / "checkpoints")
+        bounded = drawn_by_commitment(unit.spec)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
             elif event.get("event") == "checkpoint":
                 held.written(event)
-                unit.committed.set()  # the next heartbeat commits to it soon
+                if bounded and held.pressing(ctx.limits.evidence_floor_bytes):
+                    unit.committed.set()  # the runner may wait on the owner: commit now
 
         try:
             result = await ctx.train_unit(request, pkg.unit_id, pkg.max_hours, on_event)

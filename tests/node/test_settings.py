@@ -24,6 +24,7 @@ from protocol import Policy
 
 #: settings set in the file (or the API) only, on purpose: no `node run` flag
 FILE_ONLY = {
+    "evidence_floor_mb",
     "relay_max_reservations",
     "relay_max_circuits",
     "relay_circuit_mb",

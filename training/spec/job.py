@@ -296,7 +296,10 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     if spec.sweep is not None:
         plain["sweep"] = spec.sweep.to_plain()
     if spec.trust != TrustSpec():  # left out at its defaults: specs from before it stay equal
-        plain["trust"] = dataclasses.asdict(spec.trust)
+        trust = dataclasses.asdict(spec.trust)
+        if spec.trust.resume_minutes == TrustSpec.resume_minutes:  # the same, for this key
+            del trust["resume_minutes"]
+        plain["trust"] = trust
     return plain
 
 

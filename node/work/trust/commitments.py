@@ -429,6 +429,14 @@ class HeldStates:
             self.shas.append(sha)
             self.files[index] = self.folder / str(event["file"])
 
+    def pressing(self, floor_bytes: int) -> bool:
+        """Whether the runner may soon wait for room (`training.evidence.writer`): then
+        the next heartbeat goes at once, else at its second."""
+        if len(self.files) < MAX_HELD - 1:
+            return False
+        sizes = (path.stat().st_size for path in self.files.values() if path.exists())
+        return sum(sizes) >= floor_bytes
+
     def unsent(self) -> tuple[int, list[str]]:
         """(`commit_from`, `commitments`) for the next heartbeat."""
         return self.have, self.shas[self.have :]

@@ -351,3 +351,25 @@ def test_missing_blob(store: BlobStore) -> None:
     for op in (store.path, store.size, store.open):
         with pytest.raises(BlobNotFound, match="not stored"):
             op(SHA)
+
+
+def test_a_linked_file_is_the_same_file_under_its_hash_and_a_wrong_hash_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A worker keeps a training state for its owner as a second name of the runner's
+    file (no copy); the store still refuses a file that is not what it claims."""
+    store = BlobStore(tmp_path / "node")
+    state = tmp_path / "checkpoint-00000004.safetensors"
+    state.write_bytes(b"state" * 1000)
+    sha = hashlib.sha256(state.read_bytes()).hexdigest()
+    store.link_file(state, sha)
+    assert store.path(sha).read_bytes() == state.read_bytes()
+    assert os.stat(store.path(sha)).st_ino == os.stat(state).st_ino
+    store.link_file(state, sha)  # already there: nothing changes
+    state.unlink()  # the runner's name goes; the store's stays
+    assert store.has(sha)
+    other = tmp_path / "other"
+    other.write_bytes(b"not it")
+    with pytest.raises(BlobHashMismatch):
+        store.link_file(other, "0" * 64)
+    assert not store.has("0" * 64)
