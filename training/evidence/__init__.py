@@ -5,8 +5,8 @@ hashes as it goes and in its signed result (`checkpoints`, `writer`); the owner
 replays segments in its own runner (`replay`). A returned weights file is checked
 before anything of it is accepted: its header in the daemon (`result_check`), its
 values in a subprocess of their own (`check_weights`), so the daemon parses no
-peer's tensor bytes. The comparisons are
-the owner's (`node/work/trust/`); docs/design/trust.md.
+peer's tensor bytes. The comparisons are the owner's (`node/work/trust/`);
+docs/design/trust.md.
 
 - `checkpoints`: the full training state every k steps, its hash, replaying a segment.
 - `writer`: checkpoints written by a thread beside training, never more on disk at
