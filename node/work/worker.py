@@ -249,12 +249,12 @@ class WorkerRole:
             request = request.resuming(pkg.resume.state_sha256, pkg.resume.step)
         # the evidence a spot check replays (training.evidence.checkpoints), at most
         # MAX_HELD states at once where the owner draws as they come (commitments)
-        if drawn_by_commitment(unit.spec):
+        bounded = drawn_by_commitment(unit.spec)
+        if bounded:
             request = request.with_checkpoints(MAX_HELD, ctx.limits.evidence_floor_bytes)
         else:
             request = request.with_checkpoints()
         held = unit.held = HeldStates(out.parent / "checkpoints")
-        bounded = drawn_by_commitment(unit.spec)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):

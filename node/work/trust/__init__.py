@@ -9,6 +9,7 @@ never the owner's engine, which calls it. docs/design/trust.md.
 
 - `commitments`: both ends of the draws as the worker trains: what the owner keeps,
   what the worker may delete (it holds at most `MAX_HELD` states).
+- `chains`: the owner's record of each unit's commitments, draws and replays.
 - `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare.
 - `replays`: the owner's replay task, shared by both, and the states fetched for it.
 - `resume`: where a lost unit goes on from (the job's resume point).

@@ -28,7 +28,6 @@ replay wherever they part) keeps every state, as before commitments.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -44,6 +43,7 @@ import trio
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
+from node.work.trust.chains import Chain, Chains
 from node.work.trust.replays import FetchedStates, Replays, tolerance_of
 from node.work.trust.reputation import Reputation, segments_to_check
 from node.work.trust.resume import (
@@ -119,22 +119,6 @@ class UnitTerms:
     reports: bool = False  # a trial whose reported validation values are checked
 
 
-@dataclass
-class _Chain:
-    """What the owner holds of one unit's commitments."""
-
-    shas: list[str] = field(default_factory=list)
-    drawn: dict[int, bool] = field(default_factory=dict)  # segment -> chosen
-    fetched: set[int] = field(default_factory=set)  # states held here (`FetchedStates`)
-    # segments replayed while it trained: [the replayed end's sha256, its distance
-    # from the worker's end (across determinism classes; else 0), whether they agree]
-    replayed: dict[int, list] = field(default_factory=dict)
-    last_fetch_at: float = field(default_factory=time.time)  # for `resume.due`
-
-    def chosen(self) -> list[int]:
-        return sorted(i for i, chosen in self.drawn.items() if chosen)
-
-
 class Commitments:
     """The owner's end: the chains heard in heartbeats, the draws, the fetches."""
 
@@ -145,11 +129,7 @@ class Commitments:
         self._reputation = reputation
         self._fetched = fetched
         self._replays = replays
-        self._chains: dict[str, _Chain] = {}
-        # kept in node.db as well: after a restart no segment is drawn twice
-        self._table = ctx.jobs.db["commitments"]
-        if not self._table.exists():
-            self._table.create({"unit_id": str, "chain": str}, pk="unit_id")
+        self._chains = Chains(ctx.jobs.db)
         self._send, self._queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
         self._fetching: set[tuple[str, int]] = set()
         self._replay_send, self._replay_queue = trio.open_memory_channel[tuple](FETCHES_QUEUED)
@@ -220,16 +200,15 @@ class Commitments:
 
     def replayed(self, unit_id: str) -> dict[int, tuple[str, float]]:
         """The unit's segments replayed while it trained: (end sha256, distance)."""
-        chain = self._chains.get(unit_id)
+        chain = self._chains.loaded(unit_id)
         return {i: (str(r[0]), float(r[1])) for i, r in chain.replayed.items()} if chain else {}
 
     def forget(self, unit_id: str) -> None:
         """The unit's check is over: its chain, the states fetched for it and its
         job's resume point go (the job is done, or the next unit starts over)."""
-        chain = self._chains.pop(unit_id, None)
+        chain = self._chains.forget(unit_id)
         if chain is not None:
             self._fetched.release(chain.shas[i] for i in chain.fetched)
-        self._table.delete_where("unit_id = ?", [unit_id])
         unit = self.ctx.jobs.unit(unit_id)
         point = clear_point(self.ctx.jobs.db, unit.job_id) if unit is not None else None
         if point is not None:
@@ -266,7 +245,7 @@ class Commitments:
         self, job: Job, unit: Unit, spec: dict[str, Any], delta_round: int | None
     ) -> None:
         """Replay the chosen segments whose states are all here, not replayed yet."""
-        chain = self._chains.get(unit.unit_id)
+        chain = self._chains.loaded(unit.unit_id)
         if chain is None:
             return
         cross = self.ctx.peers.determinism_of(unit.worker) != self.ctx.own_ad().determinism
@@ -292,7 +271,7 @@ class Commitments:
             owned.add(table["share"]["weights"])
         shas = {chain.shas[i] for i in needed_states(ready, cross, False)} | owned
         replay = await self._replays.run(job, unit, spec, table, shas)
-        if self._chains.get(unit.unit_id) is not chain:
+        if self._chains.loaded(unit.unit_id) is not chain:
             return  # checked and forgotten meanwhile
         distances = replay["distances"] if cross else [0.0] * len(ready)
         tolerance = tolerance_of(spec)
@@ -303,11 +282,10 @@ class Commitments:
 
     async def _advance_point(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:
         """Make the unit's latest trusted state the job's resume point."""
-        chain = self._chains.get(unit.unit_id)
+        chain = self._chains.loaded(unit.unit_id)
         if chain is None:
             return
-        agreed = {i: bool(r[2]) for i, r in chain.replayed.items() if len(r) > 2}
-        index = latest_trusted(chain.fetched, chain.chosen(), agreed)
+        index = latest_trusted(chain.fetched, chain.chosen(), chain.agreed())
         if index is None:
             return
         steps, _ = await self._replays.steps(job, spec, False, unit.resume_step)
@@ -323,32 +301,17 @@ class Commitments:
     def _chance(self, unit: Unit, spec: dict[str, Any]) -> float:
         return replay_chance(spec, self._reputation.get(unit.worker).streak)
 
-    def _chain(self, unit_id: str) -> _Chain:
-        if unit_id not in self._chains:
-            rows = list(self._table.rows_where("unit_id = ?", [unit_id], limit=1))
-            plain = json.loads(rows[0]["chain"]) if rows else {}
-            chain = _Chain(
-                list(plain.get("shas", [])),
-                {int(k): bool(v) for k, v in plain.get("drawn", {}).items()},
-                set(plain.get("fetched", [])),
-                {int(k): list(v) for k, v in plain.get("replayed", {}).items()},
-            )
-            # after a restart: what was fetched before is held again, or fetched again
+    def _chain(self, unit_id: str) -> Chain:
+        chain, loaded = self._chains.get(unit_id)
+        if loaded:  # after a restart: what was fetched before is held again, or fetched again
             chain.fetched = {i for i in chain.fetched if self.ctx.blobs.has(chain.shas[i])}
             self._fetched.hold(chain.shas[i] for i in chain.fetched)
-            self._chains[unit_id] = chain
-        return self._chains[unit_id]
+        return chain
 
-    def _save(self, unit_id: str, chain: _Chain) -> None:
-        plain = {
-            "shas": chain.shas,
-            "drawn": chain.drawn,
-            "fetched": sorted(chain.fetched),
-            "replayed": chain.replayed,
-        }
-        self._table.upsert({"unit_id": unit_id, "chain": json.dumps(plain)}, pk="unit_id")
+    def _save(self, unit_id: str, chain: Chain) -> None:
+        self._chains.save(unit_id, chain)
 
-    def _draw(self, chain: _Chain, chance: float, closed: int) -> None:
+    def _draw(self, chain: Chain, chance: float, closed: int) -> None:
         """Draw every segment before `closed` not drawn yet."""
         rng = secrets.SystemRandom()
         for segment in range(closed):
@@ -356,7 +319,7 @@ class Commitments:
                 chain.drawn[segment] = drawn(chance, rng)
 
     def _answer(
-        self, chain: _Chain, worker: str, share: bool, reported: set[int]
+        self, chain: Chain, worker: str, share: bool, reported: set[int]
     ) -> tuple[list[int], list[int]]:
         """(states to keep, not fetched yet; states that may go). A state goes once
         the segment it starts is drawn (the one it ends was drawn before) and no
@@ -384,7 +347,7 @@ class Commitments:
     async def _fetch(
         self, job: Job, unit: Unit, spec: dict[str, Any], grant_env: bytes, indices: list[int]
     ) -> None:
-        chain = self._chains.get(unit.unit_id)
+        chain = self._chains.loaded(unit.unit_id)
         key = self.ctx.grant_keys.get((job.id, unit.unit_id))
         if chain is None or key is None:
             return
@@ -402,7 +365,7 @@ class Commitments:
         except BaseException:
             self._fetched.release(shas)
             raise
-        if self._chains.get(unit.unit_id) is not chain:  # checked and forgotten meanwhile
+        if self._chains.loaded(unit.unit_id) is not chain:  # checked and forgotten meanwhile
             self._fetched.release(shas)
             return
         chain.fetched |= set(granted)
