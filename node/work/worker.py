@@ -33,7 +33,7 @@ from node.work.run import (
     keep_inner_state,
     share_request,
 )
-from node.work.trust import MAX_HELD, HeldStates, drawn_by_commitment
+from node.work.trust import MAX_HELD, HeldStates, drawn_by_commitment, spot_checked
 from protocol import (
     MeshminerError,
     ProtocolError,
@@ -245,6 +245,8 @@ class WorkerRole:
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
             request = share_request(request, pkg.job_id, share, kept, out)
+        if share is None and spot_checked(unit.spec):  # the owner evaluates the weights
+            request = request.without_final_validation()
         if pkg.resume is not None:  # it goes on from a lost unit's state
             request = request.resuming(pkg.resume.state_sha256, pkg.resume.step)
         # the evidence a spot check replays (training.evidence.checkpoints), at most

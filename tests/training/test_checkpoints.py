@@ -195,3 +195,24 @@ def test_a_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(tmp_path:
     assert resumed["steps"] == 10
     with pytest.raises(SpecError, match="not 25"):
         run_request(request | {"resume": {"state": sha, "step": 25}}, lambda event: None)
+
+
+def test_without_the_final_validation_the_weights_are_the_same_and_unevaluated(
+    tmp_path: Path,
+) -> None:
+    """A spot-checked unit's worker skips its own evaluation of the final weights (the
+    owner evaluates them): the same bits, no validation figures claimed."""
+    spec = _spec(OPTIMS["sgd with momentum"], steps=10, checkpoints=5)
+    whole = _train(spec, tmp_path / "whole", checkpoints=False)
+    folder = tmp_path / "quiet"
+    folder.mkdir()
+    request = {
+        "spec": spec,
+        "blobs": {},
+        "out": str(folder / "weights.safetensors"),
+        "device": "cpu",
+        "final_validation": False,
+    }
+    quiet = run_request(request, lambda event: None)
+    assert quiet["weights_sha256"] == whole["weights_sha256"]
+    assert "val_loss" in whole["metrics"] and "val_loss" not in quiet["metrics"]

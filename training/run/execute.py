@@ -164,6 +164,7 @@ def run_job(
     hold: Hold = NO_BOUND,
     locate: Locate | None = None,
     resume: tuple[Path, int] | None = None,
+    final_validation: bool = True,
 ) -> dict[str, Any]:
     """Train `spec` on its data (`data_file`, or the spec's own source) and write `out`.
 
@@ -208,6 +209,7 @@ def run_job(
                 on_step=writer.on_step if writer else None,
                 start_step=start,
                 schedule=schedule,
+                final_validation=final_validation,
             )
             evidence = evidence_of(writer)
         sha256 = write_weights(Path(out), model.state_dict(), run.metadata)

@@ -66,6 +66,7 @@ def train(
     on_step: OnStep | None = None,
     start_step: int = 0,
     schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+    final_validation: bool = True,
 ) -> LoopResult:
     """Train `model` in place for `total_steps` steps; emits `progress` events.
 
@@ -76,7 +77,9 @@ def train(
     checkpoints a worker keeps as evidence (`training.evidence.checkpoints`) are written there.
     A unit resumed from a state passes its `optimizer`, its `schedule` and the
     `start_step` it holds (`training.evidence.checkpoints.load_checkpoint`): the
-    steps after it are those an uninterrupted run takes, bit for bit."""
+    steps after it are those an uninterrupted run takes, bit for bit. Without
+    `final_validation` the trained weights are not evaluated at the end (the owner of
+    a spot-checked unit evaluates them itself)."""
     loss_fn = make_loss(loss_name, data.info.task)
     if optimizer is None:
         optimizer = make_optimizer(spec.optim, model.parameters())
@@ -126,7 +129,7 @@ def train(
             )
     tail = total_steps - max(tail_from, start_step)
     metrics = {"train_loss": _finite(tail_sum.item() / max(tail, 1), total_steps)}
-    if validate and data.val is not None:
+    if validate and final_validation and data.val is not None:
         metrics.update(
             evaluate(model, data.val, loss_fn, batch, device, data.info.task, spec.optim.precision)
         )

@@ -16,6 +16,8 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "hold": {"states": int >= 0, "floor_bytes": int >= 0},
                                                  (how many checkpoints on disk at once)
      "resume": {"state": sha256, "step": int}    (train: go on from that checkpoint)
+     "final_validation": bool,                   (train: evaluate the weights at the
+                                                 end; default true)
      "replay": {...},                            (the replay task's segments)
      "elastic": {...}}                           (the elastic tasks' files; see below)
 
@@ -111,6 +113,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             resume_table.integer("step", lo=1, hi=2**40),
         )
     resume_table.finish()
+    final_validation = section.boolean("final_validation", True)
     isolation = section.table("isolation")
     cpu_seconds = isolation.integer("cpu_seconds", 0, lo=0, hi=2**40)
     disk_quota = isolation.integer("disk_quota_bytes", 0, lo=0, hi=2**50)
@@ -184,6 +187,7 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
             hold=Hold(hold_states, hold_floor),
             locate=blob_file,
             resume=(blob_file(resume[0]), resume[1]) if resume else None,
+            final_validation=final_validation,
         )
     if task == "replay":
         from training.evidence.replay import run_replay

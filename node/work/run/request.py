@@ -39,6 +39,7 @@ class RunnerRequest:
     hold_states: int = 0
     hold_floor_bytes: int = 0
     resume: tuple[str, int] | None = None  # train: go on from this state (sha256, step)
+    final_validation: bool = True  # train: evaluate the weights at the end
     replay: dict[str, Any] | None = None  # the replay task's segments
     elastic: dict[str, Any] | None = None  # the elastic tasks' files
 
@@ -84,6 +85,12 @@ class RunnerRequest:
         """The same training, going on from a lost unit's state (one of its blobs)."""
         return dataclasses.replace(self, resume=(state_sha256, step))
 
+    def without_final_validation(self) -> RunnerRequest:
+        """The same training, its weights not evaluated at the end: the owner of a
+        spot-checked unit evaluates them itself, so the worker's figures would be a
+        claim no one reads, at the cost of a validation pass."""
+        return dataclasses.replace(self, final_validation=False)
+
     def as_plain(self) -> dict[str, Any]:
         """The map the runner reads; keys left at their defaults are left out."""
         plain: dict[str, Any] = {
@@ -108,6 +115,8 @@ class RunnerRequest:
             plain["hold"] = {"states": self.hold_states, "floor_bytes": self.hold_floor_bytes}
         if self.resume is not None:
             plain["resume"] = {"state": self.resume[0], "step": self.resume[1]}
+        if not self.final_validation:
+            plain["final_validation"] = False
         return plain
 
 

@@ -47,6 +47,7 @@ from node.work.trust.spot_checks import (
     choose_segments,
     compare_replay,
     replay_table,
+    spot_checked,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "TOLERANCE",
     "Verdict",
     "choose_segments",
+    "spot_checked",
     "compare_replay",
     "replay_table",
     "tolerance_of",

@@ -109,9 +109,7 @@ class SpotChecks:
 
     def wanted(self, job: Job) -> bool:
         """Whether the job's units carry checkpoints, and are checked."""
-        trust = job.spec.get("trust", {})
-        checked = trust.get("spot_check_budget", 0.1) > 0 or trust.get("replicas", 1) > 1
-        return trust.get("checkpoints", 100) > 0 and checked
+        return spot_checked(job.spec)
 
     async def check(self, sub: Submitted) -> Verdict:
         """Replay the segments chosen (as it trained, or now); the verdict, with
@@ -250,6 +248,14 @@ class SpotChecks:
             return await self.replays.run(sub.job, sub.unit, sub.spec, table, {*need, *owned})
         finally:
             self._fetched.release(need)
+
+
+def spot_checked(spec: dict[str, Any]) -> bool:
+    """Whether results of `spec` are spot checked: then the owner evaluates the final
+    weights itself, and the worker need not (`RunnerRequest.final_validation`)."""
+    trust = spec.get("trust", {})
+    checked = trust.get("spot_check_budget", 0.1) > 0 or trust.get("replicas", 1) > 1
+    return trust.get("checkpoints", 100) > 0 and checked
 
 
 def with_early(
