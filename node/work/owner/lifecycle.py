@@ -47,9 +47,15 @@ class Lifecycle:
     """Unit and job changes, each a compare-and-set; the job's mode decides what a
     unit's end does to its job."""
 
-    def __init__(self, ctx: WorkContext, mode_of: Callable[[Job | None], Any]) -> None:
+    def __init__(
+        self,
+        ctx: WorkContext,
+        mode_of: Callable[[Job | None], Any],
+        ended: Callable[[str], None] = lambda unit_id: None,
+    ) -> None:
         self.ctx = ctx
         self.mode_of = mode_of  # the mode that runs a job (the owner's)
+        self._ended = ended  # told of every unit that ends (its evidence may go)
 
     def mode(self, job_id: str) -> UnitEnds:
         return self.mode_of(self.ctx.jobs.get(job_id))
@@ -93,6 +99,7 @@ class Lifecycle:
         )
         if unit is not None:
             self.ctx.forget_unit_key(unit.job_id, unit.unit_id)
+            self._ended(unit.unit_id)
             self.mode(unit.job_id).unit_ended(unit)
         return unit
 

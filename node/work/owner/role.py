@@ -41,9 +41,9 @@ class OwnerRole:
         self._wake = trio.Event()
         self._placing: set[str] = set()
         self._local: dict[str, trio.CancelScope] = {}
-        self.lifecycle = Lifecycle(ctx, self.mode_of)
         self.reputation = Reputation(ctx.jobs.db)
         spot_checks = SpotChecks(ctx, runner_request, self.reputation)
+        self.lifecycle = Lifecycle(ctx, self.mode_of, spot_checks.commitments.unit_ended)
         self.leases = Leases(ctx, self.lifecycle, spot_checks.commitments)
         self.placement = Placement(ctx, self.lifecycle, self.reputation)
         parts = OwnerParts(

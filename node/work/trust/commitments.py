@@ -203,6 +203,13 @@ class Commitments:
         chain = self._chains.loaded(unit_id)
         return {i: (str(r[0]), float(r[1])) for i, r in chain.replayed.items()} if chain else {}
 
+    def unit_ended(self, unit_id: str) -> None:
+        """The unit ended: the states fetched for its chain go (its job's resume point
+        stays, held on its own, for the next unit)."""
+        chain = self._chains.forget(unit_id)
+        if chain is not None:
+            self._fetched.release(chain.shas[i] for i in chain.fetched)
+
     def forget(self, unit_id: str) -> None:
         """The unit's check is over: its chain, the states fetched for it and its
         job's resume point go (the job is done, or the next unit starts over)."""
