@@ -30,6 +30,23 @@ def _bounded_worker(localnet: LocalNetwork) -> LocalNode:
     return localnet.add()
 
 
+def _train_local(spec: Path, out: Path) -> subprocess.Popen:
+    """`train-local` of `spec`, started now beside the network's run (one thread each
+    on two cores): the bits the job's weights must equal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "node", "train-local", str(spec), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", **ONE_THREAD},
+    )
+
+
+def _local_sha256(trained: subprocess.Popen, out: Path) -> str:
+    _, err = trained.communicate(timeout=300)
+    assert trained.returncode == 0, err
+    return hashlib.sha256(out.read_bytes()).hexdigest()
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "node", *args],
@@ -43,8 +60,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_a_worker_holds_three_states_and_an_owner_killed_meanwhile_draws_none_twice(
     localnet: LocalNetwork, tmp_path: Path
 ) -> None:
-    """Half the segments are drawn, so the owner fetches and replays many states while
-    the worker trains, and the worker never holds more than 3 of its 51. The owner is
+    """A third of the segments are drawn, so the owner fetches and replays many states
+    while the worker trains, and the worker never holds more than 3 of its 51. The owner is
     SIGKILLed while the worker waits on its draws; restarted on the same data dir, it
     goes on from the draws and fetches it kept in node.db: the same unit completes,
     checked, bitwise equal to train-local, and the worker trained it once."""
@@ -53,7 +70,8 @@ def test_a_worker_holds_three_states_and_an_owner_killed_meanwhile_draws_none_tw
     localnet.wait_all_see_each_other(timeout=20)
     spec = tmp_path / "job.toml"
     toml = digits_toml(steps=1500, hidden=(32,), lr=3e-3)
-    spec.write_text(toml + "\n[trust]\ncheckpoints = 50\nspot_check_budget = 0.5\n")
+    spec.write_text(toml + "\n[trust]\ncheckpoints = 50\nspot_check_budget = 0.3\n")
+    local = _train_local(spec, tmp_path / "local.safetensors")
     out = _cli("submit", str(spec), "--api", owner.api)
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
@@ -69,17 +87,14 @@ def test_a_worker_holds_three_states_and_an_owner_killed_meanwhile_draws_none_tw
     assert job["state"] == "completed", job.get("reason")
     assert (job["unit_id"], job["attempts"]) == (unit_id, 1)
     metrics = job["metrics"]
-    assert metrics["check"] == "bitwise" and metrics["checked_segments"] >= 8, metrics
+    assert metrics["check"] == "bitwise" and metrics["checked_segments"] >= 4, metrics
     assert metrics["checked_while_training"] >= 1, metrics
     assert worker.log_tail(400).count("accepted unit") == 1
     # the runner's own count of the states on disk at once, each time it wrote one
     (found,) = re.findall(r"(\d+) checkpoints, at most (\d+) of them held", worker.log_tail(400))
     assert found[0] == "51" and int(found[1]) <= 3, found
 
-    local = tmp_path / "local.safetensors"
-    trained = _cli("train-local", str(spec), "--out", str(local))
-    assert trained.returncode == 0, trained.stderr
-    assert hashlib.sha256(local.read_bytes()).hexdigest() == job["weights_sha256"]
+    assert _local_sha256(local, tmp_path / "local.safetensors") == job["weights_sha256"]
 
 
 def test_a_unit_whose_worker_is_killed_goes_on_from_a_recent_state_elsewhere(
@@ -95,6 +110,7 @@ def test_a_unit_whose_worker_is_killed_goes_on_from_a_recent_state_elsewhere(
     spec = tmp_path / "job.toml"
     toml = digits_toml(steps=8000, hidden=(32,), lr=3e-3)  # 1.5-3.5 s a 3,000
     spec.write_text(toml + "\n[trust]\nresume_minutes = 0.02\n")
+    local = _train_local(spec, tmp_path / "local.safetensors")
     out = _cli("submit", str(spec), "--api", owner.api)
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
@@ -123,7 +139,4 @@ def test_a_unit_whose_worker_is_killed_goes_on_from_a_recent_state_elsewhere(
     assert resumed_at >= step > 0
     assert job["metrics"]["steps"] == 8000 - resumed_at
 
-    local = tmp_path / "local.safetensors"
-    trained = _cli("train-local", str(spec), "--out", str(local))
-    assert trained.returncode == 0, trained.stderr
-    assert hashlib.sha256(local.read_bytes()).hexdigest() == job["weights_sha256"]
+    assert _local_sha256(local, tmp_path / "local.safetensors") == job["weights_sha256"]
