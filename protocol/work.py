@@ -155,6 +155,9 @@ class Progress:
     commit_from: int = 0
     commitments: list[str] = field(default_factory=list)
     evidence_grant: bytes = b""  # a BlobGrant for the states the owner asked to keep
+    # its runner waits, or soon will, for room (`training.evidence.writer`): the owner
+    # fetches what it asked to keep now rather than with the result
+    evidence_full: bool = False
 
     def check(self, path: str) -> None:
         _check_ids(self, path)

@@ -256,14 +256,15 @@ class WorkerRole:
             request = request.with_checkpoints(MAX_HELD, ctx.limits.evidence_floor_bytes)
         else:
             request = request.with_checkpoints()
-        held = unit.held = HeldStates(out.parent / "checkpoints")
+        floor = ctx.limits.evidence_floor_bytes if bounded else None
+        held = unit.held = HeldStates(out.parent / "checkpoints", floor_bytes=floor)
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
             elif event.get("event") == "checkpoint":
                 held.written(event)
-                if bounded and held.pressing(ctx.limits.evidence_floor_bytes):
+                if held.pressing():
                     unit.committed.set()  # the runner may wait on the owner: commit now
 
         try:
@@ -355,6 +356,7 @@ class WorkerRole:
                 commit_from=commit_from,
                 commitments=commitments,
                 evidence_grant=unit.evidence_grant,
+                evidence_full=unit.held is not None and unit.held.pressing(),
             )
             try:
                 raw = await self.ctx.host.request(
@@ -395,6 +397,7 @@ class WorkerRole:
                 unit.evidence.remove(sha)
                 self._release_state(sha)
             if stored or released:
+                unit.committed.set()  # the new grant goes at once
                 pkg, kept = unit.package, held.kept()
                 largest = max((self.ctx.blobs.size(sha) for sha in kept), default=0)
                 unit.evidence_grant = (

@@ -159,11 +159,14 @@ class Commitments:
         keep, drop = self._answer(chain, unit.worker, share, reported)
         minutes = float(spec.get("trust", {}).get("resume_minutes", 10.0))
         newest = len(chain.shas) - 1
-        if terms.resumable and newest >= 1 and due(chain.last_fetch_at, minutes, time.time()):
+        resume = terms.resumable and newest >= 1 and due(chain.last_fetch_at, minutes, time.time())
+        if resume:
             keep = sorted({*keep, newest} - chain.fetched)
         if (len(chain.shas), len(chain.drawn)) != before:
             self._save(unit.unit_id, chain)
-        if keep and progress.evidence_grant:
+        # fetched now when the worker is short of room (or for resumption); else the
+        # worker keeps them and they come with the result, as a small model's states do
+        if keep and progress.evidence_grant and (progress.evidence_full or resume):
             self._queue_fetch(job, unit, terms, progress.evidence_grant, keep)
         return ProgressAck(True, "", len(chain.shas), tuple(keep), tuple(drop))
 
@@ -391,6 +394,7 @@ class HeldStates:
     files: dict[int, Path] = field(default_factory=dict)
     stored: set[int] = field(default_factory=set)
     have: int = 0  # commitments the owner acknowledged
+    floor_bytes: int | None = None  # the runner's `Hold` floor (None: it keeps them all)
 
     def written(self, event: dict[str, Any]) -> None:
         """The runner's `checkpoint` event: a state to commit to."""
@@ -399,13 +403,13 @@ class HeldStates:
             self.shas.append(sha)
             self.files[index] = self.folder / str(event["file"])
 
-    def pressing(self, floor_bytes: int) -> bool:
+    def pressing(self) -> bool:
         """Whether the runner may soon wait for room (`training.evidence.writer`): then
-        the next heartbeat goes at once, else at its second."""
-        if len(self.files) < MAX_HELD - 1:
+        heartbeats go at once (else at their second) and say so (`evidence_full`)."""
+        if self.floor_bytes is None or len(self.files) < MAX_HELD - 1:
             return False
         sizes = (path.stat().st_size for path in self.files.values() if path.exists())
-        return sum(sizes) >= floor_bytes
+        return sum(sizes) >= self.floor_bytes
 
     def unsent(self) -> tuple[int, list[str]]:
         """(`commit_from`, `commitments`) for the next heartbeat."""
