@@ -1,9 +1,11 @@
 """Checkpoints as evidence: the full training state every k steps, and its replay.
 
 A worker commits to the sha256 of its training state at the end of every segment of
-k steps (`checkpoint_steps`), signed inside its result, and keeps the files until the
-unit is settled. The owner picks segments after the result is in, fetches the state
-at a segment's start and replays its steps (`advance`): on one determinism class the
+k steps (`checkpoint_steps`), in its heartbeats as it writes each (`writer`) and again
+signed inside its result, and keeps only the files its owner still needs
+(`node/work/trust/commitments.py`). The owner draws each segment once both its ends
+are committed, fetches the state at a chosen segment's start and replays its steps
+(`advance`): on one determinism class the
 replayed state's file has the same sha256 as the worker's, bit for bit, because the
 state file holds everything the next steps depend on (weights, optimizer state, the
 RNG) and `training.model.weights` writes equal tensors as equal bytes. What is *not* in
