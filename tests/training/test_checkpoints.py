@@ -37,11 +37,14 @@ def _spec(optim: dict[str, Any], steps: int = 30, checkpoints: int = 7) -> dict[
     )
 
 
-def _train(spec: dict, folder: Path, checkpoints: bool) -> dict[str, Any]:
-    folder.mkdir()
+def _train(
+    spec: dict, folder: Path, checkpoints: bool, blobs: dict | None = None, **request: Any
+) -> dict[str, Any]:
+    """The runner's train task on `spec` into `folder` (`request`: its other keys)."""
+    folder.mkdir(parents=True, exist_ok=True)
     out = folder / "weights.safetensors"
-    request = {"spec": spec, "blobs": {}, "out": str(out), "device": "cpu"}
-    return run_request(request | {"checkpoints": checkpoints}, lambda event: None)
+    base = {"spec": spec, "blobs": blobs or {}, "out": str(out), "device": "cpu"}
+    return run_request(base | {"checkpoints": checkpoints} | request, lambda event: None)
 
 
 def _replay(spec: dict, folder: Path, blobs: dict[str, str], table: dict) -> dict[str, Any]:
@@ -137,15 +140,7 @@ def test_the_runner_waits_for_room_past_its_hold_and_writes_the_same_chain(
     thread = threading.Thread(target=worker)
     thread.start()
     try:
-        request = {
-            "spec": spec,
-            "blobs": {},
-            "out": str(folder / "weights.safetensors"),
-            "device": "cpu",
-            "checkpoints": True,
-            "hold": {"states": 3, "floor_bytes": 0},
-        }
-        held = run_request(request, lambda event: None)
+        held = _train(spec, folder, True, hold={"states": 3, "floor_bytes": 0})
     finally:
         done.set()
         thread.join()
@@ -157,17 +152,7 @@ def test_the_runner_waits_for_room_past_its_hold_and_writes_the_same_chain(
 
 def test_under_the_floor_a_hold_does_not_bound(tmp_path: Path) -> None:
     spec = _spec(OPTIMS["sgd with momentum"], steps=10, checkpoints=10)
-    folder = tmp_path / "floor"
-    folder.mkdir()
-    request = {
-        "spec": spec,
-        "blobs": {},
-        "out": str(folder / "weights.safetensors"),
-        "device": "cpu",
-        "checkpoints": True,
-        "hold": {"states": 3, "floor_bytes": 1 << 30},
-    }
-    result = run_request(request, lambda event: None)
+    result = _train(spec, tmp_path / "floor", True, hold={"states": 3, "floor_bytes": 1 << 30})
     assert result["evidence_peak"]["states"] == 11  # nobody deletes them: it never waits
 
 
@@ -179,22 +164,13 @@ def test_a_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(tmp_path:
     whole = _train(spec, tmp_path / "whole", checkpoints=True)
     files = sorted((tmp_path / "whole" / "checkpoints").iterdir())
     state, sha = files[4], whole["checkpoints"][4]
-    folder = tmp_path / "resumed"
-    folder.mkdir()
-    request = {
-        "spec": spec,
-        "blobs": {sha: str(state)},
-        "out": str(folder / "weights.safetensors"),
-        "device": "cpu",
-        "checkpoints": True,
-        "resume": {"state": sha, "step": 20},
-    }
-    resumed = run_request(request, lambda event: None)
+    folder, blobs = tmp_path / "resumed", {sha: str(state)}
+    resumed = _train(spec, folder, True, blobs, resume={"state": sha, "step": 20})
     assert resumed["checkpoints"] == whole["checkpoints"][4:]
     assert resumed["weights_sha256"] == whole["weights_sha256"]
     assert resumed["steps"] == 10
     with pytest.raises(SpecError, match="not 25"):
-        run_request(request | {"resume": {"state": sha, "step": 25}}, lambda event: None)
+        _train(spec, folder, True, blobs, resume={"state": sha, "step": 25})
 
 
 def test_without_the_final_validation_the_weights_are_the_same_and_unevaluated(
@@ -204,15 +180,6 @@ def test_without_the_final_validation_the_weights_are_the_same_and_unevaluated(
     owner evaluates them): the same bits, no validation figures claimed."""
     spec = _spec(OPTIMS["sgd with momentum"], steps=10, checkpoints=5)
     whole = _train(spec, tmp_path / "whole", checkpoints=False)
-    folder = tmp_path / "quiet"
-    folder.mkdir()
-    request = {
-        "spec": spec,
-        "blobs": {},
-        "out": str(folder / "weights.safetensors"),
-        "device": "cpu",
-        "final_validation": False,
-    }
-    quiet = run_request(request, lambda event: None)
+    quiet = _train(spec, tmp_path / "quiet", False, final_validation=False)
     assert quiet["weights_sha256"] == whole["weights_sha256"]
     assert "val_loss" in whole["metrics"] and "val_loss" not in quiet["metrics"]

@@ -177,6 +177,15 @@ def test_invalid_requests_fail_with_an_error_event_and_write_nothing(tmp_path: P
         (_request(tmp_path, extra=1), "request.extra is not a known key"),
         (_request(tmp_path, gpus=[64]), "request.gpus[0] must be <= 63"),
         (_request(tmp_path, gpus="0,1"), "request.gpus must be a list"),
+        (_request(tmp_path, hold={"states": -1}), "request.hold.states must be >= 0"),
+        (_request(tmp_path, hold={"bogus": 1}), "request.hold.bogus is not a known key"),
+        (_request(tmp_path, resume={"state": digest, "step": 0}), "request.resume.step must be"),
+        (_request(tmp_path, resume={"state": digest, "step": 5}), "which request.blobs lacks"),
+        (
+            _request(tmp_path, task="replay", replay={}, resume={"state": digest, "step": 5}),
+            "request.resume is only for the train task",
+        ),
+        (_request(tmp_path, final_validation="no"), "request.final_validation must be"),
     ]
     for request, expected in cases[:4]:
         code, events, _ = runner(msgpack.packb(request))

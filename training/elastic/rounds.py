@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.errors import TrainingError
 from training.evidence.checkpoints import Course, checkpoint_steps
-from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
+from training.evidence.writer import NO_BOUND, Hold
 from training.model.modules import build_model
 from training.model.weights import file_sha256, write_weights
 from training.ops import (
@@ -48,14 +48,15 @@ from training.ops import (
     outer_nesterov_step_,
 )
 from training.run.execute import (
+    CheckpointPlan,
     Prepared,
     deterministic,
     emit_started,
-    evidence_of,
     prepare,
+    train_with_evidence,
     validate,
 )
-from training.run.loop import Emit, train
+from training.run.loop import Emit
 from training.run.optim import make_optimizer
 from training.spec.job import ElasticSpec, JobSpec
 
@@ -160,7 +161,7 @@ class InnerOutcome:
     steps: int
     samples: int
     train_seconds: float  # in the inner steps alone (no start-up, no file work)
-    evidence: dict[str, Any] = field(default_factory=dict)  # `execute.evidence_of`
+    evidence: dict[str, Any] = field(default_factory=dict)  # `execute.train_with_evidence`
 
 
 def inner_round(
@@ -191,24 +192,17 @@ def inner_round(
                 _load_optimizer(optimizer, load_file(str(state_in), device=str(run.device)))
             except Exception as exc:  # our own file; a mismatch means start fresh, loudly
                 raise TrainingError(f"the kept inner optimizer state does not fit: {exc}") from None
-        steps = share_checkpoint_steps(run)
         began = time.monotonic()
-        with checkpoints_written(run, model, checkpoint_dir, steps, emit, hold) as writer:
-            outcome = train(
-                model,
-                run.data,
-                spec,
-                loss_name=run.summary.loss,
-                batch=run.summary.batch_size,
-                total_steps=course.total_steps,
-                device=run.device,
-                emit=emit,
-                optimizer=optimizer,
-                batch_seed=course.batch_seed,
-                validate=False,
-                on_step=writer.on_step if writer else None,
-            )
-            evidence = evidence_of(writer)
+        outcome, evidence = train_with_evidence(
+            run,
+            model,
+            course.total_steps,
+            CheckpointPlan(checkpoint_dir, share_checkpoint_steps(run), hold),
+            emit,
+            optimizer=optimizer,
+            batch_seed=course.batch_seed,
+            validate=False,
+        )
         train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
     message = round_delta(

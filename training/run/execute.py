@@ -26,11 +26,11 @@ from training.data.batches import Dataset, load_dataset
 from training.data.info import data_ref, probe
 from training.errors import SpecError, TrainingError
 from training.evidence.checkpoints import checkpoint_steps
-from training.evidence.writer import NO_BOUND, CheckpointWriter, Hold, checkpoints_written
+from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
 from training.model.modules import build_model
 from training.model.plan import ModelPlan, plan_model
 from training.model.weights import write_weights
-from training.run.loop import Emit, evaluate, train
+from training.run.loop import Emit, LoopResult, evaluate, train
 from training.run.optim import make_loss
 from training.spec.job import JobSpec
 
@@ -182,36 +182,19 @@ def run_job(
     steps = checkpoint_steps(
         run.summary.total_steps, spec.trust.checkpoints, spec.optim.validate_every
     )
+    loop: dict[str, Any] = {"final_validation": final_validation}
     with deterministic(spec.seed):
         if resume is None:
-            model, optimizer, schedule, start = build_model(run.plan).to(run.device), None, None, 0
+            model = build_model(run.plan).to(run.device)
         else:
             state = resumed(run, *resume)
-            model, optimizer, schedule, start = (
-                state.model,
-                state.optimizer,
-                state.schedule,
-                state.step,
-            )
-            steps = [step for step in steps if step >= start]
+            model = state.model
+            loop |= {"optimizer": state.optimizer, "schedule": state.schedule}
+            loop["start_step"] = state.step
+            steps = [step for step in steps if step >= state.step]
         emit_started(run, emit, notes)
-        with checkpoints_written(run, model, checkpoint_dir, steps, emit, hold) as writer:
-            outcome = train(
-                model,
-                run.data,
-                spec,
-                loss_name=run.summary.loss,
-                batch=run.summary.batch_size,
-                total_steps=run.summary.total_steps,
-                device=run.device,
-                emit=emit,
-                optimizer=optimizer,
-                on_step=writer.on_step if writer else None,
-                start_step=start,
-                schedule=schedule,
-                final_validation=final_validation,
-            )
-            evidence = evidence_of(writer)
+        plan = CheckpointPlan(checkpoint_dir, steps, hold)
+        outcome, kept = train_with_evidence(run, model, run.summary.total_steps, plan, emit, **loop)
         sha256 = write_weights(Path(out), model.state_dict(), run.metadata)
     result = {
         "steps": outcome.steps,
@@ -220,7 +203,7 @@ def run_job(
         "device": run.device.type,
         "metrics": outcome.metrics,
         "weights_sha256": sha256,
-        **evidence,
+        **kept,
     }
     emit({"event": "result", **result})
     return result
@@ -239,13 +222,46 @@ def resumed(run: Prepared, path: Path, step: int) -> Any:
     return state
 
 
-def evidence_of(writer: CheckpointWriter | None) -> dict[str, Any]:
-    """The result's evidence: every checkpoint's sha256, and the most states (and
-    bytes) its folder held at once; nothing without checkpoints."""
-    if writer is None:
-        return {}
-    shas = writer.close()
-    return {"checkpoints": shas, "evidence_peak": dataclasses.asdict(writer.peak)}
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where a run writes its checkpoints (None: it writes none), at which steps, and
+    how many it may hold at once."""
+
+    folder: Path | None
+    steps: list[int]
+    hold: Hold = NO_BOUND
+
+
+def train_with_evidence(
+    run: Prepared,
+    model: torch.nn.Module,
+    total_steps: int,
+    plan: CheckpointPlan,
+    emit: Emit,
+    **loop: Any,
+) -> tuple[LoopResult, dict[str, Any]]:
+    """`train` (`loop`: its other keywords) writing the checkpoints `plan` names;
+    its outcome, and what the result reports of the evidence: every checkpoint's
+    sha256 and the most states (and bytes) its folder held at once (nothing without
+    checkpoints)."""
+    folder, steps, hold = plan.folder, plan.steps, plan.hold
+    with checkpoints_written(run, model, folder, steps, emit, hold) as writer:
+        outcome = train(
+            model,
+            run.data,
+            run.spec,
+            loss_name=run.summary.loss,
+            batch=run.summary.batch_size,
+            total_steps=total_steps,
+            device=run.device,
+            emit=emit,
+            on_step=writer.on_step if writer else None,
+            **loop,
+        )
+        if writer is None:
+            return outcome, {}
+        shas = writer.close()
+    return outcome, {"checkpoints": shas, "evidence_peak": dataclasses.asdict(writer.peak)}
 
 
 def validate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:

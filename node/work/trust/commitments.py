@@ -44,7 +44,7 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.trust.chains import Chain, Chains
-from node.work.trust.replays import FetchedStates, Replays, tolerance_of
+from node.work.trust.replays import FetchedStates, Replays, across_classes, tolerance_of
 from node.work.trust.reputation import Reputation, segments_to_check
 from node.work.trust.resume import (
     ResumePoint,
@@ -163,7 +163,7 @@ class Commitments:
         if resume:
             keep = sorted({*keep, newest} - chain.fetched)
         if (len(chain.shas), len(chain.drawn)) != before:
-            self._save(unit.unit_id, chain)
+            self._chains.save(unit.unit_id, chain)
         # fetched now when the worker is short of room (or for resumption); else the
         # worker keeps them and they come with the result, as a small model's states do
         if keep and progress.evidence_grant and (progress.evidence_full or resume):
@@ -198,7 +198,7 @@ class Commitments:
             raise ProtocolError("the result's checkpoints are not those it committed to")
         chain.shas = list(shas)
         self._draw(chain, self._chance(unit, spec), len(shas) - 1)
-        self._save(unit.unit_id, chain)
+        self._chains.save(unit.unit_id, chain)
         return chain.chosen()
 
     def replayed(self, unit_id: str) -> dict[int, tuple[str, float]]:
@@ -216,9 +216,7 @@ class Commitments:
     def forget(self, unit_id: str) -> None:
         """The unit's check is over: its chain, the states fetched for it and its
         job's resume point go (the job is done, or the next unit starts over)."""
-        chain = self._chains.forget(unit_id)
-        if chain is not None:
-            self._fetched.release(chain.shas[i] for i in chain.fetched)
+        self.unit_ended(unit_id)
         unit = self.ctx.jobs.unit(unit_id)
         point = clear_point(self.ctx.jobs.db, unit.job_id) if unit is not None else None
         if point is not None:
@@ -258,7 +256,7 @@ class Commitments:
         chain = self._chains.loaded(unit.unit_id)
         if chain is None:
             return
-        cross = self.ctx.peers.determinism_of(unit.worker) != self.ctx.own_ad().determinism
+        cross = across_classes(self.ctx, unit.worker)
         ready = [
             i
             for i in chain.chosen()
@@ -288,7 +286,7 @@ class Commitments:
         for i, end, distance in zip(ready, replay["ends"], distances, strict=True):
             agreed = distance <= tolerance if cross else end == chain.shas[i + 1]
             chain.replayed[i] = [end, distance, agreed]
-        self._save(unit.unit_id, chain)
+        self._chains.save(unit.unit_id, chain)
 
     async def _advance_point(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:
         """Make the unit's latest trusted state the job's resume point."""
@@ -318,9 +316,6 @@ class Commitments:
             self._fetched.hold(chain.shas[i] for i in chain.fetched)
         return chain
 
-    def _save(self, unit_id: str, chain: Chain) -> None:
-        self._chains.save(unit_id, chain)
-
     def _draw(self, chain: Chain, chance: float, closed: int) -> None:
         """Draw every segment before `closed` not drawn yet."""
         rng = secrets.SystemRandom()
@@ -334,7 +329,7 @@ class Commitments:
         """(states to keep, not fetched yet; states that may go). A state goes once
         the segment it starts is drawn (the one it ends was drawn before) and no
         replay needs it, or once this node holds it; the newest never does."""
-        cross = self.ctx.peers.determinism_of(worker) != self.ctx.own_ad().determinism
+        cross = across_classes(self.ctx, worker)
         last = len(chain.shas) - 1
         wanted = {*chain.chosen(), *reported}
         needed = {i for i in needed_states(wanted, cross, share) if i <= last}
@@ -380,7 +375,7 @@ class Commitments:
             return
         chain.fetched |= set(granted)
         chain.last_fetch_at = time.time()
-        self._save(unit.unit_id, chain)
+        self._chains.save(unit.unit_id, chain)
 
 
 @dataclass

@@ -66,6 +66,12 @@ class FetchedStates:
 STEPS_CACHED = 256
 
 
+def across_classes(ctx: WorkContext, peer: str) -> bool:
+    """Whether `peer`'s states are compared with this node's replays within a
+    tolerance (another determinism class) rather than by hash."""
+    return ctx.peers.determinism_of(peer) != ctx.own_ad().determinism
+
+
 class Replays:
     def __init__(self, ctx: WorkContext, runner_request: RequestBuilder) -> None:
         self.ctx = ctx

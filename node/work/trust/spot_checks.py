@@ -38,7 +38,13 @@ from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
 from node.work.trust.commitments import CHECKED_REPORTS, Commitments, needed_states
-from node.work.trust.replays import TOLERANCE, FetchedStates, Replays, tolerance_of
+from node.work.trust.replays import (
+    TOLERANCE,
+    FetchedStates,
+    Replays,
+    across_classes,
+    tolerance_of,
+)
 from node.work.trust.reputation import Reputation, segments_to_check
 from protocol import ProtocolError, seal
 from protocol.blobs import BlobGrant
@@ -139,7 +145,7 @@ class SpotChecks:
             budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
             chosen = choose_segments(len(steps) - 1, budget, streak, rng)
         chosen = sorted({*chosen, *reported})
-        cross = self.ctx.peers.determinism_of(sub.peer) != self.ctx.own_ad().determinism
+        cross = across_classes(self.ctx, sub.peer)
         cps = result.checkpoints
         early = self.commitments.replayed(sub.unit.unit_id)  # as it trained
         rest = [i for i in chosen if i not in early or i in reported]
@@ -155,7 +161,8 @@ class SpotChecks:
             owned.add(table["share"]["weights"])
         resumed_from = sub.unit.resume_sha256
         if resumed_from:  # its start is a state this node holds: compared, not rebuilt
-            table.pop("init"), table.pop("init_claimed", None)
+            del table["init"]
+            table.pop("init_claimed", None)
             if 0 not in rest:
                 need.discard(cps[0])
         replay = with_early(await self._replay(sub, table, need, bound, owned), rest, early, chosen)
