@@ -337,6 +337,7 @@ class WorkerRole:
         committed states the worker keeps for the owner and which may go."""
         pkg = unit.package
         interval = min(HEARTBEAT_S, pkg.lease_s / 3)
+        reached = True  # whether the last heartbeat got an answer
         while True:
             p = unit.progress
             commit_from, commitments = unit.held.unsent() if unit.held else (0, [])
@@ -372,8 +373,16 @@ class WorkerRole:
                     unit.scope.cancel()
                     return
                 await self._decided(unit, ack)
-            except Exception as exc:  # owner unreachable for now: keep training
-                log.debug("heartbeat for %s failed: %s", pkg.unit_id, exc)
+                if not reached:
+                    log.info("unit %s: owner %s answers again", pkg.unit_id, unit.owner)
+                reached = True
+            except Exception as exc:  # owner unreachable for now (restarting?): keep training
+                if reached:
+                    log.info("unit %s: heartbeat failed (%s); training goes on", pkg.unit_id, exc)
+                reached = False
+                # libp2p would refuse to dial it for 60 s: longer than the owner waits
+                # after its restart for this heartbeat
+                self.ctx.host.allow_redial(unit.owner)
             with trio.move_on_after(interval):
                 await unit.committed.wait()
             unit.committed = trio.Event()

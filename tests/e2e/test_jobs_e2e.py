@@ -221,6 +221,9 @@ def test_owner_restarted_mid_job_reattaches_to_the_training_worker(
     )
     unit_id = job["unit_id"]
     assert owner.stop(signal.SIGTERM) == 0
+    # a heartbeat fails while the owner is down (libp2p then refuses to redial it
+    # for 60 s, unless told otherwise): the worker must still reach it after
+    wait_for(lambda: "heartbeat failed" in worker.log_tail(200), 30, "a heartbeat to fail")
     owner.start()
     job = wait_for(
         lambda: (j := _job(owner, job_id))["state"] in ("completed", "failed") and j,

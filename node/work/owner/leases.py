@@ -110,25 +110,32 @@ class Leases:
         self.ctx.jobs.note(unit.job_id, f"unit {unit.unit_id}: {peer} {what}")
 
     async def run(self) -> None:
-        """End every remote unit whose lease or deadline has passed."""
         while True:
             await trio.sleep(CHECK_EVERY_S)
-            now = time.time()
-            live = self.ctx.jobs.units_in_state("offered", "running", "verifying")
-            self._paused &= {unit.unit_id for unit in live}
-            for unit in live:
-                if unit.worker == self.ctx.peer_id:
-                    continue  # trained here: the executor's time limit holds it
-                if unit.state == "verifying":  # its result handler never finished
-                    if now > unit.lease_expires:
-                        self._lifecycle.lost(unit.unit_id, "the result's check did not finish")
-                elif now > unit.deadline:
-                    self._lifecycle.lost(unit.unit_id, PAST_MAX_HOURS, "expired")
-                elif now > unit.lease_expires:
-                    log.info("unit %s: worker %s vanished", unit.unit_id, unit.worker)
-                    silent_s = self.ctx.limits.lease_s
-                    why = f"worker {unit.worker} vanished (no heartbeat for {silent_s:g} s)"
-                    self._lifecycle.lost(unit.unit_id, why, "expired")
+            self.expire(time.time())
+
+    def expire(self, now: float) -> None:
+        """End every remote unit whose lease or deadline has passed by `now`."""
+        live = self.ctx.jobs.units_in_state("offered", "running", "verifying")
+        self._paused &= {unit.unit_id for unit in live}
+        for unit in live:
+            if unit.worker == self.ctx.peer_id:
+                continue  # trained here: the executor's time limit holds it
+            if unit.state == "verifying":  # its result handler never finished
+                if now > unit.lease_expires:
+                    self._lifecycle.lost(unit.unit_id, "the result's check did not finish")
+            elif now > unit.deadline:
+                self._lifecycle.lost(unit.unit_id, PAST_MAX_HOURS, "expired")
+            elif now > unit.lease_expires and unit.state == "offered":
+                # offered as the owner stopped, and no heartbeat since: the offer may
+                # never have arrived, which is no fault of the worker's
+                why = f"the offer to {unit.worker} was never confirmed"
+                self._lifecycle.lost(unit.unit_id, why, "expired", at_fault=False)
+            elif now > unit.lease_expires:
+                log.info("unit %s: worker %s vanished", unit.unit_id, unit.worker)
+                silent_s = self.ctx.limits.lease_s
+                why = f"worker {unit.worker} vanished (no heartbeat for {silent_s:g} s)"
+                self._lifecycle.lost(unit.unit_id, why, "expired")
 
     def recover(self) -> None:
         """After a restart: keep remote units whose key survived and give their

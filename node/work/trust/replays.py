@@ -79,6 +79,7 @@ class Replays:
         self._state_limits: dict[str, int] = {}  # job id -> the most bytes of a state
         # (job id, spec, share, from step) -> steps and bound: asked at every heartbeat
         self._steps: dict[tuple, tuple[list[int], int]] = {}
+        self._computing: dict[tuple, trio.Event] = {}  # keys whose steps are on their way
 
     async def steps(
         self, job: Job, spec: dict[str, Any], share: bool, from_step: int = 0
@@ -87,10 +88,18 @@ class Replays:
         unit's: those from the state it resumed from), and the most bytes one of its
         checkpoints may have."""
         key = (job.id, json.dumps(spec, sort_keys=True, default=str), share, from_step)
+        while key in self._computing:  # heartbeats that come meanwhile wait for it
+            await self._computing[key].wait()
         if key not in self._steps:
+            self._computing[key] = done = trio.Event()
+            try:
+                found = await self._compute_steps(job, spec, share, from_step)
+            finally:
+                del self._computing[key]
+                done.set()
             if len(self._steps) >= STEPS_CACHED:
                 self._steps.pop(next(iter(self._steps)))
-            self._steps[key] = await self._compute_steps(job, spec, share, from_step)
+            self._steps[key] = found
         return self._steps[key]
 
     async def _compute_steps(

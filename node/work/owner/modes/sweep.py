@@ -12,7 +12,9 @@ steps), and offers it like any unit (`node/work/owner/placement.py`). How a tria
   once, since any worker would fail the same way;
 - its unit is lost (the worker vanished, handed it back, or its weights were
   refused): offered again to another peer, once; then `failed`. A peer that declines
-  the offer costs the trial nothing: it is offered to another.
+  the offer costs the trial nothing: it is offered to another; nor does an offer
+  made as the owner stopped that no heartbeat confirmed after its restart, or a
+  result whose worker vanished before it could be verified.
 - the job is cancelled: every running trial ends `failed` ("the sweep was cancelled").
 
 The job completes when every trial has ended, with the best trial's weights and
@@ -69,7 +71,7 @@ class SweepTrials(ManyUnits):
 
     def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
         super().unit_lost(unit, reason, state, at_fault)
-        self.trial_lost(unit, reason, True)
+        self.trial_lost(unit, reason, True, counted=at_fault)
 
     def unit_fatal(self, unit: Unit, reason: str) -> None:
         self.trial_lost(unit, reason, False)  # the trial's sampled values fail, not the sweep
@@ -399,18 +401,19 @@ class SweepTrials(ManyUnits):
         self._end(job, unit.trial, "complete", "", float(value))
         return ""
 
-    def trial_lost(self, unit: Unit, reason: str, retry: bool) -> None:
-        """Trial's unit ended without a result: offered again (once), or failed."""
+    def trial_lost(self, unit: Unit, reason: str, retry: bool, counted: bool = True) -> None:
+        """Trial's unit ended without a result: offered again (once), or failed. A
+        loss that is no worker's doing (an offer never confirmed, a result that could
+        not be verified) is not `counted` against that once."""
         job = self.ctx.jobs.get(unit.job_id)
         trial = self.store.get(unit.job_id, unit.trial)
         if job is None or trial is None or trial.state != "running":
             return
         if trial.unit_id != unit.unit_id:
             return  # an older unit of the trial: it was offered again already
-        if retry and trial.attempts < MAX_LOST:
-            self.store.update(
-                job.id, trial.number, ("running",), reason=reason, attempts=trial.attempts + 1
-            )
+        if retry and (trial.attempts < MAX_LOST or not counted):
+            attempts = trial.attempts + counted
+            self.store.update(job.id, trial.number, ("running",), reason=reason, attempts=attempts)
             self.ctx.jobs.note(job.id, f"trial {trial.number}: {reason}; offered again")
         else:
             self._end(job, trial.number, "failed", reason)

@@ -396,6 +396,29 @@ def test_a_lost_trial_is_offered_once_more_then_fails(owner: OwnerRole) -> None:
     assert _told(study, first.trial) == optuna.trial.TrialState.FAIL
 
 
+def test_an_offer_no_heartbeat_confirmed_after_a_restart_costs_the_trial_nothing(
+    owner: OwnerRole,
+) -> None:
+    """The owner stopped while offering a trial's unit (after the trial had lost one
+    unit already): the worker may never have had it, so its expiry is not the
+    trial's second loss."""
+    job, sweep, study = _sweep(owner)
+    first = _trial(owner, job, study)
+    owner.lifecycle.lost(first.unit_id, "vanished", "expired")
+    offered = owner.ctx.jobs.add_unit(
+        job.id, OTHER, 30, deadline=time.time() + 3600, trial=first.trial
+    )
+    owner.ctx.remember_unit_key(job.id, offered.unit_id, b"k" * 32)
+    sweep.store.update(job.id, first.trial, ("running",), unit_id=offered.unit_id, worker=OTHER)
+    owner.leases.recover()
+    owner.leases.expire(owner.ctx.jobs.unit(offered.unit_id).lease_expires + 1)
+    gone = owner.ctx.jobs.unit(offered.unit_id)
+    assert (gone.state, gone.reason) == ("expired", f"the offer to {OTHER} was never confirmed")
+    trial = sweep.store.get(job.id, first.trial)
+    assert (trial.state, trial.attempts) == ("running", 1)  # offered again, as before
+    assert owner.ctx.jobs.get(job.id).excluded == []
+
+
 def test_a_trial_earns_its_whole_credit_or_the_pruned_share(owner: OwnerRole) -> None:
     job, sweep, study = _sweep(owner)
     unit = _trial(owner, job, study)
