@@ -1,7 +1,7 @@
 """Elastic rounds: communication, churn and utilisation, each against a baseline
 measured in the same run.
 
-    .venv/bin/python -m benchmarks.elastic [--parts comm churn util] [--workers 4]
+    .venv/bin/python -m benchmarks.elastic [--parts comm churn util wire] [--workers 4]
                                            [--rounds 20] [--inner-steps 50]
 
 The job is the elastic demo's: a small character transformer on meshminer's own
@@ -23,6 +23,11 @@ module docstrings (`training.spec.examples.char_lm_elastic_toml`).
   steps (`train_seconds` in its co-signed receipts) over the job's wall time from
   round 0's opening to the last round's close, at H = 50 and H = 200, with every
   share spot-checked (the default) and with spot checks off. Goal: >= 0.8 at H = 200.
+- **wire**: real nodes (an owner that does not train, 3 workers) in a network
+  namespace of their own, 8 rounds of 20 inner steps, trained once at the default
+  `[trust]` and once with checks off: every byte the nodes send one another (the
+  namespace's loopback counter: weights, deltas, data, checks, heartbeats, gossip)
+  and the final validation loss. Goal: checks add at most half the bytes (<= 1.5x).
 
 Prints tables and writes benchmarks/results/elastic.json.
 """
@@ -30,9 +35,13 @@ Prints tables and writes benchmarks/results/elastic.json.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import tomllib
@@ -211,9 +220,80 @@ def utilisation(root: Path, workers: int, rounds: int, inners: list[int], width:
     return result
 
 
+def wire(root: Path, width: int) -> Result:
+    """Each run in a child process in a fresh network namespace (`unshare --net`), so
+    that its loopback counts the job's bytes and nothing else's."""
+    root.mkdir(parents=True)
+    result = Result(
+        "elastic: bytes on the wire, checks on and off",
+        ["[trust]", "bytes", "final val loss", "shares checked", "seconds"],
+    )
+    runs = {}
+    for checked in (False, True):
+        out = root / f"{'checked' if checked else 'unchecked'}.json"
+        child = [sys.executable, "-m", "benchmarks.elastic", "--wire-run", str(out)]
+        child += ["--width", str(width)] + ([] if checked else ["--unchecked"])
+        script = "ip link set lo up && exec " + " ".join(shlex.quote(a) for a in child)
+        subprocess.run(["unshare", "--net", "sh", "-c", script], check=True)
+        runs[checked] = run = json.loads(out.read_text())
+        name = "default" if checked else "off"
+        result.add(name, run["bytes"], run["val_loss"], run["checked"], run["wall_s"])
+    result.meta.update(
+        {
+            "workers": WIRE_WORKERS,
+            "rounds": WIRE_ROUNDS,
+            "inner_steps": WIRE_INNER,
+            "bytes_checked": runs[True]["bytes"],
+            "bytes_unchecked": runs[False]["bytes"],
+            "bytes_ratio": runs[True]["bytes"] / runs[False]["bytes"],
+            "shares_checked": runs[True]["checked"],
+            "shares": runs[True]["shares"],
+        }
+    )
+    return result
+
+
+WIRE_WORKERS, WIRE_ROUNDS, WIRE_INNER = 3, 8, 20
+
+
+def _loopback_bytes() -> int:
+    """What this process's network namespace sent on its loopback (/proc/net/dev is
+    per namespace; /sys/class/net is the mounting namespace's)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[8])  # transmitted bytes
+    raise RuntimeError("no loopback in /proc/net/dev")
+
+
+def wire_run(out: Path, width: int, checked: bool) -> None:
+    """One `wire` job, inside its namespace: from the first node's start to the job's
+    end, what crossed the loopback."""
+    root = out.parent / out.stem
+    root.mkdir(parents=True)
+    corpus = write_corpus(root / "corpus.txt")
+    spec = _spec(corpus, WIRE_WORKERS, WIRE_ROUNDS, WIRE_INNER, WIRE_WORKERS, width)
+    spec += "" if checked else UNCHECKED
+    before = _loopback_bytes()
+    began = time.monotonic()
+    with _network(root / "net", WIRE_WORKERS) as net:
+        job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
+        sent = _loopback_bytes() - before
+    assert job["state"] == "completed", job["reason"]
+    notes = [entry["note"] for entry in job["timeline"]]
+    report = {
+        "bytes": sent,
+        "wall_s": time.monotonic() - began,
+        "val_loss": job["rounds"][-1]["val_loss"],
+        "shares": sum(1 for note in notes if "; receipt issued" in note),
+        "checked": sum(1 for note in notes if " checked; receipt issued" in note),
+    }
+    out.write_text(json.dumps(report))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--parts", nargs="+", default=["comm", "churn", "util"])
+    parser.add_argument("--parts", nargs="+", default=["comm", "churn", "util", "wire"])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--inner-steps", type=int, default=50)
@@ -230,7 +310,12 @@ def main() -> None:
         default=64,
         help="the model's width (wider: longer steps, more bytes per round)",
     )
+    parser.add_argument("--wire-run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--unchecked", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.wire_run:
+        wire_run(args.wire_run, args.width, not args.unchecked)
+        return
     root = Path(tempfile.mkdtemp(prefix="meshminer-elastic-"))
     runs = {
         "comm": lambda: communication(
@@ -242,6 +327,7 @@ def main() -> None:
         "util": lambda: utilisation(
             root / "util", args.net_workers, args.net_rounds, [50, 200], args.width
         ),
+        "wire": lambda: wire(root / "wire", args.width),
     }
     run_parts("elastic", args.parts, runs)
 

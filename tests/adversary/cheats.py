@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from protocol.rounds import encode_round_delta
-from training.elastic.rounds import round_delta, share_checkpoint_steps, share_course
+from training.elastic.rounds import round_delta, share_checkpoints, share_course
 from training.evidence.checkpoints import (
     Course,
     TrainState,
@@ -91,7 +91,7 @@ def lazy_share(
         state.model.load_state_dict(load_file(str(weights)))
         torch.manual_seed(course.batch_seed)  # as the share's runner seeds its steps
         files, trained = _chain(
-            run, state, course, share_checkpoint_steps(run), folder, lambda s: s % 10 == 0
+            run, state, course, share_checkpoints(run), folder, lambda s: s % 10 == 0
         )
     delta = round_delta(
         run,

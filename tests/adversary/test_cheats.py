@@ -282,14 +282,17 @@ def test_a_trial_that_reports_false_validation_values_is_caught(
 def test_a_lazy_share_of_an_elastic_round_is_caught_and_the_round_ends_honest(
     localnet: LocalNetwork, tmp_path: Path
 ) -> None:
-    """A round's share is checked like a unit before its delta joins the round: a
-    worker that trains 10% of its H steps is caught (its chain does not replay), and
-    its slot is trained again by an honest node; the job's weights are bitwise
-    `train-local`'s."""
+    """A round's share is checked before its delta joins the round, when one of its
+    segments is drawn (every one here, at a budget of 1): a worker that trains 10% of
+    its H steps is caught (its chain does not replay), and its slot is trained again
+    by an honest node; the job's weights are bitwise `train-local`'s."""
     owner = localnet.add(["--not-accepting"])
     honest = localnet.add([])
     localnet.wait_all_see_each_other(timeout=20)
-    elastic = elastic_toml("lazy-share", workers=2, min_workers=2, inner_steps=30, rounds=1)
+    every = "\n[trust]\nspot_check_budget = 1.0\n"
+    elastic = elastic_toml(
+        "lazy-share", workers=2, min_workers=2, inner_steps=30, rounds=1, extra=every
+    )
     spec = parse_spec(tomllib.loads(elastic))
 
     async def play() -> tuple[str, RogueWorker, WorkPackage, ReceiptReply, Claim]:

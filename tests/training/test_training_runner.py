@@ -186,6 +186,14 @@ def test_invalid_requests_fail_with_an_error_event_and_write_nothing(tmp_path: P
             "request.resume is only for the train task",
         ),
         (_request(tmp_path, final_validation="no"), "request.final_validation must be"),
+        (
+            _request(tmp_path, task="replay", replay={"final_replayed": True}),
+            "request.replay.final_replayed: only for a share",
+        ),
+        (
+            _request(tmp_path, task="replay", replay={"final_replayed": "yes"}),
+            "request.replay.final_replayed must be",
+        ),
     ]
     for request, expected in cases[:4]:
         code, events, _ = runner(msgpack.packb(request))

@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.errors import TrainingError
-from training.evidence.checkpoints import Course, checkpoint_steps
+from training.evidence.checkpoints import Course, share_checkpoint_steps
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.modules import build_model
 from training.model.weights import file_sha256, write_weights
@@ -76,8 +76,8 @@ def share_course(run: Prepared, slot: int, round_: int) -> Course:
     return Course(elastic_of(run.spec).inner_steps, slot_seed(run.spec.seed, slot, round_))
 
 
-def share_checkpoint_steps(run: Prepared) -> list[int]:
-    return checkpoint_steps(elastic_of(run.spec).inner_steps, run.spec.trust.checkpoints)
+def share_checkpoints(run: Prepared) -> list[int]:
+    return share_checkpoint_steps(elastic_of(run.spec).inner_steps, run.spec.trust.checkpoints)
 
 
 def elastic_of(spec: JobSpec) -> ElasticSpec:
@@ -179,7 +179,7 @@ def inner_round(
 ) -> InnerOutcome:
     """Train one share of a round from `weights`; the inner optimizer state goes from
     `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
-    `checkpoint_dir`, the training state is written there at `share_checkpoint_steps`
+    `checkpoint_dir`, the training state is written there at `share_checkpoints`
     (never more of them at once than `hold` allows) and `InnerOutcome.evidence` lists
     the files' sha256."""
     spec = run.spec
@@ -197,7 +197,7 @@ def inner_round(
             run,
             model,
             course.total_steps,
-            CheckpointPlan(checkpoint_dir, share_checkpoint_steps(run), hold),
+            CheckpointPlan(checkpoint_dir, share_checkpoints(run), hold),
             emit,
             optimizer=optimizer,
             batch_seed=course.batch_seed,

@@ -81,6 +81,20 @@ def checkpoint_steps(total_steps: int, segments: int, validate_every: int = 0) -
     return sorted(steps)
 
 
+# A round's share is cut into this many segments, whatever `trust.checkpoints` says:
+# a replay fetches its segment's start, a whole training state (about 3x the model),
+# while the rest of a share moves about 1.25x (the weights down, an int8 delta up).
+# Two segments drawn at the budget's chance (10%) fetch 0.2 states a share on average,
+# and replay the budget's share of its steps (`docs/design/trust.md`).
+SHARE_SEGMENTS = 2
+
+
+def share_checkpoint_steps(inner_steps: int, segments: int) -> list[int]:
+    """A share's checkpoint steps: its H inner steps in at most SHARE_SEGMENTS parts
+    (none when the job's `trust.checkpoints` is 0)."""
+    return checkpoint_steps(inner_steps, min(segments, SHARE_SEGMENTS))
+
+
 def checkpoint_file(step: int) -> str:
     return f"checkpoint-{step:08d}.safetensors"
 

@@ -7,6 +7,8 @@ The request's `replay` table:
      "segments": [{"start": int, "end": int, "from": sha256,
                    "claimed": sha256 (optional), "evaluate": bool (optional)}, ...],
      "final": sha256 (optional),            the worker's last checkpoint
+     "final_replayed": bool (optional),     a share's: its delta from the replayed
+                                             segment that ends it, not from `final`
      "share": {"job_id", "round", "slot", "weights": sha256} (optional)}
                                              an elastic round's share, not a whole run
 
@@ -25,7 +27,10 @@ Its checkpoint 0 is not built from the seed: it is the round's global weights
 it is the worker's own) and the slot's seeded RNG, so `init` rebuilds exactly that and
 hashes it (another start, or weights not the round's: another hash). `final` is
 turned into the share's `RoundDelta` against the global weights, as the worker's
-runner builds it; its sha256 must be the delta's.
+runner builds it; its sha256 must be the delta's. With `final_replayed` the delta is
+built from the state the replay of the share's last segment ended on instead: when
+that state's hash is the worker's last checkpoint (the owner compares), it is the
+worker's own, and nothing more needs fetching.
 
 The comparisons themselves are the owner's (`node.work.trust.spot_checks`): a runner only
 computes.
@@ -79,15 +84,19 @@ def run_replay(
     init_claimed = section.string("init_claimed", "", max_len=64)
     segments = [_segment(item, i) for i, item in enumerate(_list(section.get("segments", [])))]
     final = section.string("final", "", max_len=64)
+    final_replayed = section.boolean("final_replayed", False)
     share = _share(section.table("share"), blob_file) if section.has("share") else None
     section.finish()
     if share is not None and init and not init_claimed:
         raise SpecError("request.replay.init_claimed: a share's checkpoint 0 is rebuilt from it")
+    if final_replayed and (share is None or final):
+        raise SpecError("request.replay.final_replayed: only for a share, and without final")
     run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     course = share_course(run, share.slot, share.round) if share else course_of(run)
     total = course.total_steps
     result: dict[str, Any] = {"ends": [], "distances": [], "evaluations": [], "replayed_steps": 0}
+    ended: TrainState | None = None  # the replayed state at the last step, if any
     scratch = out.parent / "replayed.safetensors"
 
     def load(sha: str, step: int) -> TrainState:
@@ -122,8 +131,12 @@ def run_replay(
             result["evaluations"].append(validate(run, state.model) if wanted else {})
             result["replayed_steps"] += end - start
             emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})
-        if final and share is not None:
-            state = load(final, total)
+            if end == total:
+                ended = state
+        if final_replayed and ended is None:
+            raise SpecError("request.replay.final_replayed: no segment ends the share")
+        if (final or final_replayed) and share is not None:
+            state = load(final, total) if final else ended
             delta = round_delta(
                 run,
                 job_id=share.job_id,

@@ -127,7 +127,8 @@ class Results:
                 if not fetched.had:  # weights that failed are not kept
                     self.ctx.blobs.remove(result.weights_sha256)
                 return await self._invalidate(job, unit, peer, verdict)
-            self._spot_checks.reputation.valid(peer, mode.credit(job, unit))
+            checked = bool(verdict.segments)  # probation counts what was replayed
+            self._spot_checks.reputation.valid(peer, mode.credit(job, unit), checked=checked)
         try:
             return self._accept(mode, job, unit, peer, result, verdict, fetched.via)
         except Exception as exc:  # a bug here loses this unit, never the node
@@ -197,7 +198,8 @@ class Results:
         }
         claimed = {f"claimed_{k}": v for k, v in result.metrics.items()}  # the worker's word
         shown = {**dict(result.metrics), **verdict.metrics, **counts, **checked, **claimed}
-        return shown, "verified"
+        # a share none of whose segments was drawn is taken on its worker's word
+        return shown, "verified" if verdict.segments or verdict.metrics else "claimed"
 
     async def _spot_check(
         self, job: Job, unit: Unit, peer: str, result: Result, envelope: bytes

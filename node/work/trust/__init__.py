@@ -10,7 +10,9 @@ never the owner's engine, which calls it. docs/design/trust.md.
 - `commitments`: both ends of the draws as the worker trains: what the owner keeps,
   what the worker may delete (it holds at most `MAX_HELD` states).
 - `chains`: the owner's record of each unit's commitments, draws and replays.
-- `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare.
+- `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare
+  (a unit's, and a round's share's at a few tenths of a state).
+- `comparisons`: a replay against the worker's commitments, returns and reports.
 - `replays`: the owner's replay task, shared by both, and the states fetched for it.
 - `resume`: where a lost unit goes on from (the job's resume point).
 - `replicas`: one unit trained by two workers of one determinism class, settled by
@@ -30,6 +32,7 @@ from node.work.trust.commitments import (
     needed_states,
     replay_chance,
 )
+from node.work.trust.comparisons import compare_replay, replay_table
 from node.work.trust.replays import (
     BF16_TOLERANCE,
     TOLERANCE,
@@ -45,8 +48,6 @@ from node.work.trust.spot_checks import (
     Submitted,
     Verdict,
     choose_segments,
-    compare_replay,
-    replay_table,
     spot_checked,
 )
 

@@ -98,14 +98,14 @@ def drawn(chance: float, rng: random.Random) -> bool:
 
 def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
     """The states a replay of the `chosen` segments reads from the worker: their
-    starts; across determinism classes their ends and checkpoint 0 as well (compared
-    within a tolerance, not by hash); for a round's share checkpoint 0 (its inner
-    optimizer state is the worker's). The last state is read at the result."""
+    starts; across determinism classes their ends as well (compared within a
+    tolerance, not by hash), and a unit's checkpoint 0 (a share's is compared only
+    when segment 0 is replayed). A unit's last state is read at the result."""
     needed = set(chosen)
     if cross:
         needed |= {i + 1 for i in needed}
-    if cross or share:
-        needed.add(0)
+        if not share:
+            needed.add(0)
     return needed
 
 

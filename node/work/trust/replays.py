@@ -105,7 +105,7 @@ class Replays:
     async def _compute_steps(
         self, job: Job, spec: dict[str, Any], share: bool, from_step: int
     ) -> tuple[list[int], int]:
-        from training.evidence.checkpoints import checkpoint_steps
+        from training.evidence.checkpoints import checkpoint_steps, share_checkpoint_steps
         from training.spec.job import parse_spec
 
         parsed = parse_spec(spec)
@@ -115,7 +115,8 @@ class Replays:
         )
         self._state_limits[job.id] = bound
         if share and parsed.elastic is not None:
-            return checkpoint_steps(parsed.elastic.inner_steps, parsed.trust.checkpoints), bound
+            inner = parsed.elastic.inner_steps
+            return share_checkpoint_steps(inner, parsed.trust.checkpoints), bound
         steps = checkpoint_steps(total, parsed.trust.checkpoints, parsed.optim.validate_every)
         return [step for step in steps if step >= from_step], bound
 

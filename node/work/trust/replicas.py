@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from node.work.trust.spot_checks import Failure, SpotChecks, Submitted
+from node.work.trust.comparisons import Failure
+from node.work.trust.spot_checks import SpotChecks, Submitted
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@ Per peer, in node.db: its run of consecutive results that passed their checks, a
 recent average of the credit it earned here (RAC: exponentially decaying, half-life
 one week), how often it was caught, and until when it is excluded.
 
-- A peer on probation (fewer than `PROBATION_UNITS` valid results in a row) has every
-  result checked at the job's whole spot-check budget; after that, the budget shrinks
-  as 1/streak (BOINC's adaptive replication), never below one segment.
+- A peer on probation (fewer than `PROBATION_UNITS` valid results in a row, counting
+  only results some segment of which was replayed) has every result checked at the
+  job's whole spot-check budget; after that, the budget shrinks as 1/streak (BOINC's
+  adaptive replication), never below one segment.
 - A caught peer loses its streak and its RAC, and gets no work from this node for
   `EXCLUDE_S`; the scheduler prefers trusted peers over ones on probation.
 - Evidence gossiped by another owner (`protocol.evidence`) can only be checked for its
@@ -30,7 +31,7 @@ RAC_HALF_LIFE_S = 7 * 24 * 3600.0
 @dataclass
 class PeerRecord:
     peer: str
-    streak: int = 0  # valid results in a row
+    streak: int = 0  # valid results in a row (checked ones)
     valid: int = 0
     invalid: int = 0
     rac: float = 0.0  # TFLOP, decayed to `rac_at`
@@ -89,10 +90,14 @@ class Reputation:
     def checks_for(self, peer: str, full: int) -> int:
         return segments_to_check(full, self.get(peer).streak)
 
-    def valid(self, peer: str, credit: float, now: float | None = None) -> PeerRecord:
+    def valid(
+        self, peer: str, credit: float, now: float | None = None, checked: bool = True
+    ) -> PeerRecord:
+        """A result accepted; it lengthens the streak only when some of it was
+        replayed (a share none of whose segments was drawn proves nothing)."""
         now = time.time() if now is None else now
         record = self.get(peer)
-        record.streak += 1
+        record.streak += checked
         record.valid += 1
         record.rac = decayed(record.rac, record.rac_at, now) + credit
         record.rac_at = now

@@ -37,7 +37,21 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
-from node.work.trust.commitments import CHECKED_REPORTS, Commitments, needed_states
+from node.work.trust.commitments import (
+    CHECKED_REPORTS,
+    Commitments,
+    drawn,
+    needed_states,
+    replay_chance,
+)
+from node.work.trust.comparisons import (
+    Failure,
+    claimed_hash,
+    compare_replay,
+    compare_reports,
+    replay_table,
+    with_early,
+)
 from node.work.trust.replays import (
     TOLERANCE,
     FetchedStates,
@@ -53,11 +67,6 @@ from protocol.work import Result
 from training.spec.job import relay_blob_bytes
 
 log = logging.getLogger(__name__)
-
-START = (
-    "the unit's start (the spec's initial state; a share's: the round's weights; a "
-    "resumed unit's: the state it resumed from)"
-)
 
 
 @dataclass
@@ -92,15 +101,6 @@ class Submitted:
     reports: dict[int, float] = field(default_factory=dict)  # a trial's: step -> value
     metric: str = ""  # what `reports` hold (a sweep's metric)
     delta_round: int | None = None  # a round's share: the round its delta starts from
-
-
-@dataclass(frozen=True)
-class Failure:
-    index: int  # the checkpoint that failed (-1: the weights)
-    start: int
-    end: int
-    replayed: str
-    reason: str
 
 
 class SpotChecks:
@@ -140,32 +140,31 @@ class SpotChecks:
         except ProtocolError as exc:
             return Verdict(False, str(exc), caught=True)
         reported = _reported_segments(sub, steps, chosen or [], rng)
-        if chosen is None:  # it committed to nothing while training: drawn now
-            streak = self.reputation.get(sub.peer).streak
+        streak = self.reputation.get(sub.peer).streak
+        if chosen is None and sub.delta_round is not None:  # each segment, as it trained
+            chance = replay_chance(sub.spec, streak)
+            chosen = [i for i in range(len(steps) - 1) if drawn(chance, rng)]
+        elif chosen is None:  # it committed to nothing while training: drawn now
             budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
             chosen = choose_segments(len(steps) - 1, budget, streak, rng)
         chosen = sorted({*chosen, *reported})
         cross = across_classes(self.ctx, sub.peer)
+        if sub.delta_round is not None:
+            return await self._check_share(sub, steps, bound, chosen, cross)
         cps = result.checkpoints
         early = self.commitments.replayed(sub.unit.unit_id)  # as it trained
         rest = [i for i in chosen if i not in early or i in reported]
         table = replay_table(steps, rest, cps, cross)
         for segment, i in zip(table["segments"], rest, strict=True):
             segment["evaluate"] = i in reported
-        share = sub.delta_round is not None
-        need = {cps[i] for i in needed_states(rest, cross, share)} | {cps[-1]}
-        owned: set[str] = set()
-        if share:  # checkpoint 0 is rebuilt from the round's weights
-            table["init_claimed"] = cps[0]
-            table["share"] = self._share(sub)
-            owned.add(table["share"]["weights"])
+        need = {cps[i] for i in needed_states(rest, cross, False)} | {cps[-1]}
         resumed_from = sub.unit.resume_sha256
         if resumed_from:  # its start is a state this node holds: compared, not rebuilt
             del table["init"]
             table.pop("init_claimed", None)
             if 0 not in rest:
                 need.discard(cps[0])
-        replay = with_early(await self._replay(sub, table, need, bound, owned), rest, early, chosen)
+        replay = with_early(await self._replay(sub, table, need, bound), rest, early, chosen)
         if resumed_from:
             replay["init_sha256"] = resumed_from
             replay["init_distance"] = 0.0 if cps[0] == resumed_from else math.inf
@@ -175,7 +174,9 @@ class SpotChecks:
             replay, steps, chosen, cps, cross, result.weights_sha256, tolerance
         )
         if failure is None:
-            failure = _compare_reports(sub, replay, steps, chosen, cross, tolerance)
+            failure = compare_reports(
+                sub.metric, sub.reports, replay, steps, chosen, cross, tolerance
+            )
         verdict = Verdict(
             failure is None,
             metrics=dict(replay.get("metrics", {})),
@@ -186,9 +187,53 @@ class SpotChecks:
             strict=not cross,
             tolerance=tolerance,
         )
+        return self._with_failure(sub, verdict, failure)
+
+    async def _check_share(
+        self, sub: Submitted, steps: list[int], bound: int, chosen: list[int], cross: bool
+    ) -> Verdict:
+        """A round's share: its drawn segments only, each from its start, and nothing
+        fetched when none was drawn. Checkpoint 0 is rebuilt from the round's weights
+        (and the worker's inner optimizer state) when segment 0 is replayed; the delta
+        from the replayed last state when the last one is (`docs/design/trust.md`)."""
+        cps, last = sub.result.checkpoints, len(steps) - 2
+        verdict = Verdict(
+            True,
+            segments=chosen,
+            total_steps=steps[-1],
+            strict=not cross,
+            tolerance=tolerance_of(sub.spec),
+        )
+        if not chosen:
+            return verdict
+        table = replay_table(steps, chosen, cps, cross)
+        table["share"] = self._share(sub)
+        table["init"] = 0 in chosen
+        if 0 in chosen:
+            table["init_claimed"] = cps[0]
+        del table["final"]
+        if last in chosen:  # across classes from the worker's own state, checked close
+            table["final" if cross else "final_replayed"] = cps[-1] if cross else True
+        need = {cps[i] for i in needed_states(chosen, cross, True)}
+        replay = await self._replay(sub, table, need, bound, {table["share"]["weights"]})
+        verdict.replayed_steps = int(replay.get("replayed_steps", 0))
+        failure = compare_replay(
+            replay,
+            steps,
+            chosen,
+            cps,
+            cross,
+            sub.result.weights_sha256,
+            verdict.tolerance,
+            start=0 in chosen,
+            end=last in chosen,
+        )
+        return self._with_failure(sub, verdict, failure)
+
+    def _with_failure(self, sub: Submitted, verdict: Verdict, failure: Failure | None) -> Verdict:
         if failure is not None:
-            verdict.reason, verdict.caught = failure.reason, True
-            if failure.replayed != _claimed(result, failure.index):  # else: a false report
+            verdict.ok, verdict.reason, verdict.caught = False, failure.reason, True
+            if failure.replayed != claimed_hash(sub.result, failure.index):  # else: a false report
                 verdict.evidence = self.evidence(sub, failure)
         return verdict
 
@@ -265,34 +310,6 @@ def spot_checked(spec: dict[str, Any]) -> bool:
     return trust.get("checkpoints", 100) > 0 and checked
 
 
-def with_early(
-    replay: dict[str, Any],
-    rest: list[int],
-    early: dict[int, tuple[str, float]],
-    chosen: list[int],
-) -> dict[str, Any]:
-    """The result's replay (of `rest`) with the segments replayed while the worker
-    trained (`early`), in the order of `chosen`, as one replay of them all."""
-    at = {i: j for j, i in enumerate(rest)}
-    merged = {**replay, "ends": [], "distances": [], "evaluations": []}
-    distances = replay["distances"] or [0.0] * len(rest)
-    for i in chosen:
-        if i in at:
-            j = at[i]
-            merged["ends"].append(replay["ends"][j])
-            merged["distances"].append(distances[j])
-            merged["evaluations"].append(replay["evaluations"][j])
-        else:
-            merged["ends"].append(early[i][0])
-            merged["distances"].append(early[i][1])
-            merged["evaluations"].append({})
-    return merged
-
-
-def _claimed(result: Result, index: int) -> str:
-    return result.weights_sha256 if index < 0 else result.checkpoints[index]
-
-
 def _reported_segments(
     sub: Submitted, steps: list[int], chosen: list[int], rng: random.Random
 ) -> set[int]:
@@ -308,34 +325,6 @@ def _reported_segments(
     return {i for i in chosen if i in reported} | {rng.choice(reported)}
 
 
-def _compare_reports(
-    sub: Submitted,
-    replay: dict[str, Any],
-    steps: list[int],
-    chosen: list[int],
-    cross: bool,
-    tolerance: float,
-) -> Failure | None:
-    """A reported value against the replayed state's evaluation at that step: equal
-    within a class, within `tolerance` (relative) across classes."""
-    for j, i in enumerate(chosen):
-        found = replay["evaluations"][j].get(sub.metric)
-        claimed = sub.reports.get(steps[i + 1])
-        if found is None or claimed is None:
-            continue
-        off = abs(found - claimed) / max(abs(found), 1e-12)
-        if (off > tolerance) if cross else (found != claimed):
-            return Failure(
-                i + 1,
-                steps[i],
-                steps[i + 1],
-                replay["ends"][j],
-                f"the trial reported {sub.metric} {claimed:.6g} at step {steps[i + 1]}; "
-                f"the replayed state gives {found:.6g}",
-            )
-    return None
-
-
 def choose_segments(segments: int, budget: float, streak: int, rng: random.Random) -> list[int]:
     """Which of a unit's `segments` to replay: `budget` of them (at least one) for a
     peer on probation, fewer as its `streak` of valid results grows."""
@@ -343,62 +332,3 @@ def choose_segments(segments: int, budget: float, streak: int, rng: random.Rando
         return []
     full = max(1, math.floor(budget * segments))
     return sorted(rng.sample(range(segments), min(segments, segments_to_check(full, streak))))
-
-
-def replay_table(steps: list[int], chosen: list[int], cps: list[str], cross: bool) -> dict:
-    """The runner's `replay` request table for the `chosen` segments of a chain."""
-    segments = []
-    for i in chosen:
-        segment = {"start": steps[i], "end": steps[i + 1], "from": cps[i]}
-        if cross:
-            segment["claimed"] = cps[i + 1]
-        segments.append(segment)
-    table: dict[str, Any] = {"init": True, "segments": segments, "final": cps[-1]}
-    if cross:
-        table["init_claimed"] = cps[0]
-    return table
-
-
-def compare_replay(
-    replay: dict[str, Any],
-    steps: list[int],
-    chosen: list[int],
-    cps: list[str],
-    cross: bool,
-    weights_sha256: str,
-    tolerance: float = TOLERANCE,
-) -> Failure | None:
-    """The first disagreement between the replay and the worker's commitments."""
-    if cross:
-        if replay.get("init_distance", math.inf) > tolerance:
-            off = f"{replay.get('init_distance', math.inf):.3g}"
-            why = f"checkpoint 0 is {off} off {START}"
-            return Failure(0, 0, 0, replay["init_sha256"], why)
-    elif replay.get("init_sha256") != cps[0]:
-        return Failure(
-            0,
-            0,
-            0,
-            replay["init_sha256"],
-            f"checkpoint 0 is not {START}",
-        )
-    for j, i in enumerate(chosen):
-        ok = replay["distances"][j] <= tolerance if cross else replay["ends"][j] == cps[i + 1]
-        if not ok:
-            how = f" (relative distance {replay['distances'][j]:.3g})" if cross else ""
-            return Failure(
-                i + 1,
-                steps[i],
-                steps[i + 1],
-                replay["ends"][j],
-                f"steps {steps[i]}..{steps[i + 1]} replayed do not give checkpoint {i + 1}{how}",
-            )
-    if replay.get("weights_sha256") != weights_sha256:
-        return Failure(
-            -1,
-            steps[-1],
-            steps[-1],
-            replay.get("weights_sha256", "0" * 64),
-            "what it returned (weights, or a round's delta) is not built from its last checkpoint",
-        )
-    return None

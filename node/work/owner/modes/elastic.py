@@ -72,11 +72,12 @@ class ElasticRounds(ManyUnits):
         """A round's delta, checked: its unit is done; the round applies the delta
         when it closes."""
         result = checked.result
+        how = "checked" if checked.status == "verified" else "taken unchecked"
         if not self._lifecycle.share_done(
             unit.unit_id,
             result.weights_sha256,
             self.ctx.blobs.size(result.weights_sha256),  # as fetched, not as claimed
-            f"round {unit.round}: delta from {peer}{checked.via} checked; receipt issued",
+            f"round {unit.round}: delta from {peer}{checked.via} {how}; receipt issued",
         ):
             return "the round closed while it was checked"
         return ""

@@ -152,7 +152,9 @@ def test_the_worker_holds_only_undecided_and_kept_states(tmp_path: Path) -> None
     [
         ([2, 5], False, False, {2, 5}),
         ([2, 5], True, False, {0, 2, 3, 5, 6}),
-        ([2], False, True, {0, 2}),
+        ([2], False, True, {2}),  # a share's checkpoint 0 only when segment 0 replays
+        ([1], True, True, {1, 2}),
+        ([0], False, True, {0}),
         ([], False, False, set()),
     ],
 )
@@ -162,11 +164,18 @@ def test_a_replay_needs_the_starts_and_across_classes_the_ends(
     assert needed_states(chosen, cross, share) == needed
 
 
-def test_a_share_keeps_its_first_state_for_the_owner(ctx: WorkContext) -> None:
+@pytest.mark.parametrize(("budget", "kept"), [(1.0, True), (0.0001, False)])
+def test_a_share_keeps_its_first_state_only_when_segment_0_is_drawn(
+    ctx: WorkContext, budget: float, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     commitments, unit = _owner(ctx)
     job = ctx.jobs.get(unit.job_id)
-    ack = _heard(commitments, job, unit, SPEC, _beat(unit, 0, [_sha(0), _sha(1)]), delta_round=0)
-    assert 0 in ack.keep and 0 not in ack.drop
+    spec = {"trust": {"checkpoints": 10, "spot_check_budget": budget}}
+    if not kept:  # the least chance there is (one segment in `checkpoints`), drawn "no"
+        monkeypatch.setattr("node.work.trust.commitments.drawn", lambda chance, rng: False)
+    beat = _beat(unit, 0, [_sha(0), _sha(1)])
+    ack = _heard(commitments, job, unit, spec, beat, delta_round=0)
+    assert (0 in ack.keep, 0 in ack.drop) == (kept, not kept)
 
 
 def test_a_job_with_replicas_keeps_every_state(ctx: WorkContext) -> None:
