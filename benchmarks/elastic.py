@@ -14,8 +14,11 @@ module docstrings (`training.spec.examples.char_lm_elastic_toml`).
   trains one model on the workers' batches together (the mean of W gradients over W
   batches is the gradient of their union). Bytes: what a ring all-reduce of the fp32
   gradients sends per step, 2 (W - 1) x 4 n over all workers, against what elastic
-  rounds move, every worker's delta up and the fp32 global weights down each round.
-  Goals: >= 100x fewer bytes; final validation loss within 2 % of the baseline's.
+  rounds move: every worker's delta up, and down the fp32 global weights in round 0
+  and each later round's int8 update (`training.elastic.updates`).
+  The same rounds with fp32 both ways (`compression = "none"`) beside them. Goals:
+  >= 200x fewer bytes than the baseline; final validation loss within 2 % of the
+  fp32 elastic run's.
 - **churn**: real nodes on loopback, the same job with fixed membership and with
   churn (one worker SIGKILLed in round 1, a new node started two rounds later); the
   final validation loss of each and their ratio.
@@ -87,13 +90,19 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
     began = time.perf_counter()
     baseline = train_local(parse_spec(baseline_raw), root / "sync.safetensors")
     baseline_s = time.perf_counter() - began
+    exact_raw = {**raw, "elastic": {**raw["elastic"], "compression": "none"}}
+    began = time.perf_counter()
+    exact = train_local(parse_spec(exact_raw), root / "exact.safetensors")  # fp32 both ways
+    exact_s = time.perf_counter() - began
+    exact_bytes = sum(r["bytes_in"] + r["bytes_out"] for r in exact["rounds"])
 
     weights = root / "elastic.safetensors"
     with safe_open(str(weights), "pt") as f:
         numel = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
     sync_bytes = rounds * inner * 2 * (workers - 1) * 4 * numel
     deltas = sum(r["bytes_in"] for r in elastic["rounds"])
-    elastic_bytes = deltas + rounds * workers * weights.stat().st_size
+    down = sum(r["bytes_out"] for r in elastic["rounds"])  # weights once, then updates
+    elastic_bytes = deltas + down
     e_loss = elastic["rounds"][-1]["val_loss"]
     s_loss = baseline["metrics"]["val_loss"]
     result = Result(
@@ -102,7 +111,9 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
     result.add(
         f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, sync_bytes, baseline_s
     )
-    result.add(f"elastic H={inner}, int8 deltas", e_loss, elastic_bytes, elastic_s)
+    x_loss = exact["rounds"][-1]["val_loss"]
+    result.add(f"elastic H={inner}, fp32 both ways", x_loss, exact_bytes, exact_s)
+    result.add(f"elastic H={inner}, int8 both ways", e_loss, elastic_bytes, elastic_s)
     result.meta.update(
         {
             "workers": workers,
@@ -112,10 +123,15 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
             "sync_bytes": sync_bytes,
             "elastic_bytes": elastic_bytes,
             "delta_bytes": deltas,
+            "down_bytes": down,
+            "down_bytes_whole_weights": rounds * workers * weights.stat().st_size,
             "bytes_ratio": sync_bytes / elastic_bytes,
             "val_loss_elastic": e_loss,
             "val_loss_sync": s_loss,
             "val_loss_ratio": e_loss / s_loss,
+            "val_loss_uncompressed": x_loss,
+            "val_loss_vs_uncompressed": e_loss / x_loss,
+            "bytes_uncompressed": exact_bytes,
         }
     )
     return result

@@ -7,6 +7,9 @@ trains, and the global weights it starts from. The worker answers with a
 (start weights minus end weights) of the whole model as one flat float32 vector,
 blockwise int8 (`protocol.tensors.CompressedTensor`) or plain float32.
 
+The owner's `RoundUpdate` goes the other way: how the global weights changed from
+one round to the next, blockwise int8, for a worker that holds the round before's.
+
 The delta is bounded before it is sized: the caller passes the job's parameter count
 (`numel`) from the model plan, and the limits allow nothing bigger. A delta for
 another job, round or starting point is refused by name, as is one whose size or
@@ -35,16 +38,31 @@ _OVERHEAD = 4096  # the map's keys, ids and headers around `tensor`
 
 @dataclass(frozen=True)
 class RoundShare:
-    """What makes a unit one worker's share of an elastic round (in `WorkPackage`)."""
+    """What makes a unit one worker's share of an elastic round (in `WorkPackage`).
+
+    With `update_sha256`, the round's weights are also `base_sha256` (the round
+    before's) plus that `RoundUpdate`: a worker that holds the base fetches the
+    update instead of the weights. Both, or neither."""
 
     round: int  # 0-based
     slot: int  # the data slot: which batches this share trains on
     weights_sha256: str  # the round's global weights; one of the package's blobs
+    base_sha256: str = ""  # the round before's global weights
+    update_sha256: str = ""  # a RoundUpdate from them to these; one of the package's blobs
 
     def check(self, path: str) -> None:
         require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
         require(0 <= self.slot < MAX_SLOT, f"{path}.slot", f"must be 0..{MAX_SLOT - 1}")
         require_sha256(self.weights_sha256, f"{path}.weights_sha256")
+        require(
+            bool(self.base_sha256) == bool(self.update_sha256),
+            f"{path}.update_sha256",
+            "comes with base_sha256, and only with it",
+        )
+        if self.update_sha256:
+            require_sha256(self.base_sha256, f"{path}.base_sha256")
+            require_sha256(self.update_sha256, f"{path}.update_sha256")
+            require(self.round >= 1, f"{path}.update_sha256", "round 0 has no round before")
 
 
 @dataclass(frozen=True)
@@ -138,3 +156,62 @@ def decode_round_delta(
     elif values.shape != [numel]:
         raise DecodeError(f"RoundDelta.tensor has shape {values.shape}, expected [{numel}]")
     return delta
+
+
+@dataclass(frozen=True)
+class RoundUpdate:
+    """How the global weights changed from one round to the next, as blockwise int8
+    (the owner's file; `training.elastic.updates` says how it is made and applied)."""
+
+    TYPE: ClassVar[str] = "round_update"
+    VERSION: ClassVar[int] = 1
+
+    job_id: str
+    round: int  # the round whose global weights it gives (>= 1)
+    base_sha256: str  # the round before's global weights, which it applies to
+    weights_sha256: str  # what applying it gives
+    numel: int  # elements of the flat change (the model's floating-point state)
+    tensor: bytes  # an encoded CompressedTensor of `numel` values
+
+    def check(self, path: str) -> None:
+        check_id(self.job_id, f"{path}.job_id")
+        require(1 <= self.round < MAX_ROUND, f"{path}.round", f"must be 1..{MAX_ROUND - 1}")
+        require_sha256(self.base_sha256, f"{path}.base_sha256")
+        require_sha256(self.weights_sha256, f"{path}.weights_sha256")
+        require(self.numel >= 1, f"{path}.numel", "must be >= 1")
+
+
+def encode_round_update(update: RoundUpdate) -> bytes:
+    update.check("RoundUpdate")
+    return encode({"t": RoundUpdate.TYPE, "v": RoundUpdate.VERSION, **to_plain(update)})
+
+
+def decode_round_update(
+    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str, weights_sha256: str
+) -> RoundUpdate:
+    """Parse and check an update file against the share it came with: this job, this
+    round, from these weights to those, `numel` elements, canonical int8 blocks.
+    Raises `TooLarge` or `DecodeError` naming what is wrong."""
+    plain = decode(data, delta_limits(numel))
+    if not isinstance(plain, dict) or plain.get("t") != RoundUpdate.TYPE:
+        raise DecodeError("not a round update file")
+    version = plain.pop("v", None)
+    if type(version) is not int or version != RoundUpdate.VERSION:
+        raise DecodeError(f"round update: only version {RoundUpdate.VERSION} is read")
+    plain.pop("t")
+    update = from_plain(RoundUpdate, plain)
+    expected = (
+        ("job_id", job_id),
+        ("round", round),
+        ("base_sha256", base_sha256),
+        ("weights_sha256", weights_sha256),
+    )
+    for name, want in expected:
+        got = getattr(update, name)
+        require(got == want, f"RoundUpdate.{name}", f"is {repr(got)[:80]}, expected {want!r}")
+    has = f"is {update.numel}; this model has {numel}"
+    require(update.numel == numel, "RoundUpdate.numel", has)
+    values = decode_tensor(update.tensor, tensor_limits(numel))
+    if values.shape != [numel]:
+        raise DecodeError(f"RoundUpdate.tensor has shape {values.shape}, expected [{numel}]")
+    return update

@@ -86,11 +86,13 @@ class WorkPackage:
                 "must be one of the package's blobs (and no round's share resumes)",
             )
         if self.round_share is not None:
-            require(
-                self.round_share.weights_sha256 in self.blobs,
-                f"{path}.round_share.weights_sha256",
-                "must be one of the package's blobs",
-            )
+            for name in ("weights_sha256", "update_sha256"):
+                sha = getattr(self.round_share, name)
+                require(
+                    not sha or sha in self.blobs,
+                    f"{path}.round_share.{name}",
+                    "must be one of the package's blobs",
+                )
         require(len(self.job_key) == 32, f"{path}.job_key", "must be 32 bytes")
         require(0 < self.max_hours <= 24 * 365, f"{path}.max_hours", "must be in (0, 8760]")
         require(1 <= self.lease_s <= 3600, f"{path}.lease_s", "must be 1..3600 s")

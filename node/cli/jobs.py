@@ -277,7 +277,8 @@ def _follow(url: str, job_id: str) -> int:
 def rounds_table(rounds: list[dict[str, Any]]) -> Table:
     """An elastic job's rounds: who contributed, who joined or left, loss, traffic."""
     table = Table(title="rounds")
-    for column in ("round", "workers", "joined", "left", "val loss", "MB in", "seconds"):
+    columns = ("round", "workers", "joined", "left", "val loss", "MB up", "MB down", "seconds")
+    for column in columns:
         table.add_column(column, justify="right" if column != "joined" else "left")
     for r in rounds:
         workers = r["workers"]
@@ -289,7 +290,8 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Table:
             ", ".join(short(p) for p in r.get("joined", [])) or "-",
             ", ".join(short(p) for p in sorted({*r.get("left", []), *r.get("dropped", [])})) or "-",
             f"{val:.4f}" if isinstance(val, float) else "-",
-            f"{r.get('bytes_in', 0) / 1e6:.3f}",
+            f"{r.get('bytes_in', 0) / 1e6:.3f}",  # deltas, workers to owner
+            f"{r.get('bytes_out', 0) / 1e6:.3f}",  # weights or their update, owner to workers
             f"{r['seconds']:.1f}" if "seconds" in r else "-",
         )
     return table

@@ -96,10 +96,12 @@ def _report(owner: LocalNode, job: dict, net: LocalNetwork, console: Console) ->
     contributed = sorted({names.get(p, p[-6:]) for r in job["rounds"] for p in r["workers"]})
     sent = sum(r.get("bytes_in", 0) for r in job["rounds"])
     full = sum(r.get("full_bytes", 0) for r in job["rounds"])
+    down = sum(r.get("bytes_out", 0) for r in job["rounds"])
     console.print(
         f"final validation loss {job['metrics'].get('val_loss', float('nan')):.4f}; "
-        f"workers: {', '.join(contributed)}; deltas took {sent / 1e6:.2f} MB "
-        f"({full / max(sent, 1):.1f}x less than fp32 weights)"
+        f"workers: {', '.join(contributed)}; deltas up took {sent / 1e6:.2f} MB "
+        f"({full / max(sent, 1):.1f}x less than fp32 weights), weights and their updates "
+        f"down {down / 1e6:.2f} MB ({full / max(down, 1):.1f}x less)"
     )
     console.print(f"  job details: {owner.api}/api/v1/jobs/{job['id']}")
     console.print(f"  status page: {owner.api}/jobs/{job['id']}")

@@ -15,6 +15,8 @@ Files:
 - `receipts`: the receipt exchange, both ends: the owner issues, the worker countersigns.
 - `worker`: the worker's side (`WorkerRole`): offer checks, fetch, train, heartbeats,
   result, countersigning the receipt.
+- `held_weights`: each elastic job's newest global weights on a worker, which the
+  owner's next round update applies to.
 - `service`: the work service (`WorkService`): stores, the blob server, both roles, the
   stream handlers, and the calls the HTTP API makes.
 

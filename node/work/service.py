@@ -75,7 +75,7 @@ def note_served(
         program = job.spec.get("model", {}).get("arch") == "program"
         what = "the program" if program and auth.sha256 != job.data_sha256 else "the data"
     else:
-        named = mode_of(job).served_name(unit) if unit is not None else None
+        named = mode_of(job).served(unit, auth.sha256, auth.size) if unit is not None else None
         what = named or f"blob {auth.sha256[:12]}"
     note = f"{what} ({size_text(auth.size)}) fetched by {auth.requester} ({path})"
     ctx.jobs.note(job.id, note)

@@ -25,8 +25,10 @@ import trio
 from node.work import offers, receipts
 from node.work.blobs import fetch_granted, issue_grant
 from node.work.context import WorkContext
+from node.work.held_weights import HeldWeights
 from node.work.offers import NO_ID, Declined
 from node.work.run import (
+    REBUILT_WEIGHTS,
     RequestBuilder,
     UnitFailed,
     inner_state_for,
@@ -46,6 +48,7 @@ from protocol.receipts import (
     NO_WEIGHTS_SHA256,
     partial_credit,
 )
+from protocol.rounds import RoundShare
 from protocol.work import (
     RESULT_BEING_CHECKED,
     WORK_LIMITS,
@@ -103,6 +106,7 @@ class WorkerRole:
         # checkpoints in the blob store, by the units holding them: units of one spec
         # share states, so a file goes when the last unit holding it is settled
         self._evidence = Counter[str]()
+        self._weights = HeldWeights(ctx.blobs)  # each elastic job's newest global weights
 
     @property
     def current(self) -> RunningUnit | None:
@@ -222,6 +226,9 @@ class WorkerRole:
     async def _train(self, unit: RunningUnit) -> Result:
         pkg = unit.package
         ctx = self.ctx
+        share = pkg.round_share
+        rebuilds = share is not None and self._weights.rebuilds(pkg.job_id, share)
+        blobs = self._weights.to_fetch(pkg.blobs, share, rebuilds)
         if unit.grant is not None:
             try:
                 await fetch_granted(
@@ -230,7 +237,7 @@ class WorkerRole:
                     unit.grant,
                     pkg.blob_grant,
                     pkg.job_key,
-                    pkg.blobs,
+                    blobs,
                     unit.grant.max_bytes,
                     relay_blob_bytes(unit.spec),
                 )
@@ -238,13 +245,13 @@ class WorkerRole:
                 return self._failure(pkg, f"could not fetch the data: {exc}", retryable=True)
         unit.phase = "training"
         out = ctx.unit_dir(pkg.unit_id) / "weights.safetensors"
-        request = self._runner_request(
-            unit.spec, {s: str(ctx.blobs.path(s)) for s in pkg.blobs}, out
-        )
-        share = pkg.round_share
+        if rebuilds:
+            assert share is not None
+            blobs.append(share.base_sha256)
+        request = self._runner_request(unit.spec, {s: str(ctx.blobs.path(s)) for s in blobs}, out)
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
-            request = share_request(request, pkg.job_id, share, kept, out)
+            request = share_request(request, pkg.job_id, share, kept, out, rebuilds)
         if share is None and spot_checked(unit.spec):  # the owner evaluates the weights
             request = request.without_final_validation()
         if pkg.resume is not None:  # it goes on from a lost unit's state
@@ -276,6 +283,7 @@ class WorkerRole:
             await trio.to_thread.run_sync(
                 keep_inner_state, ctx.data_dir, pkg.job_id, share.slot, share.round, state
             )
+            await self._keep_weights(pkg.job_id, share, rebuilds, out.parent)
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
@@ -320,6 +328,27 @@ class WorkerRole:
             device=str(result.get("device", ""))[:64],
             checkpoints=checkpoints,
         )
+
+    async def _keep_weights(
+        self, job_id: str, share: RoundShare, rebuilt: bool, folder: Path
+    ) -> None:
+        """The round's weights stay as the base of the job's next update; a used
+        update goes."""
+        if rebuilt:
+            path = folder / REBUILT_WEIGHTS
+            size = self.ctx.blobs.size(share.update_sha256)
+            await trio.to_thread.run_sync(self.ctx.blobs.put_file, path)
+            self.ctx.blobs.remove(share.update_sha256)
+            log.info(
+                "job %s: round %d's weights rebuilt from the round before's and a %d-byte "
+                "update (the weights are %d bytes)",
+                job_id,
+                share.round,
+                size,
+                path.stat().st_size,
+            )
+        in_use = {sha for u in self.units.values() for sha in u.package.blobs}
+        self._weights.keep(job_id, share.weights_sha256, in_use)
 
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:
         return Result(pkg.job_id, pkg.unit_id, False, error[:4000], "", 0, b"", retryable=retryable)

@@ -49,6 +49,13 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
     for worker in workers:  # on loopback each fetch of the weights takes the data channel
         fetched = [n for n in notes if "round 0's weights" in n and worker.peer_id in n]
         assert fetched and fetched[0].endswith("(direct channel)"), notes
+        for r in (1, 2):  # a worker that stayed fetches only how the weights changed
+            mine = [n for n in notes if f"round {r}'s weights" in n and worker.peer_id in n]
+            assert len(mine) == 1 and f"round {r}'s weights update" in mine[0], notes
+        assert "weights rebuilt from the round before's" in worker.log_tail(400)
+    assert rounds[0]["bytes_out"] >= rounds[0]["full_bytes"]  # the weights, whole, to each
+    for r in rounds[1:]:
+        assert 0 < r["bytes_out"] < r["full_bytes"] / 3, r
 
     _assert_equals_train_local(owner, job["id"], spec, tmp_path)
 

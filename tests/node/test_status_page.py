@@ -329,6 +329,7 @@ def _round(n: int, workers: list[str], **changes: Any) -> dict[str, Any]:
         "val_loss": 2.0 - n / 10,
         "bytes_in": 30_000 * len(workers),
         "full_bytes": 120_000 * len(workers),
+        "bytes_out": 30_000 * len(workers),
         "seconds": 4.0,
     }
     return {**row, **changes}
@@ -353,7 +354,8 @@ def test_an_elastic_job_page_shows_each_rounds_peers_bytes_and_val_loss(site: Si
         body = await get(client, f"/jobs/{job.id}")
         strip = body.split('id="rounds"', 1)[1].split("</section>", 1)[0]
         assert "3 of 5 rounds closed" in strip
-        assert "deltas took 0.24 MB, 4x less than full fp32 weights (0.96 MB)" in strip
+        assert "deltas up took 0.24 MB, 4x less than full fp32 weights (0.96 MB)" in strip
+        assert "weights and their updates down 0.24 MB" in strip
         rows = strip.split('<li class="round ')[1:]
         assert [r.split('data-round="', 1)[1][0] for r in rows] == ["3", "2", "1", "0"]
         assert f'class="chip joined" title="{d}: joined this round; delta applied"' in rows[1]

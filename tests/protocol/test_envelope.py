@@ -52,7 +52,7 @@ from protocol.directory import (
 from protocol.envelope import SIGNING_DOMAIN, signing_bytes
 from protocol.evidence import EVIDENCE_LIMITS, Evidence
 from protocol.receipts import CoSignedReceipt
-from protocol.rounds import MAX_ROUND, MAX_SLOT, RoundDelta, RoundShare
+from protocol.rounds import MAX_ROUND, MAX_SLOT, RoundDelta, RoundShare, RoundUpdate
 from protocol.schema import to_plain
 from protocol.tensors import CompressedTensor
 from protocol.work import (
@@ -178,6 +178,13 @@ round_shares = st.builds(
     round=st.integers(0, MAX_ROUND - 1),
     slot=st.integers(0, MAX_SLOT - 1),
     weights_sha256=shas,
+) | st.builds(  # weights that also come as an update to the round before's
+    RoundShare,
+    round=st.integers(1, MAX_ROUND - 1),
+    slot=st.integers(0, MAX_SLOT - 1),
+    weights_sha256=shas,
+    base_sha256=shas,
+    update_sha256=shas,
 )
 
 
@@ -187,6 +194,7 @@ def work_packages(draw: st.DrawFn) -> WorkPackage:
     blobs = draw(st.lists(shas, max_size=3))
     if share is not None:
         blobs.append(share.weights_sha256)
+        blobs += [share.update_sha256] if share.update_sha256 else []
     return WorkPackage(
         job_id=draw(ids),
         unit_id=draw(ids),
@@ -349,6 +357,7 @@ OWN_WIRE_FORM = {
     CoSignedReceipt,  # tests/ledger/test_ledger.py, tests/ledger/test_audit.py
     CompressedTensor,  # tests/protocol/test_tensor_codec.py
     RoundDelta,  # tests/training/test_elastic.py
+    RoundUpdate,  # tests/protocol/test_round_updates.py
 }
 
 

@@ -124,3 +124,22 @@ def test_the_progress_ack_round_trips_and_reads_a_plain_ack() -> None:
 def test_a_bad_progress_ack_is_refused(raw: bytes) -> None:
     with pytest.raises((DecodeError, TooLarge)):  # too big or too deep: before parsing
         decode_progress_ack(raw)
+
+
+@pytest.mark.parametrize(
+    ("share", "words"),
+    [
+        (
+            {"round": 2, "slot": 0, "weights_sha256": SHA, "base_sha256": "cd" * 32,
+             "update_sha256": "ef" * 32},
+            "WorkPackage.round_share.update_sha256 must be one of the package's blobs",
+        ),
+        (
+            {"round": 2, "slot": 0, "weights_sha256": SHA, "update_sha256": SHA},
+            "comes with base_sha256",
+        ),
+    ],
+)  # fmt: skip
+def test_a_share_whose_update_is_not_granted_is_a_decode_error(share: dict, words: str) -> None:
+    with pytest.raises(DecodeError, match=words):
+        _package(round_share=share)

@@ -111,9 +111,7 @@ def _runner(
         request["checkpoints"] = True
     if elastic:
         request["elastic"] = {
-            k: str(folder / v) if k in ("state_out", "momentum_out") else v
-            for k, v in elastic.items()
-            if v != ""
+            k: str(folder / v) if k.endswith("_out") else v for k, v in elastic.items() if v != ""
         }
     result = run_request(request, lambda event: None)
     result["folder"] = folder
@@ -122,7 +120,9 @@ def _runner(
 
 def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path: Path) -> None:
     """The network path's arithmetic, step by step through runner requests (as on the
-    owner and on each worker), against train-local's simulation."""
+    owner and on each worker), against train-local's simulation; after round 0 slot
+    0's worker rebuilds the round's weights from the round before's and the owner's
+    int8 update, slot 1's (a newcomer) fetches them whole."""
     spec = spec_to_plain(parse_spec(_spec()))
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
@@ -130,7 +130,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
     weights = init["folder"] / "out.bin"
     blobs = {init["weights_sha256"]: weights}
     states: dict[int, Path] = {}
-    momentum = ""
+    momentum, way_down = "", {}
     for r in range(2):
         deltas = []
         for slot in range(2):
@@ -146,7 +146,11 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
                 kept=states.get(slot),
                 weights=file_sha256(weights),
                 state_out="state.safetensors",
+                **(way_down if slot == 0 else {}),
             )
+            if slot == 0 and way_down:
+                rebuilt = share["folder"] / "weights.safetensors"
+                assert file_sha256(rebuilt) == file_sha256(weights)
             states[slot] = share["folder"] / "state.safetensors"
             blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
             deltas.append(share["weights_sha256"])
@@ -162,11 +166,20 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
             momentum=momentum,
             deltas=deltas,
             momentum_out="momentum.safetensors",
+            update_out="update.bin",
         )
-        weights = outer["folder"] / "out.bin"
+        base, weights = file_sha256(weights), outer["folder"] / "out.bin"
         blobs[outer["weights_sha256"]] = weights
         momentum = outer["momentum_sha256"]
         blobs[momentum] = outer["folder"] / "momentum.safetensors"
+        update = outer["folder"] / "update.bin"
+        blobs[outer["update_sha256"]] = update
+        assert update.stat().st_size < weights.stat().st_size / 3  # int8 and its scales
+        way_down = {
+            "base": base,
+            "update": outer["update_sha256"],
+            "weights_out": "weights.safetensors",
+        }
         assert "val_loss" in outer["metrics"]
     assert file_sha256(weights) == expected
 

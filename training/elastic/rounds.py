@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file
 
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
 from training.evidence.checkpoints import Course, share_checkpoint_steps
 from training.evidence.writer import NO_BOUND, Hold
@@ -264,21 +265,23 @@ def outer_step(
     deltas: list[Path],
     out: Path,
     momentum_out: Path,
+    update_out: Path | None = None,
 ) -> dict[str, float]:
     """Average `deltas` (already in slot order) into one Nesterov step from `weights`;
-    write the new global weights and momentum; return the validation metrics."""
+    write the new global weights and momentum (and, for an int8 job, with
+    `update_out`, the `RoundUpdate` that gives those weights from `weights`:
+    `training.elastic.updates`); return the validation metrics."""
     elastic = elastic_of(run.spec)
     if not deltas:
         raise TrainingError(f"round {round_} has no deltas to apply")
     state = load_file(str(weights))
     names = float_names(state, run.frozen)
     params = flatten(state, names)
-    buffer = (
-        load_file(str(momentum))[MOMENTUM].to(torch.float32)
-        if momentum is not None
-        else torch.zeros_like(params)
-    )
-    if buffer.shape != params.shape:
+    start = params.clone()
+    kept = load_file(str(momentum)) if momentum is not None else {}
+    buffer = kept[MOMENTUM].to(torch.float32) if kept else torch.zeros_like(params)
+    residual = kept.get(RESIDUAL, torch.zeros_like(params)).to(torch.float32)
+    if buffer.shape != params.shape or residual.shape != params.shape:
         raise TrainingError(f"the momentum has {buffer.numel()} values, the model {params.numel()}")
     base = file_sha256(weights)
     decoded = [
@@ -311,9 +314,14 @@ def outer_step(
         grad /= len(decoded)
         buffer.mul_(elastic.outer_momentum).add_(grad)
         params.add_(grad.add(buffer, alpha=elastic.outer_momentum), alpha=-elastic.outer_lr)
+    kept = {MOMENTUM: buffer}
+    if elastic.compression == "int8" and update_out is not None:
+        change, params, kept[RESIDUAL] = compress_change(start, params, residual)
     new_state = unflatten(state, names, params)
-    write_weights(out, new_state, run.metadata)
-    write_weights(momentum_out, {MOMENTUM: buffer}, {"format": "meshminer.momentum/1"})
+    sha = write_weights(out, new_state, run.metadata)
+    if elastic.compression == "int8" and update_out is not None:
+        write_update(update_out, change, job_id=job_id, round_=round_ + 1, base=base, weights=sha)
+    write_weights(momentum_out, kept, {"format": "meshminer.momentum/1"})
     if run.data.val is None:
         return {}
     model = build_model(run.plan).to(run.device)
@@ -358,6 +366,7 @@ def simulate(
         weights = folder / "global-0.safetensors"
         init_weights(run, weights)
         momentum: Path | None = None
+        down = weights.stat().st_size  # what each worker fetches of round 0's weights
         for r in range(elastic.rounds):
             round_began = time.monotonic()
             deltas, losses, delta_bytes = [], [], 0
@@ -382,6 +391,7 @@ def simulate(
                 delta_bytes += path.stat().st_size
             new_weights = folder / f"global-{r + 1}.safetensors"
             new_momentum = folder / f"momentum-{r + 1}.safetensors"
+            update = folder / f"update-{r + 1}.bin"  # the weights the network's workers rebuild
             metrics = outer_step(
                 run,
                 job_id=SIMULATED_JOB_ID,
@@ -391,15 +401,21 @@ def simulate(
                 deltas=deltas,
                 out=new_weights,
                 momentum_out=new_momentum,
+                update_out=update,
             )
-            for path in [*deltas, weights, *([momentum] if momentum else [])]:
-                path.unlink()
+            bytes_out, down = (
+                down * elastic.workers,
+                (update.stat().st_size if update.exists() else new_weights.stat().st_size),
+            )
+            for path in [*deltas, weights, update, *([momentum] if momentum else [])]:
+                path.unlink(missing_ok=True)
             weights, momentum = new_weights, new_momentum
             summary = {
                 "round": r,
                 "workers": elastic.workers,
                 "train_loss": sum(losses) / len(losses),
                 "bytes_in": delta_bytes,
+                "bytes_out": bytes_out,  # the weights (round 0) or their update, to each worker
                 "seconds": time.monotonic() - round_began,
                 **metrics,
             }

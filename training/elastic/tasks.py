@@ -12,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import DecodeError, TooLarge
 from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
 from training.elastic import rounds as elastic
+from training.elastic.updates import rebuild_weights
 from training.errors import SpecError
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
@@ -53,7 +55,7 @@ def run_elastic_task(
         if not is_id(job_id):
             raise SpecError("request.elastic.job_id must be 16..32 lowercase hex characters")
         round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
-        weights = blob_file(section.string("weights", max_len=64))
+        weights = section.string("weights", max_len=64)
         if task == "elastic_inner":
             folder = out.parent / "checkpoints" if checkpoints else None
             result = _inner(
@@ -72,7 +74,7 @@ def run_elastic_task(
             )
         else:
             result = _outer(
-                section, spec, data_file, out, blob_file, device, job_id, round_, weights
+                section, spec, data_file, out, blob_file, device, job_id, round_, blob_file(weights)
             )
     result["wall_time_s"] = time.monotonic() - began
     result["device"] = device
@@ -90,17 +92,28 @@ def _inner(
     emit: Emit,
     job_id: str,
     round_: int,
-    weights: Path,
+    weights_sha: str,
     checkpoint_dir: Path | None,
     hold: Hold,
 ) -> dict[str, Any]:
     slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
     state_in = _beside(out, section.string("state_in", None, max_len=4096), "state_in")
     state_out = _beside(out, section.string("state_out", max_len=4096), "state_out")
+    rebuild = _rebuild_request(section, out, blob_file) if section.has("update") else None
     section.finish()
     assert state_out is not None
     run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
+    if rebuild is None:
+        weights = blob_file(weights_sha)
+    else:
+        base, update, weights = rebuild
+        try:
+            rebuild_weights(
+                run, base, update, weights, job_id=job_id, round_=round_, weights=weights_sha
+            )
+        except (DecodeError, TooLarge) as exc:
+            raise SpecError(f"request.elastic.update: {exc}") from None
     outcome = elastic.inner_round(
         run,
         job_id=job_id,
@@ -140,6 +153,7 @@ def _outer(
     if not isinstance(deltas, list) or not deltas or len(deltas) > MAX_SLOT:
         raise SpecError(f"request.elastic.deltas must be a list of 1..{MAX_SLOT} blob hashes")
     momentum_out = _beside(out, section.string("momentum_out", max_len=4096), "momentum_out")
+    update_out = _beside(out, section.string("update_out", None, max_len=4096), "update_out")
     section.finish()
     assert momentum_out is not None
     run = prepare(spec, data_file, device, blob_file)
@@ -152,12 +166,27 @@ def _outer(
         deltas=[blob_file(str(sha)) for sha in deltas],
         out=out,
         momentum_out=momentum_out,
+        update_out=update_out,
     )
-    return {
+    result = {
         "metrics": metrics,
         "weights_sha256": file_sha256(out),
         "momentum_sha256": file_sha256(momentum_out),
     }
+    if update_out is not None and update_out.is_file():  # an int8 job's way down
+        result["update_sha256"] = file_sha256(update_out)
+    return result
+
+
+def _rebuild_request(section: Section, out: Path, blob_file: BlobFile) -> tuple[Path, Path, Path]:
+    """A share whose weights are the round before's (`base`) plus the owner's
+    `update`: both blobs, and where the rebuilt weights go (`weights_out`, which the
+    worker keeps as the next round's base)."""
+    base = blob_file(section.string("base", max_len=64))
+    update = blob_file(section.string("update", max_len=64))
+    rebuilt = _beside(out, section.string("weights_out", max_len=4096), "weights_out")
+    assert rebuilt is not None
+    return base, update, rebuilt
 
 
 def _beside(out: Path, raw: str | None, name: str) -> Path | None:

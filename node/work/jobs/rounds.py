@@ -29,6 +29,7 @@ class Round:
     closed_at: float = 0.0
     next_weights_sha256: str = ""  # after this round's outer step (set when closed)
     next_momentum_sha256: str = ""
+    next_update_sha256: str = ""  # the int8 change to the next weights ("": none)
     workers: list[str] = field(default_factory=list)  # peers whose deltas were applied
     dropped: list[str] = field(default_factory=list)  # peers that left or were late
     joined: list[str] = field(default_factory=list)  # new since the round before
@@ -36,6 +37,7 @@ class Round:
     val_loss: float | None = None  # of the weights after this round's outer step
     metrics: dict[str, float] = field(default_factory=dict)
     bytes_in: int = 0  # delta bytes received and applied
+    bytes_out: int = 0  # global weights and updates the round's workers fetched
     full_bytes: int = 0  # what the same deltas would take as float32 weights
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -63,6 +65,7 @@ class RoundStore:
                 "closed_at": float,
                 "next_weights_sha256": str,
                 "next_momentum_sha256": str,
+                "next_update_sha256": str,
                 "workers": str,
                 "dropped": str,
                 "joined": str,
@@ -70,6 +73,7 @@ class RoundStore:
                 "val_loss": float,
                 "metrics": str,
                 "bytes_in": int,
+                "bytes_out": int,
                 "full_bytes": int,
                 "seconds": float,
                 "notes": str,
@@ -77,6 +81,9 @@ class RoundStore:
             pk=("job_id", "round"),
             if_not_exists=True,
         )
+        for column, kind, default in (("next_update_sha256", str, ""), ("bytes_out", int, 0)):
+            if column not in db["rounds"].columns_dict:  # node.db from before
+                db["rounds"].add_column(column, kind, not_null_default=default)
 
     def open(
         self, job_id: str, round_: int, weights: str, momentum: str, deadline: float
@@ -120,6 +127,14 @@ class RoundStore:
             if cursor.rowcount != 1:
                 return None
         return self.get(job_id, round_)
+
+    def sent(self, job_id: str, round_: int, size: int) -> None:
+        """A worker fetched `size` bytes of the round's global weights (or update)."""
+        with self._db.conn:
+            self._db.execute(
+                'UPDATE rounds SET bytes_out = bytes_out + ? WHERE job_id = ? AND "round" = ?',
+                [int(size), job_id, round_],
+            )
 
     def note(self, job_id: str, round_: int, text: str) -> None:
         current = self.get(job_id, round_)

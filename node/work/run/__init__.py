@@ -16,7 +16,7 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 
 from node.work.run.availability import Availability, TrainingDays, keep_checking
 from node.work.run.executor import UnitFailed, run_training, runner_env
-from node.work.run.request import RequestBuilder, RunnerRequest, share_request
+from node.work.run.request import REBUILT_WEIGHTS, RequestBuilder, RunnerRequest, share_request
 from node.work.run.unit_folders import (
     inner_state_for,
     keep_inner_state,
@@ -25,6 +25,7 @@ from node.work.run.unit_folders import (
 )
 
 __all__ = [
+    "REBUILT_WEIGHTS",
     "Availability",
     "RequestBuilder",
     "RunnerRequest",

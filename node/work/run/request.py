@@ -124,12 +124,21 @@ class RunnerRequest:
 RequestBuilder = Callable[[dict[str, Any], dict[str, str], Path], RunnerRequest]
 
 
+REBUILT_WEIGHTS = "weights_in.safetensors"  # a share's weights, rebuilt beside `out`
+
+
 def share_request(
-    request: RunnerRequest, job_id: str, share: RoundShare, kept: Path | None, out: Path
+    request: RunnerRequest,
+    job_id: str,
+    share: RoundShare,
+    kept: Path | None,
+    out: Path,
+    rebuild: bool = False,
 ) -> RunnerRequest:
     """The runner request for one share of a round: the kept inner state (copied in
-    beside `out`, since the runner reads nothing else of this node's) and the files
-    it writes back."""
+    beside `out`, since the runner reads nothing else of this node's), the files it
+    writes back and, to `rebuild` the round's weights from the round before's and
+    the owner's update, those two and where the weights go."""
     elastic: dict[str, Any] = {
         "job_id": job_id,
         "round": share.round,
@@ -137,6 +146,10 @@ def share_request(
         "weights": share.weights_sha256,
         "state_out": str(out.parent / "state_out.safetensors"),
     }
+    if rebuild:
+        elastic["base"] = share.base_sha256
+        elastic["update"] = share.update_sha256
+        elastic["weights_out"] = str(out.parent / REBUILT_WEIGHTS)
     if kept is not None and kept.is_file():
         out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         state_in = out.parent / "state_in.safetensors"

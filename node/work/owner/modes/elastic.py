@@ -65,7 +65,11 @@ class ElasticRounds(ManyUnits):
     def delta_round(self, unit: Unit) -> int | None:
         return unit.round
 
-    def served_name(self, unit: Unit) -> str | None:
+    def served(self, unit: Unit, sha: str, size: int) -> str | None:
+        self.store.sent(unit.job_id, unit.round, size)  # the round's bytes down
+        before = self.store.get(unit.job_id, unit.round - 1) if unit.round else None
+        if before is not None and sha == before.next_update_sha256:
+            return f"round {unit.round}'s weights update"
         return f"round {unit.round}'s weights"
 
     def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
@@ -213,6 +217,14 @@ class ElasticRounds(ManyUnits):
             u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
         }
         candidates = await self._placement.candidates(job, busy)
+        before = self.store.get(job.id, current.round - 1) if current.round else None
+        way_down = (  # a worker that holds the round before's weights fetches the change
+            (before.weights_sha256, before.next_update_sha256)
+            if before is not None
+            and before.next_update_sha256
+            and before.next_weights_sha256 == current.weights_sha256
+            else ("", "")
+        )
         offered = 0
         for slot in free:
             if not candidates:
@@ -230,7 +242,7 @@ class ElasticRounds(ManyUnits):
                 round_=current.round,
                 slot=slot,
             )
-            share = RoundShare(current.round, slot, current.weights_sha256)
+            share = RoundShare(current.round, slot, current.weights_sha256, *way_down)
             note = f"round {share.round} slot {share.slot}"
             nursery.start_soon(partial(self._offer_unit, job, unit, note, share=share))
             offered += 1
@@ -246,7 +258,7 @@ class ElasticRounds(ManyUnits):
         before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
         workers = [u.worker for u in done]
         began = time.monotonic()
-        weights, momentum, metrics = await self._outer_step(job, current, done)
+        weights, momentum, update, metrics = await self._outer_step(job, current, done)
         numel_bytes = 4 * await self._delta_numel(job)
         closed = self.store.update(
             job.id,
@@ -256,6 +268,7 @@ class ElasticRounds(ManyUnits):
             closed_at=time.time(),
             next_weights_sha256=weights,
             next_momentum_sha256=momentum,
+            next_update_sha256=update,
             workers=workers,
             dropped=sorted({u.worker for u in lost} - set(workers)),
             joined=sorted(set(workers) - before) if current.round else [],
@@ -315,7 +328,7 @@ class ElasticRounds(ManyUnits):
 
     async def _outer_step(
         self, job: Job, current: Round, done: list[Unit]
-    ) -> tuple[str, str, dict[str, float]]:
+    ) -> tuple[str, str, str, dict[str, float]]:
         elastic: dict[str, Any] = {
             "job_id": job.id,
             "round": current.round,
@@ -324,13 +337,16 @@ class ElasticRounds(ManyUnits):
         }
         if current.momentum_sha256:
             elastic["momentum"] = current.momentum_sha256
+        elastic["update_out"] = "update.bin"  # written for an int8 job only
         result, folder = await self._run_here(job, "elastic_outer", elastic, "momentum")
-        weights = await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
-        momentum = await trio.to_thread.run_sync(
-            self.ctx.blobs.put_file, folder / "momentum.safetensors"
-        )
+        put = self.ctx.blobs.put_file
+        weights = await trio.to_thread.run_sync(put, folder / "out.safetensors")
+        momentum = await trio.to_thread.run_sync(put, folder / "momentum.safetensors")
+        update = ""
+        if result.get("update_sha256"):
+            update = await trio.to_thread.run_sync(put, folder / "update.bin")
         metrics = {k: float(v) for k, v in result.get("metrics", {}).items()}
-        return weights, momentum, metrics
+        return weights, momentum, update, metrics
 
     async def _run_here(
         self, job: Job, task: str, elastic: dict[str, Any], extra_out: str = ""
@@ -350,6 +366,8 @@ class ElasticRounds(ManyUnits):
         )
         if extra_out:
             elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
+        if "update_out" in elastic:
+            elastic = {**elastic, "update_out": str(folder / elastic["update_out"])}
         request = request.elastic_task(task, elastic)
         try:
             result = await ctx.run_owner_task(request, task_id, job.max_hours, lambda e: None)

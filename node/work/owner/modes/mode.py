@@ -112,8 +112,9 @@ class JobMode:
         whole weights."""
         return None
 
-    def served_name(self, unit: Unit) -> str | None:
-        """What a blob of `unit` that is not the job's data is, for the timeline."""
+    def served(self, unit: Unit, sha: str, size: int) -> str | None:
+        """A blob of `unit` that is not the job's data went to its worker: what it is,
+        for the timeline (the mode may count it)."""
         return None
 
     # -- results -----------------------------------------------------------------------

@@ -256,14 +256,21 @@ def test_single_restart_keeps_the_unit_and_requeues_only_a_job_with_none_live(
 
 
 def test_each_mode_names_a_units_place_in_its_job(owner: OwnerRole) -> None:
-    share = _unit(owner, _job(owner, ELASTIC, running=True), round_=2, slot=1)
+    job = _job(owner, ELASTIC, running=True)
+    share = _unit(owner, job, round_=2, slot=1)
     elastic = owner.modes["elastic"]
     assert (elastic.where(share), elastic.delta_round(share)) == ("round 2", 2)
-    assert elastic.served_name(share) == "round 2's weights"
+    store, later = elastic.store, time.time() + 60
+    store.open(job.id, 1, "a" * 64, "", later)
+    store.update(job.id, 1, "open", state="closed", next_update_sha256="e" * 64)
+    store.open(job.id, 2, "b" * 64, "", later)
+    assert elastic.served(share, "b" * 64, 100) == "round 2's weights"  # a newcomer's
+    assert elastic.served(share, "e" * 64, 30) == "round 2's weights update"
+    assert store.get(job.id, 2).bytes_out == 130  # the round's bytes down
     alone = _unit(owner, _job(owner))
     single = owner.modes["single"]
     assert single.where(alone) == f"unit {alone.unit_id}"
-    assert (single.delta_round(alone), single.served_name(alone)) == (None, None)
+    assert (single.delta_round(alone), single.served(alone, "b" * 64, 1)) == (None, None)
     trial = dataclasses.replace(alone, trial=3)
     assert owner.modes["sweep"].where(trial) == "trial 3"
 

@@ -1,0 +1,43 @@
+"""The global weights a worker holds for each elastic job it trains: the base the
+owner's next `RoundUpdate` applies to (`training.elastic.updates`).
+
+A worker that trained in round r holds round r's weights; round r+1's share names
+them as its base, with the update that gives round r+1's weights from them, so the
+worker fetches the update (about a quarter of the weights) and its runner rebuilds
+the weights, checked against the round's hash. A worker that holds another round's
+weights, or none (a newcomer, or after a restart), fetches the weights whole. Each job
+keeps only its newest weights in the blob store.
+"""
+
+from __future__ import annotations
+
+from node.work.blobs import BlobStore
+from protocol.rounds import RoundShare
+
+
+class HeldWeights:
+    def __init__(self, blobs: BlobStore) -> None:
+        self._blobs = blobs
+        self._held: dict[str, str] = {}  # job id -> sha256 of its newest global weights
+
+    def rebuilds(self, job_id: str, share: RoundShare) -> bool:
+        """Whether this share's weights come as the update to weights held here."""
+        base = share.base_sha256
+        return (
+            bool(share.update_sha256) and self._held.get(job_id) == base and self._blobs.has(base)
+        )
+
+    def to_fetch(self, blobs: list[str], share: RoundShare | None, rebuilds: bool) -> list[str]:
+        """Of a package's `blobs`, those to fetch: the update or the weights, not both."""
+        if share is None or not share.update_sha256:
+            return list(blobs)
+        skipped = share.weights_sha256 if rebuilds else share.update_sha256
+        return [sha for sha in blobs if sha != skipped]
+
+    def keep(self, job_id: str, sha: str, in_use: set[str]) -> None:
+        """`sha` (in the blob store) is the newest weights of `job_id` held here; the
+        ones before go unless a unit still training here reads them."""
+        before = self._held.get(job_id)
+        self._held[job_id] = sha
+        if before and before != sha and before not in in_use:
+            self._blobs.remove(before)
