@@ -200,9 +200,9 @@ def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object)
 def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     tmp_path: Path,
 ) -> None:
-    """A share's checkpoints (its H steps in two segments, from the global weights and
+    """A share's checkpoints (its H steps in one segment, from the global weights and
     the inner state the worker kept) replay to the worker's chain, and its last one
-    rebuilds the delta: fetched, or replayed from the middle one alone."""
+    rebuilds the delta: fetched, or as the replay ends on it."""
     spec = spec_to_plain(parse_spec(_spec(inner_steps=12) | {"trust": {"checkpoints": 4}}))
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
     weights = init["folder"] / "out.bin"
@@ -216,38 +216,29 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     )
     assert share["weights_sha256"] == plain["weights_sha256"]  # evidence changes nothing
     cps = share["checkpoints"]
-    assert len(cps) == 3 and "checkpoints" not in plain  # SHARE_SEGMENTS, not 4
+    assert len(cps) == 2 and "checkpoints" not in plain  # SHARE_SEGMENTS, not 4
     for path in (share["folder"] / "checkpoints").iterdir():
         blobs[file_sha256(path)] = path
-    steps = [0, 6, 12]
 
-    def replay(name: str, slot: int) -> dict:
+    def replay(name: str, slot: int, final: dict, given: dict = blobs) -> dict:
         table = {
             "init": True,
             "init_claimed": cps[0],
-            "segments": [
-                {"start": steps[i], "end": steps[i + 1], "from": cps[i]} for i in range(2)
-            ],
-            "final": cps[-1],
+            "segments": [{"start": 0, "end": 12, "from": cps[0]}],
             "share": {"job_id": "ab" * 8, "round": 1, "slot": slot, "weights": sha},
+            **final,
         }
-        return _replay_share(tmp_path / name, spec, blobs, table)
+        return _replay_share(tmp_path / name, spec, given, table)
 
-    honest = replay("check", 1)
+    honest = replay("check", 1, {"final": cps[-1]})
     assert honest["init_sha256"] == cps[0]
     assert honest["ends"] == cps[1:]
     assert honest["weights_sha256"] == share["weights_sha256"]
-    other = replay("other-slot", 0)  # another slot's seed: another start, other batches
-    assert other["init_sha256"] != cps[0]
-    assert all(a != b for a, b in zip(other["ends"], cps[1:], strict=True))
-    last = {
-        "segments": [{"start": 6, "end": 12, "from": cps[1]}],
-        "final_replayed": True,
-        "share": {"job_id": "ab" * 8, "round": 1, "slot": 1, "weights": sha},
-    }
-    alone = _replay_share(tmp_path / "last", spec, {sha: weights, cps[1]: blobs[cps[1]]}, last)
-    assert "init_sha256" not in alone and alone["ends"] == [cps[2]]
-    assert alone["weights_sha256"] == share["weights_sha256"]
+    other = replay("other-slot", 0, {"final": cps[-1]})  # another seed: start, batches
+    assert other["init_sha256"] != cps[0] and other["ends"] != cps[1:]
+    without_last = {k: v for k, v in blobs.items() if k != cps[-1]}
+    alone = replay("alone", 1, {"final_replayed": True}, without_last)  # nor fetched
+    assert alone["ends"] == cps[1:] and alone["weights_sha256"] == share["weights_sha256"]
 
 
 def _replay_share(folder: Path, spec: dict, blobs: dict, table: dict) -> dict:

@@ -81,12 +81,13 @@ def checkpoint_steps(total_steps: int, segments: int, validate_every: int = 0) -
     return sorted(steps)
 
 
-# A round's share is cut into this many segments, whatever `trust.checkpoints` says:
-# a replay fetches its segment's start, a whole training state (about 3x the model),
-# while the rest of a share moves about 1.25x (the weights down, an int8 delta up).
-# Two segments drawn at the budget's chance (10%) fetch 0.2 states a share on average,
-# and replay the budget's share of its steps (`docs/design/trust.md`).
-SHARE_SEGMENTS = 2
+# A round's share is one segment, whatever `trust.checkpoints` says: a replay fetches
+# its segment's start, a whole training state (about 3x the model), while the rest of
+# a share moves about half the model (int8 weights' update down, int8 delta up). One
+# segment drawn at the budget's chance (10%) fetches 0.1 states a share on average,
+# replays the budget's share of the steps, and checks both of the share's ends each
+# time it is drawn (`docs/design/trust.md`).
+SHARE_SEGMENTS = 1
 
 
 def share_checkpoint_steps(inner_steps: int, segments: int) -> list[int]:
