@@ -14,7 +14,8 @@ Files:
 - `offers`: offering one unit to one peer: the sealed work package and the answer.
 - `receipts`: the receipt exchange, both ends: the owner issues, the worker countersigns.
 - `worker`: the worker's side (`WorkerRole`): offer checks, fetch, train, heartbeats,
-  result, countersigning the receipt.
+  the states it holds for the owner's checks.
+- `delivery`: the worker's result sent with retries, and the receipt countersigned.
 - `held_weights`: each elastic job's newest global weights on a worker, which the
   owner's next round update applies to.
 - `service`: the work service (`WorkService`): stores, the blob server, both roles, the

@@ -15,16 +15,17 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
-from node.work import offers, receipts
+from node.work import offers
 from node.work.blobs import fetch_granted, issue_grant
 from node.work.context import WorkContext
+from node.work.delivery import deliver
 from node.work.held_weights import HeldWeights
 from node.work.offers import NO_ID, Declined
 from node.work.run import (
@@ -37,24 +38,17 @@ from node.work.run import (
 )
 from node.work.trust import MAX_HELD, HeldStates, drawn_by_commitment, spot_checked
 from protocol import (
-    MeshminerError,
     ProtocolError,
     open_envelope,
     seal,
 )
 from protocol.blobs import BlobGrant
-from protocol.names import PROGRESS_PROTOCOL, RESULT_PROTOCOL
-from protocol.receipts import (
-    NO_WEIGHTS_SHA256,
-    partial_credit,
-)
+from protocol.names import PROGRESS_PROTOCOL
 from protocol.rounds import RoundShare
 from protocol.work import (
-    RESULT_BEING_CHECKED,
     WORK_LIMITS,
     Progress,
     ProgressAck,
-    ReceiptReply,
     Result,
     WorkOffer,
     WorkPackage,
@@ -67,10 +61,6 @@ T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
 MIN_HEARTBEAT_S = 0.1  # heartbeats come at most this often, checkpoints or not
-RESULT_TIMEOUT_S = 900.0  # one result exchange (the owner fetches and checks the weights)
-DELIVERY_DEADLINE_S = 1800.0  # retries of a result or receipt stop after this long
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 15.0
 
 
 @dataclass
@@ -175,7 +165,7 @@ class WorkerRole:
                 outcome = await self._outcome(unit)
                 unit.phase = "uploading"  # heartbeats hold the lease while it is delivered
                 ctx.release(pkg.unit_id)  # its runner is gone: room for the next unit
-                await self._deliver(unit, outcome)
+                await deliver(ctx, unit, outcome)
                 heartbeat.cancel_scope.cancel()
         except Exception:
             log.exception("unit %s: result not delivered", pkg.unit_id)
@@ -445,73 +435,3 @@ class WorkerRole:
                     if kept
                     else b""
                 )
-
-    async def _deliver(self, unit: RunningUnit, result: Result) -> None:
-        """Send the result (retrying what fails in transit) and countersign the receipt."""
-        owner = unit.owner
-        sealed = seal(result, self.ctx.identity.signing_key)
-
-        async def send() -> ReceiptReply:
-            raw = await self.ctx.host.request(
-                owner, RESULT_PROTOCOL, sealed, WORK_LIMITS.max_bytes, timeout=RESULT_TIMEOUT_S
-            )
-            return open_envelope(
-                raw, ReceiptReply, expected_signer=owner, limits=WORK_LIMITS
-            ).message
-
-        what = f"result of unit {result.unit_id}"
-        reply = await self._with_retries(send, owner, what)
-        with trio.move_on_after(DELIVERY_DEADLINE_S):
-            while reply is not None and reply.reason == RESULT_BEING_CHECKED:
-                await trio.sleep(RETRY_FIRST_S)  # the owner checks our first copy
-                reply = await self._with_retries(send, owner, what)
-        if reply is None:
-            return
-        if not reply.accepted or not reply.receipt:
-            log.info("unit %s: owner answered: %s", result.unit_id, reply.reason or "ok")
-            return
-        try:
-            await self._countersign(unit, result, reply.receipt)
-        except (MeshminerError, ValueError) as exc:
-            log.warning(
-                "unit %s: receipt from %s not countersigned: %s", result.unit_id, owner, exc
-            )
-
-    async def _countersign(self, unit: RunningUnit, result: Result, half: bytes) -> None:
-        """Check the owner's receipt against our result and our own credit figure (a
-        pruned trial's: the share of it for the steps before the stop; a resumed
-        unit's: for the steps after its state), then hand it back countersigned
-        (`node.work.receipts`)."""
-        ctx = self.ctx
-        issued = receipts.check_issued(ctx, unit.owner, result, half)
-        data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
-        credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
-        if issued.weights_sha256 == NO_WEIGHTS_SHA256:  # a pruned trial's share
-            total = int(unit.progress.get("total_steps", 0))
-            if not 0 < issued.steps <= result.steps or total <= 0:
-                raise ProtocolError(
-                    f"a receipt for {issued.steps} steps; this node trained {result.steps}"
-                )
-            credit = partial_credit(credit, issued.steps, total)
-        elif unit.package.resume is not None:  # resumed: the steps after its state
-            total = int(unit.progress.get("total_steps", 0))
-            credit = partial_credit(credit, total - unit.package.resume.step, total)
-        await receipts.hand_back(ctx, unit.owner, result, half, credit, self._with_retries)
-
-    async def _with_retries(
-        self, call: Callable[[], Awaitable[T]], peer: str, what: str
-    ) -> T | None:
-        """`await call()` until it answers, with backoff, for DELIVERY_DEADLINE_S; None
-        when it never did. An answer of any kind (a refusal too) ends the retries."""
-        delay = RETRY_FIRST_S
-        with trio.move_on_after(DELIVERY_DEADLINE_S):
-            while True:
-                try:
-                    return await call()
-                except Exception as exc:
-                    log.info("%s to %s failed (%s); again in %.0f s", what, peer, exc, delay)
-                await trio.sleep(delay)
-                delay = min(RETRY_MAX_S, delay * 2)
-                self.ctx.host.allow_redial(peer)
-        log.warning("%s to %s: gave up after %.0f s", what, peer, DELIVERY_DEADLINE_S)
-        return None

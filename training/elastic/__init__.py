@@ -7,6 +7,7 @@ bitwise-equal weights. The owner's side of the rounds is
 
 - `rounds`: slot seeds, the flat delta, one share (`inner_round`), the outer step,
   `simulate`.
+- `flat`: a model's floating-point state as one float32 vector, and back.
 - `updates`: the global weights' way down: each round's change as int8, applied the
   same on every node (`apply_update`), with the residual fed back.
 - `tasks`: the runner's tasks `elastic_init`, `elastic_inner`, `elastic_outer`: one

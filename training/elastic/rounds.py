@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file
 
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from training.elastic.flat import flatten, float_names, unflatten
 from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
 from training.evidence.checkpoints import Course, share_checkpoint_steps
@@ -85,32 +86,6 @@ def elastic_of(spec: JobSpec) -> ElasticSpec:
     if spec.elastic is None:
         raise TrainingError(f"job {spec.name!r} is not an elastic job (mode {spec.mode!r})")
     return spec.elastic
-
-
-def float_names(
-    state: Mapping[str, torch.Tensor], frozen: frozenset[str] = frozenset()
-) -> list[str]:
-    """The tensors a delta carries: floating point, and not frozen by `model.trainable`."""
-    return sorted(
-        name for name, tensor in state.items() if tensor.is_floating_point() and name not in frozen
-    )
-
-
-def flatten(state: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    return torch.cat([state[n].detach().reshape(-1).to(torch.float32) for n in names])
-
-
-def unflatten(
-    state: Mapping[str, torch.Tensor], names: list[str], flat: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """`state` with its floating-point tensors taken from `flat`, in `names` order."""
-    out = dict(state)
-    offset = 0
-    for name in names:
-        like = state[name]
-        out[name] = flat[offset : offset + like.numel()].view(like.shape).to(like.dtype).clone()
-        offset += like.numel()
-    return out
 
 
 def numel_of(run: Prepared) -> int:

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from protocol.rounds import RoundUpdate, decode_round_update, encode_round_update
 from protocol.tensors import decode_tensor, encode_tensor, tensor_limits
+from training.elastic.flat import flatten, float_names, unflatten
 from training.errors import TrainingError
 from training.model.weights import file_sha256, write_atomic, write_weights
 from training.ops import (
@@ -81,8 +82,6 @@ def rebuild_weights(
     """Round `round_`'s global weights from the round before's (`base`) and the
     owner's update, written to `out` as the owner wrote them; their sha256 must be
     `weights` (else `TrainingError`)."""
-    from training.elastic.rounds import flatten, float_names, unflatten  # (it imports us)
-
     state = load_file(str(base), device="cpu")
     names = float_names(state, run.frozen)
     start = flatten(state, names)
