@@ -324,11 +324,14 @@ class WorkerRole:
     ) -> None:
         """The round's weights stay as the base of the job's next update; a used
         update goes."""
+        others = [u for u in self.units.values() if u.package.round_share is not share]
+        in_use = {sha for u in others for sha in u.package.blobs}
         if rebuilt:
             path = folder / REBUILT_WEIGHTS
             size = self.ctx.blobs.size(share.update_sha256)
             await trio.to_thread.run_sync(self.ctx.blobs.put_file, path)
-            self.ctx.blobs.remove(share.update_sha256)
+            if share.update_sha256 not in in_use:  # another share of the round may read it
+                self.ctx.blobs.remove(share.update_sha256)
             log.info(
                 "job %s: round %d's weights rebuilt from the round before's and a %d-byte "
                 "update (the weights are %d bytes)",
@@ -337,7 +340,6 @@ class WorkerRole:
                 size,
                 path.stat().st_size,
             )
-        in_use = {sha for u in self.units.values() for sha in u.package.blobs}
         self._weights.keep(job_id, share.weights_sha256, in_use)
 
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:

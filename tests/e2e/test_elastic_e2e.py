@@ -158,7 +158,9 @@ def test_an_owner_killed_mid_round_makes_no_volunteer_train_twice(
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     workers = localnet.add_many(2)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = elastic_toml("restart", workers=2, min_workers=2, inner_steps=100, rounds=4)
+    # shares long enough (a few seconds) to be caught training: most are not spot
+    # checked, so a round of short ones is over before a poll sees it
+    spec = elastic_toml("restart", workers=2, min_workers=2, inner_steps=600, rounds=4)
     job_id = _submit(owner, spec)
     before = _wait_closed(owner, job_id, 2, 180)
     wait_for(

@@ -192,10 +192,11 @@ class SpotChecks:
     async def _check_share(
         self, sub: Submitted, steps: list[int], bound: int, chosen: list[int], cross: bool
     ) -> Verdict:
-        """A round's share: its drawn segments only, each from its start, and nothing
-        fetched when none was drawn. Checkpoint 0 is rebuilt from the round's weights
-        (and the worker's inner optimizer state) when segment 0 is replayed; the delta
-        from the replayed last state when the last one is (`docs/design/trust.md`)."""
+        """A round's share: its drawn segments only (a share is one segment:
+        `SHARE_SEGMENTS`), each from its start, and nothing fetched when none was
+        drawn. Checkpoint 0 is rebuilt from the round's weights (and the worker's inner
+        optimizer state) when segment 0 is replayed; the delta from the replayed last
+        state when the last one is (`docs/design/trust.md`)."""
         cps, last = sub.result.checkpoints, len(steps) - 2
         verdict = Verdict(
             True,
@@ -212,8 +213,10 @@ class SpotChecks:
         if 0 in chosen:
             table["init_claimed"] = cps[0]
         del table["final"]
-        if last in chosen:  # across classes from the worker's own state, checked close
-            table["final" if cross else "final_replayed"] = cps[-1] if cross else True
+        if last in chosen and cross:  # the replay ends close to the worker's state
+            table["final"] = cps[-1]  # (its claimed end, fetched anyway): from that
+        elif last in chosen:  # the replay ends on the worker's own state: from that
+            table["final_replayed"] = True
         need = {cps[i] for i in needed_states(chosen, cross, True)}
         replay = await self._replay(sub, table, need, bound, {table["share"]["weights"]})
         verdict.replayed_steps = int(replay.get("replayed_steps", 0))
