@@ -19,7 +19,7 @@ values are off (NaN, Inf, or int8 codes outside -127..127).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -131,24 +131,14 @@ def decode_round_delta(
     """Parse and check a delta file against what the owner expects of it: this job,
     this round, these starting weights, the job's compression, `numel` elements,
     finite values. Raises `TooLarge` or `DecodeError` naming what is wrong."""
-    plain = decode(data, delta_limits(numel))
-    if not isinstance(plain, dict) or plain.get("t") != RoundDelta.TYPE:
-        raise DecodeError("not a round delta file")
-    version = plain.pop("v", None)
-    if type(version) is not int or version != RoundDelta.VERSION:  # True == 1 in Python
-        raise DecodeError(f"round delta: only version {RoundDelta.VERSION} is read")
-    plain.pop("t")
-    delta = from_plain(RoundDelta, plain)
-    expected = (
-        ("job_id", job_id),
-        ("round", round),
-        ("base_sha256", base_sha256),
-        ("compression", compression),
-    )
-    for name, want in expected:
-        got = getattr(delta, name)
-        require(got == want, f"RoundDelta.{name}", f"is {repr(got)[:80]}, expected {want!r}")
-    require(delta.numel == numel, "RoundDelta.numel", f"is {delta.numel}; this model has {numel}")
+    expected = {
+        "job_id": job_id,
+        "round": round,
+        "base_sha256": base_sha256,
+        "compression": compression,
+        "numel": numel,
+    }
+    delta = _read_file(data, RoundDelta, "round delta", numel, expected)
     values = delta.values()
     if delta.compression == "none":
         if not np.isfinite(values).all():
@@ -192,26 +182,39 @@ def decode_round_update(
     """Parse and check an update file against the share it came with: this job, this
     round, from these weights to those, `numel` elements, canonical int8 blocks.
     Raises `TooLarge` or `DecodeError` naming what is wrong."""
-    plain = decode(data, delta_limits(numel))
-    if not isinstance(plain, dict) or plain.get("t") != RoundUpdate.TYPE:
-        raise DecodeError("not a round update file")
-    version = plain.pop("v", None)
-    if type(version) is not int or version != RoundUpdate.VERSION:
-        raise DecodeError(f"round update: only version {RoundUpdate.VERSION} is read")
-    plain.pop("t")
-    update = from_plain(RoundUpdate, plain)
-    expected = (
-        ("job_id", job_id),
-        ("round", round),
-        ("base_sha256", base_sha256),
-        ("weights_sha256", weights_sha256),
-    )
-    for name, want in expected:
-        got = getattr(update, name)
-        require(got == want, f"RoundUpdate.{name}", f"is {repr(got)[:80]}, expected {want!r}")
-    has = f"is {update.numel}; this model has {numel}"
-    require(update.numel == numel, "RoundUpdate.numel", has)
+    expected = {
+        "job_id": job_id,
+        "round": round,
+        "base_sha256": base_sha256,
+        "weights_sha256": weights_sha256,
+        "numel": numel,
+    }
+    update = _read_file(data, RoundUpdate, "round update", numel, expected)
     values = decode_tensor(update.tensor, tensor_limits(numel))
     if values.shape != [numel]:
         raise DecodeError(f"RoundUpdate.tensor has shape {values.shape}, expected [{numel}]")
     return update
+
+
+F = TypeVar("F", RoundDelta, RoundUpdate)
+
+
+def _read_file(data: bytes, cls: type[F], what: str, numel: int, expected: dict[str, Any]) -> F:
+    """A `cls` file of at most `numel` values, its fields checked against `expected`
+    (each mismatch named: `<Class>.<field> is <got>, expected <want>`)."""
+    plain = decode(data, delta_limits(numel))
+    if not isinstance(plain, dict) or plain.get("t") != cls.TYPE:
+        raise DecodeError(f"not a {what} file")
+    version = plain.pop("v", None)
+    if type(version) is not int or version != cls.VERSION:  # True == 1 in Python
+        raise DecodeError(f"{what}: only version {cls.VERSION} is read")
+    plain.pop("t")
+    message = from_plain(cls, plain)
+    for name, want in expected.items():
+        got = getattr(message, name)
+        if name == "numel":
+            require(got == want, f"{cls.__name__}.numel", f"is {got}; this model has {want}")
+        else:
+            why = f"is {repr(got)[:80]}, expected {want!r}"
+            require(got == want, f"{cls.__name__}.{name}", why)
+    return message

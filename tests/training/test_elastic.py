@@ -182,6 +182,18 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
         }
         assert "val_loss" in outer["metrics"]
     assert file_sha256(weights) == expected
+    # an update that does not give the round's weights, or applied to other weights,
+    # is refused by name, and nothing is rebuilt
+    wrong = [
+        ({**way_down, "base": init["weights_sha256"]}, "RoundUpdate.base_sha256"),
+        (way_down, "RoundUpdate.weights_sha256"),
+    ]
+    blobs[init["weights_sha256"]] = init["folder"] / "out.bin"
+    for n, (given, message) in enumerate(wrong):
+        with pytest.raises(SpecError, match=f"request.elastic.update: {message}"):
+            _runner(tmp_path, spec, f"bad{n}", "elastic_inner", blobs, job_id=job, round=2,
+                    slot=0, weights="f" * 64, state_out="state.safetensors", **given)  # fmt: skip
+        assert not (tmp_path / f"bad{n}" / "weights.safetensors").exists()
 
 
 def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object) -> dict:

@@ -253,9 +253,9 @@ def outer_step(
     names = float_names(state, run.frozen)
     params = flatten(state, names)
     start = params.clone()
-    kept = load_file(str(momentum)) if momentum is not None else {}
-    buffer = kept[MOMENTUM].to(torch.float32) if kept else torch.zeros_like(params)
-    residual = kept.get(RESIDUAL, torch.zeros_like(params)).to(torch.float32)
+    carried = load_file(str(momentum)) if momentum is not None else {}
+    buffer = carried[MOMENTUM].to(torch.float32) if carried else torch.zeros_like(params)
+    residual = carried.get(RESIDUAL, torch.zeros_like(params)).to(torch.float32)
     if buffer.shape != params.shape or residual.shape != params.shape:
         raise TrainingError(f"the momentum has {buffer.numel()} values, the model {params.numel()}")
     base = file_sha256(weights)
@@ -289,14 +289,14 @@ def outer_step(
         grad /= len(decoded)
         buffer.mul_(elastic.outer_momentum).add_(grad)
         params.add_(grad.add(buffer, alpha=elastic.outer_momentum), alpha=-elastic.outer_lr)
-    kept = {MOMENTUM: buffer}
+    carry = {MOMENTUM: buffer}
     if elastic.compression == "int8" and update_out is not None:
-        change, params, kept[RESIDUAL] = compress_change(start, params, residual)
+        change, params, carry[RESIDUAL] = compress_change(start, params, residual)
     new_state = unflatten(state, names, params)
     sha = write_weights(out, new_state, run.metadata)
     if elastic.compression == "int8" and update_out is not None:
         write_update(update_out, change, job_id=job_id, round_=round_ + 1, base=base, weights=sha)
-    write_weights(momentum_out, kept, {"format": "meshminer.momentum/1"})
+    write_weights(momentum_out, carry, {"format": "meshminer.momentum/1"})
     if run.data.val is None:
         return {}
     model = build_model(run.plan).to(run.device)

@@ -140,13 +140,14 @@ class SpotChecks:
         except ProtocolError as exc:
             return Verdict(False, str(exc), caught=True)
         reported = _reported_segments(sub, steps, chosen or [], rng)
-        streak = self.reputation.get(sub.peer).streak
-        if chosen is None and sub.delta_round is not None:  # each segment, as it trained
-            chance = replay_chance(sub.spec, streak)
-            chosen = [i for i in range(len(steps) - 1) if drawn(chance, rng)]
-        elif chosen is None:  # it committed to nothing while training: drawn now
-            budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
-            chosen = choose_segments(len(steps) - 1, budget, streak, rng)
+        if chosen is None:  # it committed to nothing while training: drawn now
+            streak = self.reputation.get(sub.peer).streak
+            if sub.delta_round is not None:  # each segment, as it would have been
+                chance = replay_chance(sub.spec, streak)
+                chosen = [i for i in range(len(steps) - 1) if drawn(chance, rng)]
+            else:
+                budget = float(sub.spec.get("trust", {}).get("spot_check_budget", 0.1))
+                chosen = choose_segments(len(steps) - 1, budget, streak, rng)
         chosen = sorted({*chosen, *reported})
         cross = across_classes(self.ctx, sub.peer)
         if sub.delta_round is not None:
