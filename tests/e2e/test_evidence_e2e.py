@@ -6,6 +6,7 @@ worker never holds more than three states, however many checkpoints the unit has
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import sqlite3
@@ -75,10 +76,26 @@ def test_a_worker_holds_three_states_and_an_owner_killed_meanwhile_draws_none_tw
     out = _cli("submit", str(spec), "--api", owner.api)
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split("job ", 1)[1].split(" ", 1)[0]
+    db = f"file:{owner.data_dir / 'node.db'}?mode=ro"
+
+    def replayed_early() -> int:
+        with closing(sqlite3.connect(db, uri=True)) as conn:
+            try:
+                rows = conn.execute("select chain from commitments").fetchall()
+            except sqlite3.OperationalError:  # no table yet
+                return 0
+        return sum(len(json.loads(chain)["replayed"]) for (chain,) in rows)
+
+    # killed once a segment was replayed while it trained (kept in node.db), so that
+    # the count below does not race the replay's start-up against the training
     job = wait_for(
-        lambda: (j := owner.get(f"/api/v1/jobs/{job_id}"))["progress"].get("step", 0) >= 300 and j,
+        lambda: (
+            (j := owner.get(f"/api/v1/jobs/{job_id}"))["progress"].get("step", 0) >= 300
+            and replayed_early() >= 1
+            and j
+        ),
         120,
-        "a fifth of the training",
+        "a fifth of the training and a segment replayed",
     )
     unit_id = job["unit_id"]
     owner.stop(signal.SIGKILL)
