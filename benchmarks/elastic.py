@@ -7,18 +7,18 @@ measured in the same run.
 The job is the elastic demo's: a small character transformer on meshminer's own
 module docstrings (`training.spec.examples.char_lm_elastic_toml`).
 
-- **comm**: elastic (H = `--inner-steps`, int8 deltas) against synchronous data
-  parallel that averages fp32 gradients every step, with the same workers, per-worker
-  batch and total samples. Both run in this process (`train-local`): the elastic one
-  simulates every worker of every round with the network's arithmetic; the baseline
+- **comm**: elastic rounds (H = `--inner-steps`) against synchronous data parallel
+  that averages fp32 gradients every step, with the same workers, per-worker batch
+  and total samples. All run in this process (`train-local`): the elastic ones
+  simulate every worker of every round with the network's arithmetic; the baseline
   trains one model on the workers' batches together (the mean of W gradients over W
   batches is the gradient of their union). Bytes: what a ring all-reduce of the fp32
   gradients sends per step, 2 (W - 1) x 4 n over all workers, against what elastic
   rounds move: every worker's delta up, and down the fp32 global weights in round 0
-  and each later round's int8 update (`training.elastic.updates`).
-  The same rounds with fp32 both ways (`compression = "none"`) beside them. Goals:
-  >= 200x fewer bytes than the baseline; final validation loss within 2 % of the
-  fp32 elastic run's.
+  and each later round's update (`training.elastic.updates`), once with each
+  `elastic.compression` (fp32, int8 and int4 both ways). Goals, for the default
+  compression: >= 200x fewer bytes than the baseline; final validation loss within
+  2 % of the fp32 elastic run's.
 - **churn**: real nodes on loopback, the same job with fixed membership and with
   churn (one worker SIGKILLed in round 1, a new node started two rounds later); the
   final validation loss of each and their ratio.
@@ -72,6 +72,9 @@ def _spec(corpus: Path, workers: int, rounds: int, inner: int, min_workers: int,
     )
 
 
+COMPRESSIONS = ("none", "int8", "int4")
+
+
 def communication(root: Path, workers: int, rounds: int, inner: int, width: int) -> Result:
     from safetensors import safe_open
 
@@ -80,9 +83,7 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     raw = tomllib.loads(_spec(corpus, workers, rounds, inner, workers, width))
-    began = time.perf_counter()
-    elastic = train_local(parse_spec(raw), root / "elastic.safetensors")
-    elastic_s = time.perf_counter() - began
+    default = parse_spec(raw).elastic.compression
     baseline_raw = {k: v for k, v in raw.items() if k != "elastic"}
     baseline_raw["mode"] = "single"
     baseline_raw["data"] = {**raw["data"], "batch_size": raw["data"]["batch_size"] * workers}
@@ -90,48 +91,55 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
     began = time.perf_counter()
     baseline = train_local(parse_spec(baseline_raw), root / "sync.safetensors")
     baseline_s = time.perf_counter() - began
-    exact_raw = {**raw, "elastic": {**raw["elastic"], "compression": "none"}}
-    began = time.perf_counter()
-    exact = train_local(parse_spec(exact_raw), root / "exact.safetensors")  # fp32 both ways
-    exact_s = time.perf_counter() - began
-    exact_bytes = sum(r["bytes_in"] + r["bytes_out"] for r in exact["rounds"])
-
-    weights = root / "elastic.safetensors"
+    runs: dict[str, dict[str, Any]] = {}
+    for compression in COMPRESSIONS:
+        weights = root / f"{compression}.safetensors"
+        began = time.perf_counter()
+        spec = parse_spec({**raw, "elastic": {**raw["elastic"], "compression": compression}})
+        trained = train_local(spec, weights)
+        runs[compression] = {
+            "seconds": time.perf_counter() - began,
+            "val_loss": trained["rounds"][-1]["val_loss"],
+            "up": sum(r["bytes_in"] for r in trained["rounds"]),  # every worker's delta
+            "down": sum(r["bytes_out"] for r in trained["rounds"]),  # weights, then updates
+        }
     with safe_open(str(weights), "pt") as f:
         numel = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
     sync_bytes = rounds * inner * 2 * (workers - 1) * 4 * numel
-    deltas = sum(r["bytes_in"] for r in elastic["rounds"])
-    down = sum(r["bytes_out"] for r in elastic["rounds"])  # weights once, then updates
-    elastic_bytes = deltas + down
-    e_loss = elastic["rounds"][-1]["val_loss"]
-    s_loss = baseline["metrics"]["val_loss"]
+    exact_loss = runs["none"]["val_loss"]
     result = Result(
-        "elastic: communication at equal quality", ["run", "final val loss", "bytes", "seconds"]
+        "elastic: communication at equal quality",
+        ["run", "final val loss", "vs fp32 elastic", "bytes", "fewer than sync DP"],
     )
-    result.add(
-        f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, sync_bytes, baseline_s
-    )
-    x_loss = exact["rounds"][-1]["val_loss"]
-    result.add(f"elastic H={inner}, fp32 both ways", x_loss, exact_bytes, exact_s)
-    result.add(f"elastic H={inner}, int8 both ways", e_loss, elastic_bytes, elastic_s)
+    s_loss = baseline["metrics"]["val_loss"]
+    result.add(f"sync DP, fp32 gradients every step ({workers} workers)", s_loss, "", sync_bytes, 1)
+    for compression, run in runs.items():
+        total = run["up"] + run["down"]
+        run["bytes"], run["bytes_ratio"] = total, sync_bytes / total
+        run["val_loss_vs_uncompressed"] = run["val_loss"] / exact_loss
+        name = "fp32" if compression == "none" else compression
+        mark = " (default)" if compression == default else ""
+        result.add(
+            f"elastic H={inner}, {name} both ways{mark}",
+            run["val_loss"],
+            f"{run['val_loss_vs_uncompressed']:.4f}",
+            total,
+            f"{run['bytes_ratio']:.1f}x",
+        )
+    chosen = runs[default]
     result.meta.update(
         {
             "workers": workers,
             "rounds": rounds,
             "inner_steps": inner,
             "numel": numel,
+            "compression": default,
             "sync_bytes": sync_bytes,
-            "elastic_bytes": elastic_bytes,
-            "delta_bytes": deltas,
-            "down_bytes": down,
-            "down_bytes_whole_weights": rounds * workers * weights.stat().st_size,
-            "bytes_ratio": sync_bytes / elastic_bytes,
-            "val_loss_elastic": e_loss,
+            "sync_seconds": baseline_s,
             "val_loss_sync": s_loss,
-            "val_loss_ratio": e_loss / s_loss,
-            "val_loss_uncompressed": x_loss,
-            "val_loss_vs_uncompressed": e_loss / x_loss,
-            "bytes_uncompressed": exact_bytes,
+            "runs": runs,
+            "bytes_ratio": chosen["bytes_ratio"],
+            "val_loss_vs_uncompressed": chosen["val_loss_vs_uncompressed"],
         }
     )
     return result

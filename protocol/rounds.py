@@ -5,15 +5,16 @@ An elastic (DiLoCo) job trains in rounds. Each round the owner offers units; a u
 trains, and the global weights it starts from. The worker answers with a
 `RoundDelta` file (its `Result` signs the file's sha256): the pseudo-gradient
 (start weights minus end weights) of the whole model as one flat float32 vector,
-blockwise int8 (`protocol.tensors.CompressedTensor`) or plain float32.
+blockwise int8 or int4 (`protocol.tensors.CompressedTensor`) or plain float32.
 
 The owner's `RoundUpdate` goes the other way: how the global weights changed from
-one round to the next, blockwise int8, for a worker that holds the round before's.
+one round to the next, in the job's codes, for a worker that holds the round before's.
 
 The delta is bounded before it is sized: the caller passes the job's parameter count
 (`numel`) from the model plan, and the limits allow nothing bigger. A delta for
 another job, round or starting point is refused by name, as is one whose size or
-values are off (NaN, Inf, or int8 codes outside -127..127).
+values are off (NaN, Inf, codes outside -127..127 or -7..7, or codes of another
+width than the job's).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from protocol.ids import check_id
 from protocol.schema import from_plain, to_plain
 from protocol.tensors import decode_tensor, tensor_limits
 
-COMPRESSIONS = ("int8", "none")
+#: a job's `elastic.compression`, and the width of its codes on the wire ("none": float32)
+CODE_BITS = {"int8": 8, "int4": 4}
+COMPRESSIONS = (*CODE_BITS, "none")
 MAX_ROUND = 10**6
 MAX_SLOT = 4096
 _OVERHEAD = 4096  # the map's keys, ids and headers around `tensor`
@@ -77,7 +80,7 @@ class RoundDelta:
     slot: int
     base_sha256: str  # the global weights the worker started from
     numel: int  # elements of the flat delta (the model's floating-point state)
-    compression: str  # "int8": `tensor` is an encoded CompressedTensor; "none": float32
+    compression: str  # int8/int4: `tensor` is an encoded CompressedTensor; "none": float32
     tensor: bytes
     steps: int  # inner steps trained
 
@@ -101,7 +104,7 @@ class RoundDelta:
             )
 
     def values(self) -> np.ndarray | Any:
-        """The float32 vector ("none"), or the checked `CompressedTensor` ("int8")."""
+        """The float32 vector ("none"), or the checked `CompressedTensor`."""
         if self.compression == "none":
             return np.frombuffer(self.tensor, dtype="<f4")
         return decode_tensor(self.tensor, tensor_limits(self.numel))
@@ -143,14 +146,21 @@ def decode_round_delta(
     if delta.compression == "none":
         if not np.isfinite(values).all():
             raise DecodeError("RoundDelta.tensor holds NaN or Inf")
-    elif values.shape != [numel]:
-        raise DecodeError(f"RoundDelta.tensor has shape {values.shape}, expected [{numel}]")
+    else:
+        _check_codes(values, "RoundDelta", numel, CODE_BITS[delta.compression])
     return delta
+
+
+def _check_codes(values: Any, what: str, numel: int, bits: int) -> None:
+    if values.shape != [numel]:
+        raise DecodeError(f"{what}.tensor has shape {values.shape}, expected [{numel}]")
+    if values.bits != bits:
+        raise DecodeError(f"{what}.tensor has {values.bits}-bit codes; this job sends {bits}")
 
 
 @dataclass(frozen=True)
 class RoundUpdate:
-    """How the global weights changed from one round to the next, as blockwise int8
+    """How the global weights changed from one round to the next, in the job's codes
     (the owner's file; `training.elastic.updates` says how it is made and applied)."""
 
     TYPE: ClassVar[str] = "round_update"
@@ -177,11 +187,19 @@ def encode_round_update(update: RoundUpdate) -> bytes:
 
 
 def decode_round_update(
-    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str, weights_sha256: str
+    data: bytes,
+    *,
+    numel: int,
+    job_id: str,
+    round: int,
+    base_sha256: str,
+    weights_sha256: str,
+    compression: str,
 ) -> RoundUpdate:
     """Parse and check an update file against the share it came with: this job, this
-    round, from these weights to those, `numel` elements, canonical int8 blocks.
-    Raises `TooLarge` or `DecodeError` naming what is wrong."""
+    round, from these weights to those, `numel` elements, canonical blocks of the
+    job's `compression` (int8 or int4). Raises `TooLarge` or `DecodeError` naming
+    what is wrong."""
     expected = {
         "job_id": job_id,
         "round": round,
@@ -189,10 +207,11 @@ def decode_round_update(
         "weights_sha256": weights_sha256,
         "numel": numel,
     }
+    if compression not in CODE_BITS:
+        raise DecodeError(f"a job with compression {compression!r} has no round updates")
     update = _read_file(data, RoundUpdate, "round update", numel, expected)
     values = decode_tensor(update.tensor, tensor_limits(numel))
-    if values.shape != [numel]:
-        raise DecodeError(f"RoundUpdate.tensor has shape {values.shape}, expected [{numel}]")
+    _check_codes(values, "RoundUpdate", numel, CODE_BITS[compression])
     return update
 
 

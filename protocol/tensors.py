@@ -1,4 +1,4 @@
-"""`CompressedTensor`: a blockwise-int8 tensor on the wire (weight deltas, never weights).
+"""`CompressedTensor`: a blockwise int8 or int4 tensor on the wire (weight changes, never weights).
 
 Elastic jobs move weight *deltas* every round, and volunteer links are slow, so a
 delta travels as int8 codes plus one float32 scale per block of `block_size`
@@ -6,10 +6,14 @@ elements: about a quarter of its float32 size (a half of bfloat16). Lossless
 weights stay safetensors (`training.model.weights`); this encoding is lossy and used
 only where the training side has chosen that loss (see docs/ops.md for the bound).
 
-Wire form: one msgpack map ``{t, v, shape, dtype, block_size, codes, scales}``;
-`codes` holds ``prod(shape)`` int8 values in row-major order, `scales` holds
+Wire form: one msgpack map ``{t, v, shape, dtype, block_size, bits, codes, scales}``;
+`codes` holds ``prod(shape)`` codes in row-major order, `scales` holds
 ``ceil(prod(shape) / block_size)`` little-endian float32 values. Element ``i``
-decodes to ``codes[i] * scales[i // block_size]``, rounded to `dtype`.
+decodes to ``codes[i] * scales[i // block_size]``, rounded to `dtype`. With
+``bits = 8`` (the default when the key is absent) each code is one int8 byte; with
+``bits = 4`` two codes share a byte, element ``2k`` in the low nibble and ``2k + 1``
+in the high one, each a two's-complement nibble, and an odd count leaves the last
+high nibble zero: half the bytes, for elastic jobs that choose the coarser codes.
 
 Everything is bounded before anything is sized from the message: the codec's
 `Limits` cap the bytes (so the two byte strings are already bounded when they are
@@ -17,7 +21,8 @@ read), and `shape` is accepted only when its product equals the codes' length,
 computed with an early stop so that a hostile shape costs nothing. Values are
 checked too, so that only canonical tensors are accepted: every scale finite and
 positive (a delta that held NaN or Inf cannot be sent, see `training.ops.wire`),
-and no code is -128 (the quantizer uses -127..127, symmetric around zero).
+and no code is the most negative of its width (-128, or -8 in a nibble: the
+quantizer is symmetric around zero, -127..127 and -7..7).
 
 This module needs numpy, never torch; `training.ops.wire` converts to tensors.
 """
@@ -45,6 +50,9 @@ MAX_NDIM = 8
 DEFAULT_MAX_NUMEL = 1 << 28
 
 _KEYS = frozenset({"t", "v", "shape", "dtype", "block_size", "codes", "scales"})
+_OPTIONAL_KEYS = frozenset({"bits"})
+#: code widths: one byte a code, or two codes a byte
+BITS = (8, 4)
 _OVERHEAD = 1024  # map keys, shape, dtype, headers of the two byte strings
 
 
@@ -60,7 +68,7 @@ def tensor_limits(max_numel: int) -> Limits:
     return Limits(
         max_bytes=max_numel + max_scale_bytes + _OVERHEAD,
         max_depth=2,
-        max_container_len=max(MAX_NDIM, len(_KEYS)),
+        max_container_len=max(MAX_NDIM, len(_KEYS | _OPTIONAL_KEYS)),
         max_str_len=32,
         max_bin_len=max(max_numel, max_scale_bytes, 1),
     )
@@ -83,7 +91,8 @@ def _numel_if_at_most(shape: list[int], bound: int) -> int | None:
 
 @dataclass(frozen=True)
 class CompressedTensor:
-    """A tensor as blockwise int8 codes and float32 scales (see the module docstring)."""
+    """A tensor as blockwise int8 or int4 codes and float32 scales (see the module
+    docstring)."""
 
     TYPE: ClassVar[str] = "compressed_tensor"
     VERSION: ClassVar[int] = 1
@@ -91,16 +100,17 @@ class CompressedTensor:
     shape: list[int]
     dtype: str  # one of DTYPES: what the decoded tensor's elements are
     block_size: int  # elements per scale; a power of two in MIN..MAX_BLOCK_SIZE
-    codes: bytes  # prod(shape) int8 values, row-major
+    codes: bytes  # prod(shape) codes, row-major: a byte each, or a nibble each (bits 4)
     scales: bytes  # ceil(prod(shape) / block_size) float32 values, little-endian
+    bits: int = 8  # one of BITS
 
     @property
     def numel(self) -> int:
-        return len(self.codes)
+        return _numel_if_at_most(self.shape, 8 * len(self.codes) // self.bits) or 0
 
     @property
     def nblocks(self) -> int:
-        return -(-len(self.codes) // self.block_size)
+        return -(-self.numel // self.block_size)
 
     def check(self, path: str) -> None:
         """Structure: the sizes agree with each other. Runs in O(ndim)."""
@@ -114,21 +124,23 @@ class CompressedTensor:
             f"{path}.block_size",
             f"must be a power of two in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}",
         )
-        numel = _numel_if_at_most(self.shape, len(self.codes))
+        require(self.bits in BITS, f"{path}.bits", "must be 8 or 4")
+        numel = _numel_if_at_most(self.shape, 8 * len(self.codes) // self.bits)
         require(
-            numel == len(self.codes),
+            numel is not None and len(self.codes) == -(-numel * self.bits // 8),
             f"{path}.codes",
-            f"must hold prod(shape) int8 values; it has {len(self.codes)} bytes",
+            f"must hold prod(shape) {self.bits}-bit codes; it has {len(self.codes)} bytes",
         )
         require(
             len(self.scales) == 4 * self.nblocks,
             f"{path}.scales",
             f"must hold {self.nblocks} float32 values ({4 * self.nblocks} bytes) for "
-            f"{len(self.codes)} elements in blocks of {bs}; it has {len(self.scales)} bytes",
+            f"{self.numel} elements in blocks of {bs}; it has {len(self.scales)} bytes",
         )
 
     def check_values(self, path: str) -> None:
-        """Content: finite positive scales, codes in -127..127. Runs in O(numel)."""
+        """Content: finite positive scales, codes in -127..127 (-7..7 for bits 4), an
+        odd count's padding nibble zero. Runs in O(numel)."""
         scales = self.scales_array()
         if not (np.isfinite(scales).all() and (scales > 0).all()):
             bad = int(np.flatnonzero(~(np.isfinite(scales) & (scales > 0)))[0])
@@ -136,13 +148,23 @@ class CompressedTensor:
                 f"{path}.scales[{bad}] is {float(scales[bad])!r}; every scale must be a "
                 "finite number > 0 (a delta holding NaN or Inf cannot be sent)"
             )
+        if self.bits == 4 and self.numel % 2 and self.codes[-1] >> 4:
+            raise DecodeError(f"{path}.codes: the padding nibble after the last code is not 0")
         codes = self.codes_array()
-        if codes.size and int(codes.min()) == -128:
-            raise DecodeError(f"{path}.codes holds -128; codes are -127..127")
+        low = -(1 << (self.bits - 1))
+        if codes.size and int(codes.min()) == low:
+            raise DecodeError(f"{path}.codes holds {low}; codes are {low + 1}..{-low - 1}")
 
     def codes_array(self) -> np.ndarray:
-        """The codes as a read-only int8 array (a view of `codes`, no copy)."""
-        return np.frombuffer(self.codes, dtype=np.int8)
+        """The codes as an int8 array: a read-only view of `codes` for bits 8, the
+        nibbles unpacked (a new array) for bits 4."""
+        raw = np.frombuffer(self.codes, dtype=np.uint8)
+        if self.bits == 8:
+            return raw.view(np.int8)
+        nibbles = np.empty(2 * raw.size, dtype=np.uint8)
+        nibbles[0::2] = raw & 0x0F
+        nibbles[1::2] = raw >> 4
+        return ((nibbles ^ 8).astype(np.int8) - 8)[: self.numel]
 
     def scales_array(self) -> np.ndarray:
         """The scales as a read-only little-endian float32 array (a view, no copy)."""
@@ -161,7 +183,7 @@ def encode_tensor(tensor: CompressedTensor) -> bytes:
 def decode_tensor(data: bytes, limits: Limits = TENSOR_LIMITS) -> CompressedTensor:
     """Parse and check one compressed tensor. Raises `TooLarge` or `DecodeError` only."""
     plain = decode(data, limits)
-    if not isinstance(plain, dict) or set(plain) != _KEYS:
+    if not isinstance(plain, dict) or not _KEYS <= set(plain) <= _KEYS | _OPTIONAL_KEYS:
         found = ", ".join(sorted(map(str, plain))) if isinstance(plain, dict) else "not a map"
         raise DecodeError(
             f"not a compressed tensor (expected keys {', '.join(sorted(_KEYS))}; got {found})"
@@ -177,3 +199,11 @@ def decode_tensor(data: bytes, limits: Limits = TENSOR_LIMITS) -> CompressedTens
     tensor = from_plain(CompressedTensor, plain)  # runs check(): sizes agree
     tensor.check_values("CompressedTensor")
     return tensor
+
+
+def pack_nibbles(codes: np.ndarray) -> bytes:
+    """int8 codes in -7..7 as `bits = 4` wire bytes (two a byte, low nibble first)."""
+    nibbles = codes.astype(np.uint8) & 0x0F
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()

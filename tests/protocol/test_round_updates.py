@@ -17,7 +17,7 @@ from protocol.rounds import (
     encode_round_update,
 )
 from protocol.schema import to_plain
-from protocol.tensors import CompressedTensor, encode_tensor
+from protocol.tensors import CompressedTensor, encode_tensor, pack_nibbles
 
 BASE, AFTER = "b" * 64, "a" * 64
 
@@ -32,6 +32,13 @@ def _tensor(numel: int = 100, code: int = 3) -> bytes:
     return encode({"t": CompressedTensor.TYPE, "v": CompressedTensor.VERSION, **to_plain(tensor)})
 
 
+def _tensor4(numel: int = 101) -> bytes:
+    """An encoded int4 tensor of `numel` codes (-7..7)."""
+    codes = pack_nibbles(np.arange(numel, dtype=np.int8) % 15 - 7)
+    scales = np.full(-(-numel // 64), 0.01, dtype="<f4").tobytes()
+    return encode_tensor(CompressedTensor([numel], "F32", 64, codes, scales, bits=4))
+
+
 def _update(**changes: object) -> RoundUpdate:
     update = RoundUpdate("ab" * 8, 3, BASE, AFTER, 100, _tensor())
     return dataclasses.replace(update, **changes)
@@ -44,6 +51,7 @@ def _decode(data: bytes, **expect: object) -> RoundUpdate:
         "round": 3,
         "base_sha256": BASE,
         "weights_sha256": AFTER,
+        "compression": "int8",
     } | expect
     return decode_round_update(data, **args)  # type: ignore[arg-type]
 
@@ -51,6 +59,23 @@ def _decode(data: bytes, **expect: object) -> RoundUpdate:
 def test_an_update_file_round_trips() -> None:
     update = _update()
     assert _decode(encode_round_update(update)) == update
+    int4 = _update(numel=101, tensor=_tensor4())
+    assert _decode(encode_round_update(int4), numel=101, compression="int4") == int4
+
+
+@pytest.mark.parametrize(
+    ("update", "compression", "message"),
+    [
+        (_update(), "int4", "8-bit codes; this job sends 4"),
+        (_update(numel=101, tensor=_tensor4()), "int8", "4-bit codes; this job sends 8"),
+        (_update(), "none", "compression 'none' has no round updates"),
+    ],
+)
+def test_an_update_in_other_codes_than_the_jobs_is_refused(
+    update: RoundUpdate, compression: str, message: str
+) -> None:
+    with pytest.raises(DecodeError, match=message):
+        _decode(encode_round_update(update), numel=update.numel, compression=compression)
 
 
 @pytest.mark.parametrize(

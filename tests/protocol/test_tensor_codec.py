@@ -28,6 +28,7 @@ from protocol.tensors import (
     CompressedTensor,
     decode_tensor,
     encode_tensor,
+    pack_nibbles,
     tensor_limits,
 )
 from training import ops
@@ -48,7 +49,10 @@ def messages(draw, max_numel: int = 2000) -> CompressedTensor:
     numel = math.prod(shape)
     block_size = draw(st.sampled_from([16, 32, 256, 4096]))
     nblocks = -(-numel // block_size)
+    bits = draw(st.sampled_from([8, 4]))
     codes = draw(st.binary(min_size=numel, max_size=numel)).replace(b"\x80", b"\x7f")
+    if bits == 4:
+        codes = pack_nibbles(np.frombuffer(codes, np.int8) % 15 - 7)
     scales = draw(
         st.lists(
             st.floats(min_value=2.0**-126, max_value=2.0**126, width=32),
@@ -62,6 +66,7 @@ def messages(draw, max_numel: int = 2000) -> CompressedTensor:
         block_size=block_size,
         codes=codes,
         scales=np.asarray(scales, dtype="<f4").tobytes(),
+        bits=bits,
     )
 
 
@@ -87,7 +92,8 @@ GOOD = CompressedTensor([2, 20], "BF16", 16, bytes(range(40)), np.ones(3, "<f4")
 def test_round_trip(message):
     data = encode_tensor(message)
     assert decode_tensor(data) == message
-    assert len(data) <= message.numel + 4 * message.nblocks + 120
+    assert len(data) <= -(-message.numel * message.bits // 8) + 4 * message.nblocks + 120
+    assert np.array_equal(decode_tensor(data).codes_array(), message.codes_array())
 
 
 @pytest.mark.parametrize(
@@ -116,6 +122,12 @@ def test_round_trip(message):
         ({"v": 2}, "v2 is not supported"),
         ({"v": True}, "expected a compressed_tensor"),
         ({"extra": 1}, "not a compressed tensor"),
+        ({"bits": 3}, "bits must be 8 or 4"),
+        ({"bits": 4}, "must hold prod.shape. 4-bit codes; it has 40 bytes"),
+        ({"bits": 4, "codes": bytes(21)}, "must hold prod.shape. 4-bit codes; it has 21 bytes"),
+        ({"bits": 4, "codes": b"\x08" + bytes(19)}, "holds -8; codes are -7..7"),
+        ({"bits": 4, "codes": b"\x80" + bytes(19)}, "holds -8; codes are -7..7"),
+        ({"bits": 4, "shape": [39], "codes": bytes(19) + b"\x10"}, "padding nibble"),
     ],
 )
 def test_bad_messages_name_what_was_wrong(change, words):
@@ -229,20 +241,25 @@ def test_protocol_does_not_import_torch():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [MIN_BLOCK_SIZE, 256, MAX_BLOCK_SIZE])
-def test_deltas_round_trip_within_the_bound(dtype, block_size):
+@pytest.mark.parametrize("bits", [8, 4])
+def test_deltas_round_trip_within_the_bound(dtype, block_size, bits):
     gen = torch.Generator().manual_seed(block_size)
     x = (torch.randn(37, 91, generator=gen) * 0.01).to(dtype)
-    data = ops.encode_delta(x, block_size)
+    data = ops.encode_delta(x, block_size, bits)
     nblocks = -(-x.numel() // block_size)
-    assert len(data) <= x.numel() + 4 * nblocks + 120  # ~1/4 of float32
+    # ~1/4 of float32 (bits 8), ~1/8 (bits 4)
+    assert len(data) <= -(-x.numel() * bits // 8) + 4 * nblocks + 120
     q = ops.decode_delta(data, max_numel=x.numel())
     assert (q.shape, q.dtype, q.block_size) == (x.shape, dtype, block_size)
-    expected = ops.quantize_blockwise(x, block_size)
+    expected = ops.quantize_blockwise(x, block_size, bits)
     assert torch.equal(q.codes, expected.codes) and torch.equal(q.scales, expected.scales)
+    levels = (1 << (bits - 1)) - 1
+    assert int(q.codes.abs().max()) == levels  # each block's absmax takes the top code
     y = ops.dequantize_blockwise(q)
-    absmax = torch.repeat_interleave(q.scales * 127, block_size)[: x.numel()].view(x.shape)
+    absmax = torch.repeat_interleave(q.scales * levels, block_size)[: x.numel()].view(x.shape)
     half_ulp = {torch.float32: 0, torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
-    bound = absmax / 254 * (1 + 1e-4) + half_ulp * (x.float().abs() + absmax / 254) + 2**-25
+    step = absmax / (2 * levels)
+    bound = step * (1 + 1e-4) + half_ulp * (x.float().abs() + step) + 2**-25
     assert ((x.float() - y.float()).abs() <= bound).all()
 
 
@@ -251,6 +268,14 @@ def test_a_delta_holding_nan_cannot_be_sent():
     x[42] = math.nan
     with pytest.raises(ValueError, match="NaN or Inf in 1 of 1 blocks"):
         ops.encode_delta(x)
+
+
+def test_four_bit_codes_need_a_four_bit_quantizer():
+    q = ops.quantize_blockwise(torch.randn(100))
+    with pytest.raises(ValueError, match="4-bit codes must be -7..7; quantize with bits=4"):
+        ops.to_wire(q, bits=4)
+    with pytest.raises(ValueError, match="bits must be 8 or 4"):
+        ops.quantize_blockwise(torch.randn(100), bits=2)
 
 
 def test_decode_delta_limits_and_devices():

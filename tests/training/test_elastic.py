@@ -32,7 +32,7 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
     spec = parse_spec(_spec())
     assert spec.mode == "elastic" and spec.elastic is not None
     plain = spec_to_plain(spec)
-    assert plain["elastic"]["outer_lr"] == 0.7 and plain["elastic"]["compression"] == "int8"
+    assert plain["elastic"]["outer_lr"] == 0.7 and plain["elastic"]["compression"] == "int4"
     assert parse_spec(plain) == spec
 
 
@@ -118,12 +118,15 @@ def _runner(
     return result
 
 
-def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("compression", "fraction"), [("int8", 1 / 3), ("int4", 1 / 6)])
+def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
+    tmp_path: Path, compression: str, fraction: float
+) -> None:
     """The network path's arithmetic, step by step through runner requests (as on the
     owner and on each worker), against train-local's simulation; after round 0 slot
     0's worker rebuilds the round's weights from the round before's and the owner's
-    int8 update, slot 1's (a newcomer) fetches them whole."""
-    spec = spec_to_plain(parse_spec(_spec()))
+    quantized update, slot 1's (a newcomer) fetches them whole."""
+    spec = spec_to_plain(parse_spec(_spec(compression=compression)))
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
@@ -174,7 +177,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(tmp_path
         blobs[momentum] = outer["folder"] / "momentum.safetensors"
         update = outer["folder"] / "update.bin"
         blobs[outer["update_sha256"]] = update
-        assert update.stat().st_size < weights.stat().st_size / 3  # int8 and its scales
+        assert update.stat().st_size < weights.stat().st_size * fraction  # codes, scales
         way_down = {
             "base": base,
             "update": outer["update_sha256"],

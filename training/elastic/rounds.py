@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from protocol.rounds import CODE_BITS, RoundDelta, decode_round_delta, encode_round_delta
 from training.elastic.flat import flatten, float_names, unflatten
 from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
@@ -212,8 +212,8 @@ def round_delta(
     names = float_names(start, run.frozen)
     after = {name: trained[name].detach().cpu() for name in names}
     delta = flatten(start, names) - flatten(after, names)
-    if elastic.compression == "int8":
-        tensor = encode_delta(delta, DEFAULT_BLOCK_SIZE)
+    if elastic.compression in CODE_BITS:
+        tensor = encode_delta(delta, DEFAULT_BLOCK_SIZE, CODE_BITS[elastic.compression])
     else:
         if not torch.isfinite(delta).all():
             raise TrainingError("the round's delta holds NaN or Inf; lower optim.lr")
@@ -243,7 +243,7 @@ def outer_step(
     update_out: Path | None = None,
 ) -> dict[str, float]:
     """Average `deltas` (already in slot order) into one Nesterov step from `weights`;
-    write the new global weights and momentum (and, for an int8 job, with
+    write the new global weights and momentum (and, for a quantized job, with
     `update_out`, the `RoundUpdate` that gives those weights from `weights`:
     `training.elastic.updates`); return the validation metrics."""
     elastic = elastic_of(run.spec)
@@ -270,7 +270,8 @@ def outer_step(
         )
         for path in deltas
     ]
-    if elastic.compression == "int8":
+    bits = CODE_BITS.get(elastic.compression)
+    if bits is not None:
         quantized = [from_wire(d.values()) for d in decoded]
         norms = [float(dequantize_blockwise(q).norm()) for q in quantized]
         for q, factor in zip(quantized, clip_factors(norms, elastic.delta_clip), strict=True):
@@ -290,12 +291,14 @@ def outer_step(
         buffer.mul_(elastic.outer_momentum).add_(grad)
         params.add_(grad.add(buffer, alpha=elastic.outer_momentum), alpha=-elastic.outer_lr)
     carry = {MOMENTUM: buffer}
-    if elastic.compression == "int8" and update_out is not None:
-        change, params, carry[RESIDUAL] = compress_change(start, params, residual)
+    if bits is not None and update_out is not None:
+        change, params, carry[RESIDUAL] = compress_change(start, params, residual, bits)
     new_state = unflatten(state, names, params)
     sha = write_weights(out, new_state, run.metadata)
-    if elastic.compression == "int8" and update_out is not None:
-        write_update(update_out, change, job_id=job_id, round_=round_ + 1, base=base, weights=sha)
+    if bits is not None and update_out is not None:
+        write_update(
+            update_out, change, bits, job_id=job_id, round_=round_ + 1, base=base, weights=sha
+        )
     write_weights(momentum_out, carry, {"format": "meshminer.momentum/1"})
     if run.data.val is None:
         return {}

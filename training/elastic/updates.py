@@ -1,21 +1,21 @@
-"""The global weights' way down: from one round to the next as an int8 change.
+"""The global weights' way down: from one round to the next as a quantized change.
 
 Sending each round's new global weights whole costs every worker 4 bytes a parameter
 every round, about 80% of an elastic job's bytes. A worker that trained in the round
 before already holds that round's weights, so it fetches only how they changed,
-blockwise int8 (`protocol.rounds.RoundUpdate`: about a quarter of the weights), and a
-newcomer fetches the weights whole once.
+in the job's codes (`protocol.rounds.RoundUpdate`: blockwise int8, about a quarter
+of the weights, or int4, an eighth), and a newcomer fetches the weights whole once.
 
 The change is lossy, so a round's global weights are *defined* as what applying it
 gives: the round before's weights plus the decoded change, in float32 on the CPU
 (`apply_update`), on the owner after its outer step, on every worker and in
-`train-local` alike, so all of them agree to the bit. What the int8 codes could not
+`train-local` alike, so all of them agree to the bit. What the codes could not
 carry is kept by the owner (`RESIDUAL`, in the momentum file beside the outer
 momentum) and added to the next round's change (error feedback): the outer steps'
 movement is delayed by a round, never lost.
 
-Only jobs with `elastic.compression = "int8"` do this; "none" keeps both directions
-exact.
+Jobs with `elastic.compression = "int8"` or `"int4"` do this; "none" keeps both
+directions exact.
 """
 
 from __future__ import annotations
@@ -50,18 +50,25 @@ def apply_update(start: torch.Tensor, change: QuantizedTensor) -> torch.Tensor:
 
 
 def compress_change(
-    start: torch.Tensor, target: torch.Tensor, residual: torch.Tensor
+    start: torch.Tensor, target: torch.Tensor, residual: torch.Tensor, bits: int
 ) -> tuple[QuantizedTensor, torch.Tensor, torch.Tensor]:
-    """The int8 change from `start` towards `target` (plus what earlier rounds could
-    not send, `residual`): the change, the weights it gives, and the new residual."""
+    """The `bits`-bit change from `start` towards `target` (plus what earlier rounds
+    could not send, `residual`): the change, the weights it gives, and the new residual."""
     wanted = target - start + residual
-    change = quantize_blockwise(wanted, DEFAULT_BLOCK_SIZE)
+    change = quantize_blockwise(wanted.cpu(), DEFAULT_BLOCK_SIZE, bits)
     applied = apply_update(start, change)
     return change, applied, wanted - (applied - start)
 
 
 def write_update(
-    out: Path, change: QuantizedTensor, *, job_id: str, round_: int, base: str, weights: str
+    out: Path,
+    change: QuantizedTensor,
+    bits: int,
+    *,
+    job_id: str,
+    round_: int,
+    base: str,
+    weights: str,
 ) -> str:
     """The `RoundUpdate` file for round `round_` (from weights `base` to `weights`)."""
     update = RoundUpdate(
@@ -70,7 +77,7 @@ def write_update(
         base_sha256=base,
         weights_sha256=weights,
         numel=change.codes.numel(),
-        tensor=encode_tensor(to_wire(change)),
+        tensor=encode_tensor(to_wire(change, bits)),
     )
     write_atomic(out, encode_round_update(update))
     return file_sha256(out)
@@ -93,6 +100,7 @@ def rebuild_weights(
         round=round_,
         base_sha256=file_sha256(base),
         weights_sha256=weights,
+        compression=run.spec.elastic.compression if run.spec.elastic else "none",
     )
     change = from_wire(decode_tensor(message.tensor, tensor_limits(numel)))
     sha = write_weights(out, unflatten(state, names, apply_update(start, change)), run.metadata)

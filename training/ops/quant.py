@@ -249,15 +249,25 @@ def _dequantize_fake(
     return codes.new_empty(shape, dtype=dtype)
 
 
-def quantize_blockwise(x: Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> QuantizedTensor:
+def quantize_blockwise(
+    x: Tensor, block_size: int = DEFAULT_BLOCK_SIZE, bits: int = 8
+) -> QuantizedTensor:
     """Quantize `x` (any shape, strides or float dtype) to int8 codes and block scales.
 
+    With `bits=4` the codes stay int8 tensors but hold -7..7 (what a nibble on the
+    wire carries, `training.ops.wire.to_wire`); those are computed by the reference
+    on `x`'s device, never by a kernel: they are made on the CPU, once a round.
     Non-contiguous inputs are read in row-major order (on CUDA through one
     contiguous copy first). Gradients do not flow through (`x` is detached).
     """
     check_float(x, "x")
     check_block_size(block_size)
-    codes, scales = torch.ops.meshminer.quantize_blockwise(x.detach(), block_size)
+    if bits == 4:
+        codes, scales = reference.quantize_blockwise(x.detach(), block_size, levels=7)
+    elif bits == 8:
+        codes, scales = torch.ops.meshminer.quantize_blockwise(x.detach(), block_size)
+    else:
+        raise ValueError(f"bits must be 8 or 4, got {bits!r}")
     return QuantizedTensor(codes, scales, x.shape, x.dtype, block_size)
 
 

@@ -9,9 +9,12 @@ Inputs are assumed valid: the public wrappers in `training.ops` check them.
 Quantization, per block of `block_size` consecutive elements (row-major), in float32:
 
     a     = max(absmax(block ignoring NaN), MIN_ABSMAX)
-    scale = a / 127                       (NaN if the block holds a NaN)
-    code  = round_half_even(clamp(x * (127 / a), -127, 127))
+    scale = a / L                         (NaN if the block holds a NaN)
+    code  = round_half_even(clamp(x * (L / a), -L, L))
             (0 for every element of a block whose scale is NaN or Inf)
+
+with L = 127 for int8 codes and L = 7 for int4 ones (which only this reference
+computes: they are made on the CPU, for the wire).
 
 `MIN_ABSMAX` keeps `127 / a` finite (no overflow, no subnormal scale), and makes a
 block of zeros a block of zero codes. The reciprocal and the scale are computed
@@ -40,8 +43,11 @@ def _blocks(flat: torch.Tensor, block_size: int) -> torch.Tensor:
     return flat.view(nblocks, block_size)
 
 
-def quantize_blockwise(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes: int8 of x.numel(), scales: float32 of ceil(numel / block_size))."""
+def quantize_blockwise(
+    x: torch.Tensor, block_size: int, levels: int = 127
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes: int8 of x.numel() in -levels..levels, scales: float32 of
+    ceil(numel / block_size))."""
     flat = x.detach().reshape(-1).to(torch.float32)
     n = flat.numel()
     blocks = _blocks(flat, block_size)
@@ -50,10 +56,10 @@ def quantize_blockwise(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, 
     a = blocks.abs().masked_fill(nan, 0.0).amax(dim=1).clamp_min(MIN_ABSMAX)
     # tensor / tensor: `127.0 / a` is reciprocal(a) * 127 in torch, and CUDA divides by
     # a Python scalar through its reciprocal; both round twice
-    full = torch.full_like(a, 127.0)
+    full = torch.full_like(a, float(levels))
     scales = a / full
     inverse = full / a
-    rounded = torch.round((blocks * inverse[:, None]).clamp(-127.0, 127.0))
+    rounded = torch.round((blocks * inverse[:, None]).clamp(-float(levels), float(levels)))
     finite = torch.isfinite(a) & ~has_nan
     codes = torch.where(finite[:, None], rounded, 0.0).to(torch.int8).view(-1)[:n]
     scales = torch.where(has_nan, torch.nan, scales)

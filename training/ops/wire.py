@@ -16,6 +16,7 @@ from protocol.tensors import (
     CompressedTensor,
     decode_tensor,
     encode_tensor,
+    pack_nibbles,
     tensor_limits,
 )
 from training.ops.quant import (
@@ -28,8 +29,9 @@ _WIRE_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F1
 _TORCH_DTYPES = {name: dtype for dtype, name in _WIRE_DTYPES.items()}
 
 
-def to_wire(q: QuantizedTensor) -> CompressedTensor:
-    """The wire message for `q` (copies codes and scales to host memory).
+def to_wire(q: QuantizedTensor, bits: int = 8) -> CompressedTensor:
+    """The wire message for `q` (copies codes and scales to host memory), a byte a
+    code or, with `bits=4`, a nibble (`q` must then hold codes in -7..7).
 
     Raises ValueError if a block held NaN or Inf: such a delta means the worker
     diverged, and the owner would refuse it.
@@ -42,12 +44,21 @@ def to_wire(q: QuantizedTensor) -> CompressedTensor:
         )
     codes = q.codes.detach().to("cpu").contiguous().numpy()
     scales = q.scales.detach().to("cpu").contiguous().numpy().astype("<f4", copy=False)
+    if bits == 4:
+        if codes.size and int(np.abs(codes).max()) > 7:
+            raise ValueError("4-bit codes must be -7..7; quantize with bits=4")
+        packed = pack_nibbles(codes)
+    elif bits == 8:
+        packed = codes.tobytes()
+    else:
+        raise ValueError(f"bits must be 8 or 4, got {bits!r}")
     return CompressedTensor(
         shape=list(q.shape),
         dtype=_WIRE_DTYPES[q.dtype],
         block_size=q.block_size,
-        codes=codes.tobytes(),
+        codes=packed,
         scales=scales.tobytes(),
+        bits=bits,
     )
 
 
@@ -64,9 +75,9 @@ def from_wire(message: CompressedTensor, device: torch.device | str = "cpu") -> 
     )
 
 
-def encode_delta(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> bytes:
-    """Quantize `x` and return the wire bytes (about numel x (1 + 4 / block_size))."""
-    return encode_tensor(to_wire(quantize_blockwise(x, block_size)))
+def encode_delta(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE, bits: int = 8) -> bytes:
+    """Quantize `x` and return the wire bytes (about numel x (bits / 8 + 4 / block_size))."""
+    return encode_tensor(to_wire(quantize_blockwise(x, block_size, bits), bits))
 
 
 def decode_delta(

@@ -50,7 +50,7 @@ def elastic_toml(
     hidden: tuple[int, ...] = (64,),
     seed: int = 0,
     lr: float = 3e-3,
-    compression: str = "int8",
+    compression: str = "int4",
     extra: str = "",
 ) -> str:
     """An `elastic` job: DiLoCo rounds of an MLP on the built-in digits set, as TOML;
@@ -113,7 +113,6 @@ workers = {workers}
 min_workers = {min_workers}
 inner_steps = {inner_steps}
 rounds = {rounds}
-compression = "int8"
 """
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.rounds import COMPRESSIONS
 from training.data.sources import (
     BLOB_FORMATS,
     LM_KINDS,
@@ -34,7 +35,6 @@ from training.spec.start import StartSpec, parse_start, start_plain
 from training.spec.sweep import SweepSpec, parse_sweep
 
 MODES = ("single", "elastic", "sweep")
-COMPRESSIONS = ("int8", "none")
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 TASKS = ("classification", "regression", "lm")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -142,7 +142,7 @@ class ElasticSpec:
     rounds: int = 20
     outer_lr: float = 0.7
     outer_momentum: float = 0.9  # Nesterov
-    compression: str = "int8"  # the deltas on the wire: blockwise int8, or float32
+    compression: str = "int4"  # both ways on the wire: blockwise int8 or int4, or float32
     round_timeout_s: float = 0.0  # 0: adaptive (see node/work/owner/modes/elastic.py)
     delta_clip: float = 2.0  # a delta's norm is capped at this x the round's median (0: off)
 
@@ -479,7 +479,7 @@ def _parse_elastic(section: Section) -> ElasticSpec:
         rounds=section.integer("rounds", 20, lo=1, hi=10**5),
         outer_lr=section.number("outer_lr", 0.7, lo=0, hi=10, lo_open=True),
         outer_momentum=section.number("outer_momentum", 0.9, lo=0, hi=1, hi_open=True),
-        compression=section.string("compression", "int8", choices=COMPRESSIONS),
+        compression=section.string("compression", "int4", choices=COMPRESSIONS),
         round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
         delta_clip=section.number("delta_clip", ElasticSpec.delta_clip, lo=0, hi=1e6),
     )

@@ -29,7 +29,7 @@ class Round:
     closed_at: float = 0.0
     next_weights_sha256: str = ""  # after this round's outer step (set when closed)
     next_momentum_sha256: str = ""
-    next_update_sha256: str = ""  # the int8 change to the next weights ("": none)
+    next_update_sha256: str = ""  # the quantized change to the next weights ("": none)
     workers: list[str] = field(default_factory=list)  # peers whose deltas were applied
     dropped: list[str] = field(default_factory=list)  # peers that left or were late
     joined: list[str] = field(default_factory=list)  # new since the round before

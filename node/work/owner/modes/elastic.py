@@ -337,7 +337,7 @@ class ElasticRounds(ManyUnits):
         }
         if current.momentum_sha256:
             elastic["momentum"] = current.momentum_sha256
-        elastic["update_out"] = "update.bin"  # written for an int8 job only
+        elastic["update_out"] = "update.bin"  # written for a quantized job only
         result, folder = await self._run_here(job, "elastic_outer", elastic, "momentum")
         put = self.ctx.blobs.put_file
         weights = await trio.to_thread.run_sync(put, folder / "out.safetensors")
