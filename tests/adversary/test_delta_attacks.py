@@ -34,13 +34,13 @@ pytestmark = pytest.mark.slow
 # the owner refuses before any replay, so spot checks are off
 UNCHECKED = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
 SPEC = elastic_toml(
-    "rogue-deltas", workers=4, min_workers=1, inner_steps=10, rounds=1, extra=UNCHECKED
+    "rogue-deltas", workers=5, min_workers=1, inner_steps=10, rounds=1, extra=UNCHECKED
 )
 
 
 def _good(job_id: str, base: str, numel: int, slot: int) -> RoundDelta:
     values = torch.randn(numel, generator=torch.Generator().manual_seed(slot)) * 1e-3
-    return RoundDelta(job_id, 0, slot, base, numel, "int8", encode_delta(values), 10)
+    return RoundDelta(job_id, 0, slot, base, numel, "int4", encode_delta(values, bits=4), 10)
 
 
 def _bad(case: str, good: RoundDelta) -> RoundDelta:
@@ -51,6 +51,8 @@ def _bad(case: str, good: RoundDelta) -> RoundDelta:
     if case == "nan":
         nan = np.full(good.numel, np.nan, dtype="<f4").tobytes()
         return dataclasses.replace(good, compression="none", tensor=nan)
+    if case == "wider codes":  # says int4, carries int8 codes: twice the bytes it may
+        return dataclasses.replace(good, tensor=encode_delta(torch.ones(good.numel)))
     assert case == "another round"
     return dataclasses.replace(good, round=7)
 
@@ -58,7 +60,7 @@ def _bad(case: str, good: RoundDelta) -> RoundDelta:
 async def _attack(owner: LocalNode, root: Path) -> dict[str, str]:
     rogues = [
         RogueWorker(Identity(SigningKey.generate()), BlobStore(root / str(i), durable=False))
-        for i in range(4)
+        for i in range(5)
     ]
     numel = float_numel(expected_tensors(spec_to_plain(parse_spec(tomllib.loads(SPEC)))))
     observed: dict[str, str] = {}
@@ -75,7 +77,7 @@ async def _attack(owner: LocalNode, root: Path) -> dict[str, str]:
         await until(
             lambda: all(job["id"] in r.packages for r in rogues), 30, "every rogue to get a share"
         )
-        cases = ["wrong size", "nan", "another round", "honest"]
+        cases = ["wrong size", "nan", "another round", "wider codes", "honest"]
         for rogue, case in zip(rogues, cases, strict=True):
             package = rogue.packages[job["id"]]
             share = package.round_share
@@ -104,11 +106,12 @@ async def _run_host(
 def test_bad_deltas_never_touch_the_global_weights(localnet: LocalNetwork, tmp_path: Path) -> None:
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     observed = trio.run(_attack, owner, tmp_path / "rogues")
-    for case in ("wrong size", "nan", "another round"):
+    for case in ("wrong size", "nan", "another round", "wider codes"):
         print(f"{case}: {observed[case]}")
         assert observed[case].startswith("weights rejected"), observed[case]
     assert "RoundDelta.round is 7" in observed["another round"]
-    # float32 NaN on an int8 job: refused for its compression before its values are
+    assert "8-bit codes; this job sends 4" in observed["wider codes"]
+    # float32 NaN on an int4 job: refused for its compression before its values are
     # read (NaN inside a delta of the right form: tests/training/test_elastic.py)
     assert "RoundDelta.compression" in observed["nan"]
     rogues = observed["rogues"].split(",")
@@ -119,12 +122,12 @@ def test_bad_deltas_never_touch_the_global_weights(localnet: LocalNetwork, tmp_p
         "the round to close on the honest delta",
     )
     rounds = done["rounds"]
-    assert rounds[0]["state"] == "closed" and rounds[0]["workers"] == [rogues[3]], rounds
+    assert rounds[0]["state"] == "closed" and rounds[0]["workers"] == [rogues[4]], rounds
     assert done["state"] == "completed" and done["weights_sha256"] != rounds[0]["weights_sha256"]
-    honest_units = {unit for unit, worker in _units(owner, job["id"]) if worker == rogues[3]}
+    honest_units = {unit for unit, worker in _units(owner, job["id"]) if worker == rogues[4]}
     receipts = {row[0] for row in receipt_rows(owner, job["id"])}
     assert len(receipts) == 1 and receipts <= honest_units  # (it was offered a free slot again)
-    assert set(done["excluded"]) >= set(rogues[:3])
+    assert set(done["excluded"]) >= set(rogues[:4])
 
 
 def _units(owner: LocalNode, job_id: str) -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
     spec = parse_spec(_spec())
     assert spec.mode == "elastic" and spec.elastic is not None
     plain = spec_to_plain(spec)
-    assert plain["elastic"]["outer_lr"] == 0.7 and plain["elastic"]["compression"] == "int4"
+    assert plain["elastic"]["outer_lr"] == 1.0 and plain["elastic"]["compression"] == "int4"
     assert parse_spec(plain) == spec
 
 

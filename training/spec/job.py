@@ -140,8 +140,10 @@ class ElasticSpec:
     min_workers: int = 1  # a round closes at its deadline with at least this many deltas
     inner_steps: int = 50  # H: the inner optimizer's steps per round and worker
     rounds: int = 20
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9  # Nesterov
+    # plain averaging: DiLoCo's Nesterov 0.7 / 0.9 lost 3-6% of val loss at 8, 20 and
+    # 100 rounds in benchmarks.outer_step (docs/performance.md#the-outer-step)
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0  # Nesterov
     compression: str = "int4"  # both ways on the wire: blockwise int8 or int4, or float32
     round_timeout_s: float = 0.0  # 0: adaptive (see node/work/owner/modes/elastic.py)
     delta_clip: float = 2.0  # a delta's norm is capped at this x the round's median (0: off)
@@ -477,8 +479,8 @@ def _parse_elastic(section: Section) -> ElasticSpec:
         min_workers=section.integer("min_workers", 1, lo=1, hi=1024),
         inner_steps=section.integer("inner_steps", 50, lo=1, hi=10**6),
         rounds=section.integer("rounds", 20, lo=1, hi=10**5),
-        outer_lr=section.number("outer_lr", 0.7, lo=0, hi=10, lo_open=True),
-        outer_momentum=section.number("outer_momentum", 0.9, lo=0, hi=1, hi_open=True),
+        outer_lr=section.number("outer_lr", 1.0, lo=0, hi=10, lo_open=True),
+        outer_momentum=section.number("outer_momentum", 0.0, lo=0, hi=1, hi_open=True),
         compression=section.string("compression", "int4", choices=COMPRESSIONS),
         round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
         delta_clip=section.number("delta_clip", ElasticSpec.delta_clip, lo=0, hi=1e6),
