@@ -1,0 +1,307 @@
+"""meshminer's elastic rounds against hivemind 1.1.12's `hivemind.Optimizer` in
+local-updates mode: the same task, the same workers, in the same run.
+
+    .venv/bin/python -m benchmarks.hivemind [--deadline 240]
+
+The task: the elastic demo's character transformer (`char_lm_elastic_toml`, cut to 1
+layer) on meshminer's own module docstrings, 3 workers, 8 rounds of 20 inner steps of
+AdamW (lr 3e-3) on batches of 16, at meshminer's default `[elastic]` and `[trust]`
+settings.
+
+- **meshminer**: real nodes (an owner that does not train, and 3 workers) in a network
+  namespace of their own (`unshare --net`, as `benchmarks.elastic`'s wire part), the
+  job submitted to the owner. Wall time: from the first node's start to the job's end.
+  Rounds applied: the rounds that closed; shares replayed: the owner's timeline notes
+  of a spot-checked share.
+- **hivemind**: a DHT bootstrap and 3 peers (`benchmarks/hivemind_peer.py`, one
+  process each), in a namespace of their own too, run by a virtualenv made for them in
+  benchmarks/.venvs/hivemind (created here when missing: the CPU torch that the
+  Makefile pins, then hivemind, pynacl and safetensors; never by `make test`). Each
+  peer builds the same model from the same seed with meshminer's own code, trains on
+  its own third of the training windows, and uses `hivemind.Optimizer(use_local_updates
+  =True, delay_state_averaging=False)` with a target batch of 3 x 16 x 20 samples, so
+  that one hivemind epoch is one meshminer round; it stops at epoch 8 (`--epochs`; or
+  at `--deadline` seconds) and computes the validation loss as meshminer's owner does
+  after a round. Wall time: from the bootstrap's start to the last peer's end. Rounds
+  applied: each peer's state averagings that formed a group of 2 or more. hivemind's
+  epochs hold only about the target batch (peers go on training while the first to
+  close an epoch waits for its group, and its peers need not train alike): the
+  samples column says what the swarm trained in all.
+
+Bytes, for both: what the namespace's loopback transmitted over the run (weights,
+deltas, data, checks, gossip, DHT traffic). The goal: meshminer at its default
+settings takes less wall time and sends fewer bytes than hivemind, at an equal or
+lower final validation loss, with every round applied and checked (every delta is
+decoded, bounded and clipped before it joins its round; shares are replayed at the
+default `[trust]` chance, the "replayed" column).
+
+Prints a table and writes benchmarks/results/hivemind.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.elastic import _loopback_bytes, _network, _run_job
+from benchmarks.harness import Result, run_parts
+from node.demo.elastic import write_corpus
+from node.demo.localnet import ONE_THREAD, wait_for
+from node.web.pages import to_toml
+from training.spec.examples import char_lm_elastic_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / "benchmarks" / ".venvs" / "hivemind"
+TORCH = "2.13.0"  # the Makefile's pin: the CPU build on a machine without a GPU
+HIVEMIND = "1.1.12"
+WORKERS, ROUNDS, INNER, BATCH = 3, 8, 20, 16
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The hivemind side's knobs: flags of this module and of every peer."""
+
+    epochs: int = ROUNDS  # the epoch each peer trains to
+    deadline: float = 240.0  # seconds a peer may train before it stops where it is
+    matchmaking: float = 1.0  # `matchmaking_time`: at 0.5 s, groups of 2 left peers out
+    averaging_timeout: float = 10.0
+
+    def flags(self) -> list[str]:
+        items = dataclasses.asdict(self).items()
+        return [a for key, value in items for a in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def task(corpus: Path) -> dict[str, Any]:
+    """The job, as a parsed spec table."""
+    toml = char_lm_elastic_toml(
+        str(corpus),
+        "hivemind-task",
+        workers=WORKERS,
+        min_workers=WORKERS,
+        inner_steps=INNER,
+        rounds=ROUNDS,
+    )
+    raw = tomllib.loads(toml)
+    raw["model"]["layers"] = 1
+    raw["data"]["batch_size"] = BATCH
+    raw["elastic"].pop("compression", None)  # meshminer's default
+    return raw
+
+
+def ensure_venv() -> Path:
+    """The hivemind virtualenv's Python, installed first if missing. torch goes in
+    before hivemind, so that hivemind's `torch>=1.9` finds it and pip pulls no other."""
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import hivemind, nacl, safetensors"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, f"torch=={TORCH}"], check=True)
+    version = [*probe[:2], "import torch; print(torch.__version__)"]
+    before = subprocess.run(version, text=True, capture_output=True, check=True).stdout
+    ours = [f"{name}=={importlib.metadata.version(name)}" for name in ("pynacl", "safetensors")]
+    subprocess.run([*pip, f"hivemind=={HIVEMIND}", *ours], check=True)
+    after = subprocess.run(version, text=True, capture_output=True, check=True).stdout
+    if after != before:
+        raise RuntimeError(f"installing hivemind replaced torch {before.strip()} by {after}")
+    return python
+
+
+def _in_namespace(flag: str, out: Path, extra: list[str]) -> dict[str, Any]:
+    """Run this module with `flag OUT` in a fresh network namespace; its report."""
+    child = [sys.executable, "-m", "benchmarks.hivemind", flag, str(out), *extra]
+    script = "ip link set lo up && exec " + " ".join(shlex.quote(a) for a in child)
+    subprocess.run(["unshare", "--net", "sh", "-c", script], check=True, cwd=ROOT)
+    return json.loads(out.read_text())
+
+
+def meshminer_run(out: Path) -> None:
+    """Inside the namespace: the job on real nodes, as `benchmarks.elastic.wire_run`."""
+    root = out.parent
+    raw = json.loads((root / "spec.json").read_text())
+    corpus = Path(raw["data"]["source"].removeprefix("builtin:text:"))
+    before = _loopback_bytes()
+    began, began_at = time.monotonic(), time.time()
+    with _network(root / "net", WORKERS) as net:
+        job = _run_job(net, net.nodes[0], to_toml(raw), corpus, churn=False)
+        sent = _loopback_bytes() - before
+    wall = time.monotonic() - began
+    assert job["state"] == "completed", job["reason"]
+    notes = [entry["note"] for entry in job["timeline"]]
+    report = {
+        "bytes": sent,
+        "wall_s": wall,
+        "val_loss": job["rounds"][-1]["val_loss"],
+        "val_losses": [r.get("val_loss") for r in job["rounds"]],
+        "rounds": sum(1 for r in job["rounds"] if r["state"] == "closed"),
+        "until_round_0_s": job["rounds"][0]["opened_at"] - began_at,
+        "round_s": [r["closed_at"] - r["opened_at"] for r in job["rounds"]],
+        "shares": sum(1 for note in notes if "; receipt issued" in note),
+        "checked": sum(1 for note in notes if " checked; receipt issued" in note),
+    }
+    out.write_text(json.dumps(report))
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> int:
+    """SIGKILL whatever is left of the process's session (hivemind's helper processes
+    outlive a peer that failed); its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def hivemind_run(out: Path, settings: Settings) -> None:
+    """Inside the namespace: the bootstrap, then the peers at once; bytes and time from
+    the bootstrap's start to the last peer's exit."""
+    root = out.parent
+    python = str(VENV / "bin" / "python")
+    env = {**ONE_THREAD, **os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    module = [python, "-m", "benchmarks.hivemind_peer"]  # -m: no benchmarks/ on sys.path
+
+    def start(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with open(root / f"{name}.log", "wb") as log:
+            return subprocess.Popen(
+                [*module, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,  # its DHT process and p2pd go with it (`_reap`)
+            )
+
+    addrs = root / "bootstrap.addrs"
+    before = _loopback_bytes()
+    began = time.monotonic()
+    boot, peers = start("bootstrap", ["bootstrap", str(addrs)]), []
+    try:
+        wait_for(lambda: addrs.exists() and addrs.read_text().split(), 120, "the DHT bootstrap")
+        common = [f"--peers={WORKERS}", f"--inner-steps={INNER}", *settings.flags()]
+        common += [f"--initial-peer={addr}" for addr in addrs.read_text().split()]
+        spec = str(root / "spec.json")
+        peers = [
+            start(f"peer{i}", ["peer", spec, str(root / f"peer{i}.json"), f"--index={i}", *common])
+            for i in range(WORKERS)
+        ]
+        codes = []
+        for proc in peers:  # a peer past its deadline only evaluates and says goodbye
+            try:
+                codes.append(
+                    proc.wait(max(1.0, began + settings.deadline + 180 - time.monotonic()))
+                )
+            except subprocess.TimeoutExpired:
+                codes.append(_reap(proc))
+        wall = time.monotonic() - began
+        sent = _loopback_bytes() - before
+    finally:
+        boot.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            boot.wait(timeout=15)
+        for proc in [boot, *peers]:
+            _reap(proc)
+    found = [root / f"peer{i}.json" for i in range(WORKERS)]
+    report = {
+        "bytes": sent,
+        "wall_s": wall,
+        "exit_codes": codes,
+        "peers": [json.loads(p.read_text()) if p.exists() else None for p in found],
+    }
+    out.write_text(json.dumps(report))
+
+
+def compare(root: Path, settings: Settings) -> Result:
+    """Both systems on the task, one after the other, each in its own namespace."""
+    ensure_venv()
+    root.mkdir(parents=True)
+    raw = task(write_corpus(root / "corpus.txt"))
+    runs = {}
+    for side in ("meshminer", "hivemind"):
+        (root / side).mkdir()
+        (root / side / "spec.json").write_text(json.dumps(raw))
+        runs[side] = _in_namespace(f"--{side}-run", root / side / "report.json", settings.flags())
+    mesh, hive = runs["meshminer"], runs["hivemind"]
+    peers = [p for p in hive["peers"] if p is not None]
+    losses = sorted({round(p["val_loss"], 4) for p in peers})
+    hive_loss = max((p["val_loss"] for p in peers), default=float("nan"))
+    result = Result(
+        "hivemind: elastic rounds against hivemind.Optimizer(use_local_updates=True)",
+        ["system", "wall s", "bytes", "samples", "final val loss", "rounds applied", "replayed"],
+    )
+    result.add(
+        "meshminer",
+        mesh["wall_s"],
+        mesh["bytes"],
+        mesh["shares"] * INNER * BATCH,
+        mesh["val_loss"],
+        f"{mesh['rounds']} of {ROUNDS}",
+        f"{mesh['checked']} of {mesh['shares']} shares",
+    )
+    late = sum(1 for p in peers if p["hit_deadline"])
+    result.add(
+        f"hivemind {HIVEMIND}",
+        hive["wall_s"],
+        hive["bytes"],
+        sum(p["samples"] for p in peers),
+        " / ".join(f"{loss:.4f}" for loss in losses) or f"none of {WORKERS} peers",
+        " / ".join(str(p["averaged"]) for p in peers)
+        + f" (epochs {' / '.join(str(p['epoch']) for p in peers)})",
+        f"none; {late} of {WORKERS} peers at the deadline",
+    )
+    result.meta.update(
+        {
+            "workers": WORKERS,
+            "rounds": ROUNDS,
+            "inner_steps": INNER,
+            "batch_size": BATCH,
+            "hivemind_settings": dataclasses.asdict(settings),
+            "meshminer": mesh,
+            "hivemind": hive,
+            "hivemind_val_loss_worst": hive_loss,
+            "wall_ratio": mesh["wall_s"] / hive["wall_s"],
+            "bytes_ratio": mesh["bytes"] / hive["bytes"],
+            "val_loss_ratio": mesh["val_loss"] / hive_loss,
+        }
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    default = Settings()
+    parser.add_argument("--epochs", type=int, default=default.epochs, help="hivemind's last epoch")
+    parser.add_argument(
+        "--deadline", type=float, default=default.deadline, help="seconds a peer may train"
+    )
+    parser.add_argument(
+        "--matchmaking", type=float, default=default.matchmaking, help="hivemind's matchmaking_time"
+    )
+    parser.add_argument("--averaging-timeout", type=float, default=default.averaging_timeout)
+    parser.add_argument("--meshminer-run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--hivemind-run", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    settings = Settings(args.epochs, args.deadline, args.matchmaking, args.averaging_timeout)
+    if args.meshminer_run:
+        meshminer_run(args.meshminer_run)
+    elif args.hivemind_run:
+        hivemind_run(args.hivemind_run, settings)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="meshminer-hivemind-"))
+        run_parts("hivemind", ["compare"], {"compare": lambda: compare(root / "run", settings)})
+
+
+if __name__ == "__main__":
+    main()
