@@ -1,15 +1,16 @@
 """Elastic (DiLoCo) rounds: the arithmetic, shared by the runner and `train-local`.
 
 Three steps, each from files to files, so that a network run and the one-process
-simulation (`simulate`) go through the same code and give bitwise-equal weights:
+simulation (`training.elastic.simulate`) go through the same code and give
+bitwise-equal weights:
 - `init_weights`: round 0's global weights, built from the seed.
 - `inner_round`: one worker's share of round r: the global weights, H steps of the
   inner optimizer on data slot s, with the optimizer state the worker kept from its
   last round (or a fresh one), and back comes start - end as one flat float32 vector
-  (`protocol.rounds.RoundDelta`), blockwise int8 or plain.
+  (`protocol.rounds.RoundDelta`), blockwise int4 or int8, or plain.
 - `outer_step`: the round's deltas, in slot order, averaged into one Nesterov step
-  (`training.ops.outer_nesterov_step_` for int8), then the new global weights are
-  evaluated on the validation split.
+  (`training.ops.outer_nesterov_step_` for quantized deltas), then the new global
+  weights are evaluated on the validation split.
 
 Data slots: slot s of round r draws its batches from a permutation seeded by a hash
 of (seed, s, r). Which peer trains a slot does not matter, so a replacement for a
@@ -23,10 +24,8 @@ buffers stay as in the global weights.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from protocol.rounds import CODE_BITS, RoundDelta, decode_round_delta, encode_round_delta
+from protocol.rounds import CODE_BITS, RoundDelta, decode_round_delta
 from training.elastic.flat import flatten, float_names, unflatten
 from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
@@ -53,8 +52,6 @@ from training.run.execute import (
     CheckpointPlan,
     Prepared,
     deterministic,
-    emit_started,
-    prepare,
     train_with_evidence,
     validate,
 )
@@ -319,107 +316,3 @@ def clip_factors(norms: list[float], clip: float) -> list[float]:
         return [1.0] * len(norms)
     bound = clip * sorted(norms)[(len(norms) - 1) // 2]
     return [bound / n if n > bound else 1.0 for n in norms]
-
-
-def simulate(
-    spec: JobSpec,
-    out: Path,
-    *,
-    data_file: Path | None = None,
-    device: str = "cpu",
-    emit: Emit | None = None,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """`train-local` of an elastic spec: `workers` workers, every round, in this process,
-    through the same files and functions a network run uses. Returns the result."""
-    elastic = elastic_of(spec)
-    emit = emit or (lambda event: None)
-    began = time.monotonic()
-    run = prepare(spec, data_file, device)
-    emit_started(run, emit)
-    rounds: list[dict[str, Any]] = []
-    metrics: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="meshminer-elastic-") as tmp:
-        folder = Path(tmp)
-        weights = folder / "global-0.safetensors"
-        init_weights(run, weights)
-        momentum: Path | None = None
-        down = weights.stat().st_size  # what each worker fetches of round 0's weights
-        for r in range(elastic.rounds):
-            round_began = time.monotonic()
-            deltas, losses, delta_bytes = [], [], 0
-            for slot in range(elastic.workers):
-                state = folder / f"inner-{slot}.safetensors"
-                kept = folder / f"inner-{slot}-next.safetensors"
-                outcome = inner_round(
-                    run,
-                    job_id=SIMULATED_JOB_ID,
-                    weights=weights,
-                    round_=r,
-                    slot=slot,
-                    state_in=state if state.exists() else None,
-                    state_out=kept,
-                    emit=lambda event: None,
-                )
-                kept.replace(state)
-                path = folder / f"delta-{r}-{slot}.bin"
-                path.write_bytes(encode_round_delta(outcome.delta))
-                deltas.append(path)
-                losses.append(outcome.train_loss)
-                delta_bytes += path.stat().st_size
-            new_weights = folder / f"global-{r + 1}.safetensors"
-            new_momentum = folder / f"momentum-{r + 1}.safetensors"
-            update = folder / f"update-{r + 1}.bin"  # the weights the network's workers rebuild
-            metrics = outer_step(
-                run,
-                job_id=SIMULATED_JOB_ID,
-                round_=r,
-                weights=weights,
-                momentum=momentum,
-                deltas=deltas,
-                out=new_weights,
-                momentum_out=new_momentum,
-                update_out=update,
-            )
-            bytes_out, down = (
-                down * elastic.workers,
-                (update.stat().st_size if update.exists() else new_weights.stat().st_size),
-            )
-            for path in [*deltas, weights, update, *([momentum] if momentum else [])]:
-                path.unlink(missing_ok=True)
-            weights, momentum = new_weights, new_momentum
-            summary = {
-                "round": r,
-                "workers": elastic.workers,
-                "train_loss": sum(losses) / len(losses),
-                "bytes_in": delta_bytes,
-                "bytes_out": bytes_out,  # the weights (round 0) or their update, to each worker
-                "seconds": time.monotonic() - round_began,
-                **metrics,
-            }
-            rounds.append(summary)
-            emit(
-                {
-                    "event": "progress",
-                    "step": (r + 1) * elastic.inner_steps,
-                    "total_steps": elastic.rounds * elastic.inner_steps,
-                    "loss": summary["train_loss"],
-                    "samples_per_s": 0.0,
-                    "samples": (r + 1) * elastic.inner_steps * run.summary.batch_size,
-                }
-            )
-            if on_round is not None:
-                on_round(summary)
-        shutil.copyfile(weights, out)
-    steps = elastic.rounds * elastic.inner_steps
-    result = {
-        "steps": steps,
-        "samples": steps * run.summary.batch_size * elastic.workers,
-        "wall_time_s": time.monotonic() - began,
-        "device": run.device.type,
-        "metrics": {"train_loss": rounds[-1]["train_loss"], **metrics},
-        "weights_sha256": file_sha256(out),
-        "rounds": rounds,
-    }
-    emit({"event": "result", **result})
-    return result

@@ -21,7 +21,7 @@ def train_local(
 
     `emit` receives the runner's events (`started`, `progress`, `result`). The device
     defaults to CPU, which is what makes the result reproducible by any CPU worker.
-    An elastic spec is simulated (`training.elastic.rounds.simulate`): its result adds
+    An elastic spec is simulated (`training.elastic.simulate`): its result adds
     `rounds`, and the weights equal a network run's with a fixed set of workers. A
     sweep runs its trials one after another (`training.sweep.local.run_sweep`): its
     result adds `trials` and `best`, and `out` holds the best trial's weights.
@@ -35,7 +35,7 @@ def train_local(
 
         return run_sweep(spec, Path(out), emit=emit, device=device)
     if spec.mode == "elastic":  # every worker of every round, in this process
-        from training.elastic.rounds import simulate
+        from training.elastic.simulate import simulate
 
         return simulate(spec, Path(out), device=device, emit=emit)
     from training.run.execute import run_job

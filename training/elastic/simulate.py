@@ -1,0 +1,133 @@
+"""`train-local` of an elastic job: every worker of every round, in one process.
+
+It goes through the files and functions of `training.elastic.rounds` that the
+network's runners use (`inner_round` per slot, `outer_step` with its update), so its
+weights are the bits a network run with a fixed set of workers ends on, and the bytes
+it counts per round are what that run's workers would move.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.rounds import encode_round_delta
+from training.elastic.rounds import (
+    SIMULATED_JOB_ID,
+    elastic_of,
+    init_weights,
+    inner_round,
+    outer_step,
+)
+from training.model.weights import file_sha256
+from training.run.execute import emit_started, prepare
+from training.run.loop import Emit
+from training.spec.job import JobSpec
+
+
+def simulate(
+    spec: JobSpec,
+    out: Path,
+    *,
+    data_file: Path | None = None,
+    device: str = "cpu",
+    emit: Emit | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """`train-local` of an elastic spec: `workers` workers, every round, in this process,
+    through the same files and functions a network run uses. Returns the result."""
+    elastic = elastic_of(spec)
+    emit = emit or (lambda event: None)
+    began = time.monotonic()
+    run = prepare(spec, data_file, device)
+    emit_started(run, emit)
+    rounds: list[dict[str, Any]] = []
+    metrics: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="meshminer-elastic-") as tmp:
+        folder = Path(tmp)
+        weights = folder / "global-0.safetensors"
+        init_weights(run, weights)
+        momentum: Path | None = None
+        down = weights.stat().st_size  # what each worker fetches of round 0's weights
+        for r in range(elastic.rounds):
+            round_began = time.monotonic()
+            deltas, losses, delta_bytes = [], [], 0
+            for slot in range(elastic.workers):
+                state = folder / f"inner-{slot}.safetensors"
+                kept = folder / f"inner-{slot}-next.safetensors"
+                outcome = inner_round(
+                    run,
+                    job_id=SIMULATED_JOB_ID,
+                    weights=weights,
+                    round_=r,
+                    slot=slot,
+                    state_in=state if state.exists() else None,
+                    state_out=kept,
+                    emit=lambda event: None,
+                )
+                kept.replace(state)
+                path = folder / f"delta-{r}-{slot}.bin"
+                path.write_bytes(encode_round_delta(outcome.delta))
+                deltas.append(path)
+                losses.append(outcome.train_loss)
+                delta_bytes += path.stat().st_size
+            new_weights = folder / f"global-{r + 1}.safetensors"
+            new_momentum = folder / f"momentum-{r + 1}.safetensors"
+            update = folder / f"update-{r + 1}.bin"  # the weights the network's workers rebuild
+            metrics = outer_step(
+                run,
+                job_id=SIMULATED_JOB_ID,
+                round_=r,
+                weights=weights,
+                momentum=momentum,
+                deltas=deltas,
+                out=new_weights,
+                momentum_out=new_momentum,
+                update_out=update,
+            )
+            bytes_out, down = (
+                down * elastic.workers,
+                (update.stat().st_size if update.exists() else new_weights.stat().st_size),
+            )
+            for path in [*deltas, weights, update, *([momentum] if momentum else [])]:
+                path.unlink(missing_ok=True)
+            weights, momentum = new_weights, new_momentum
+            summary = {
+                "round": r,
+                "workers": elastic.workers,
+                "train_loss": sum(losses) / len(losses),
+                "bytes_in": delta_bytes,
+                "bytes_out": bytes_out,  # the weights (round 0) or their update, to each worker
+                "seconds": time.monotonic() - round_began,
+                **metrics,
+            }
+            rounds.append(summary)
+            emit(
+                {
+                    "event": "progress",
+                    "step": (r + 1) * elastic.inner_steps,
+                    "total_steps": elastic.rounds * elastic.inner_steps,
+                    "loss": summary["train_loss"],
+                    "samples_per_s": 0.0,
+                    "samples": (r + 1) * elastic.inner_steps * run.summary.batch_size,
+                }
+            )
+            if on_round is not None:
+                on_round(summary)
+        shutil.copyfile(weights, out)
+    steps = elastic.rounds * elastic.inner_steps
+    result = {
+        "steps": steps,
+        "samples": steps * run.summary.batch_size * elastic.workers,
+        "wall_time_s": time.monotonic() - began,
+        "device": run.device.type,
+        "metrics": {"train_loss": rounds[-1]["train_loss"], **metrics},
+        "weights_sha256": file_sha256(out),
+        "rounds": rounds,
+    }
+    emit({"event": "result", **result})
+    return result
