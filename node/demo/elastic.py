@@ -72,7 +72,8 @@ def run_elastic(
         while time.monotonic() < deadline:
             job = owner.get(f"/api/v1/jobs/{job['id']}")
             closed = [r for r in job["rounds"] if r["state"] == "closed"]
-            loss = f"val loss {closed[-1]['val_loss']:.4f}" if closed else ""
+            losses = [r["val_loss"] for r in closed if r["val_loss"] is not None]
+            loss = f"val loss {losses[-1]:.4f}" if losses else ""  # evaluated after the close
             bar.update(task, description=job["state"], completed=len(closed), loss=loss)
             if job["state"] in ("completed", "failed", "cancelled"):
                 break

@@ -157,6 +157,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             states[slot] = share["folder"] / "state.safetensors"
             blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
             deltas.append(share["weights_sha256"])
+        previous_momentum = momentum
         outer = _runner(
             tmp_path,
             spec,
@@ -184,6 +185,16 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             "weights_out": "weights.safetensors",
         }
         assert "val_loss" in outer["metrics"]
+        # the owner's way: the outer step without its validation, then the validation
+        # on its own while the next round trains: the same weights, the same figures
+        quick = _runner(tmp_path, spec, f"quick{r}", "elastic_outer", blobs, job_id=job, round=r,
+                        weights=base, momentum=previous_momentum, deltas=deltas,
+                        momentum_out="momentum.safetensors", update_out="update.bin",
+                        validate=False)  # fmt: skip
+        assert quick["metrics"] == {} and quick["weights_sha256"] == outer["weights_sha256"]
+        checked = _runner(tmp_path, spec, f"validate{r}", "elastic_validate", blobs, job_id=job,
+                          round=r, weights=outer["weights_sha256"])  # fmt: skip
+        assert checked["metrics"] == outer["metrics"]
     assert file_sha256(weights) == expected
     # an update that does not give the round's weights, or applied to other weights,
     # is refused by name, and nothing is rebuilt

@@ -238,11 +238,14 @@ def outer_step(
     out: Path,
     momentum_out: Path,
     update_out: Path | None = None,
+    validate_weights: bool = True,
 ) -> dict[str, float]:
     """Average `deltas` (already in slot order) into one Nesterov step from `weights`;
     write the new global weights and momentum (and, for a quantized job, with
     `update_out`, the `RoundUpdate` that gives those weights from `weights`:
-    `training.elastic.updates`); return the validation metrics."""
+    `training.elastic.updates`); return the validation metrics (none without
+    `validate_weights`: the owner validates in a task of its own, `evaluate_weights`,
+    while the next round trains)."""
     elastic = elastic_of(run.spec)
     if not deltas:
         raise TrainingError(f"round {round_} has no deltas to apply")
@@ -297,10 +300,15 @@ def outer_step(
             update_out, change, bits, job_id=job_id, round_=round_ + 1, base=base, weights=sha
         )
     write_weights(momentum_out, carry, {"format": "meshminer.momentum/1"})
+    return evaluate_weights(run, new_state) if validate_weights else {}
+
+
+def evaluate_weights(run: Prepared, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """The validation metrics of the global weights `state` ({} without a split)."""
     if run.data.val is None:
         return {}
     model = build_model(run.plan).to(run.device)
-    model.load_state_dict(new_state, strict=True)
+    model.load_state_dict(state, strict=True)
     return validate(run, model)
 
 

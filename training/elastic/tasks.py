@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
+
 from protocol.errors import DecodeError, TooLarge
 from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
@@ -40,10 +42,10 @@ def run_elastic_task(
     checkpoints: bool = False,
     hold: Hold = NO_BOUND,
 ) -> dict[str, Any]:
-    """Run `task` ("elastic_init", "elastic_inner" or "elastic_outer"); emits and
-    returns its `result`. With `checkpoints`, a share keeps its evidence (the
-    training state at every checkpoint step, `training.evidence.checkpoints`; never
-    more states at once than `hold` allows)."""
+    """Run `task` ("elastic_init", "elastic_inner", "elastic_outer" or
+    "elastic_validate"); emits and returns its `result`. With `checkpoints`, a share
+    keeps its evidence (the training state at every checkpoint step,
+    `training.evidence.checkpoints`; never more states at once than `hold` allows)."""
     began = time.monotonic()
     if task == "elastic_init":
         section.finish()
@@ -56,7 +58,12 @@ def run_elastic_task(
             raise SpecError("request.elastic.job_id must be 16..32 lowercase hex characters")
         round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
         weights = section.string("weights", max_len=64)
-        if task == "elastic_inner":
+        if task == "elastic_validate":
+            section.finish()
+            run = prepare(spec, data_file, device, blob_file)
+            state = load_file(str(blob_file(weights)), device="cpu")
+            result = {"metrics": elastic.evaluate_weights(run, state)}
+        elif task == "elastic_inner":
             folder = out.parent / "checkpoints" if checkpoints else None
             result = _inner(
                 section,
@@ -154,6 +161,7 @@ def _outer(
         raise SpecError(f"request.elastic.deltas must be a list of 1..{MAX_SLOT} blob hashes")
     momentum_out = _beside(out, section.string("momentum_out", max_len=4096), "momentum_out")
     update_out = _beside(out, section.string("update_out", None, max_len=4096), "update_out")
+    validate = section.boolean("validate", True)
     section.finish()
     assert momentum_out is not None
     run = prepare(spec, data_file, device, blob_file)
@@ -167,6 +175,7 @@ def _outer(
         out=out,
         momentum_out=momentum_out,
         update_out=update_out,
+        validate_weights=validate,
     )
     result = {
         "metrics": metrics,

@@ -11,7 +11,8 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "memory_limit_mb": int >= 0,                (default 0: no limit)
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
                    "parent_pid": int},           (optional; see training.run.isolation)
-     "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer",
+     "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer"
+             | "elastic_validate",
      "checkpoints": bool,                        (train, elastic_inner: keep the evidence)
      "hold": {"states": int >= 0, "floor_bytes": int >= 0},
                                                  (how many checkpoints on disk at once)
@@ -30,8 +31,11 @@ elastic tasks are the steps of
 `elastic_inner` trains one share ({"job_id", "round", "slot", "weights": sha256,
 "state_in": path (optional), "state_out": path}) and writes its `RoundDelta` to `out`;
 `elastic_outer` ({"job_id", "round", "weights": sha256, "momentum": sha256 (optional),
-"deltas": [sha256, ...], "momentum_out": path}) writes the next global weights to
-`out`. Every path is in `out`'s folder, every input a blob.
+"deltas": [sha256, ...], "momentum_out": path, "update_out": path (optional),
+"validate": bool (default true)}) writes the next global weights to `out`;
+`elastic_validate` ({"job_id", "round", "weights": sha256}) only evaluates global
+weights (the owner's, off the rounds' path). Every path is in `out`'s folder, every
+input a blob.
 
 It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
 and exit code 1) and writes the weights to `out` only on success. Everything in the
@@ -72,7 +76,7 @@ REQUEST_LIMITS = Limits(
     max_bin_len=0,
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-TASKS = ("train", "replay", "elastic_init", "elastic_inner", "elastic_outer")
+TASKS = ("train", "replay", "elastic_init", "elastic_inner", "elastic_outer", "elastic_validate")
 
 
 class RequestError(ValueError):

@@ -19,7 +19,9 @@ from typing import Any, Literal
 from protocol.rounds import RoundShare
 
 #: what the runner does with the request (`training.run.runner.TASKS`)
-Task = Literal["train", "replay", "elastic_init", "elastic_inner", "elastic_outer"]
+Task = Literal[
+    "train", "replay", "elastic_init", "elastic_inner", "elastic_outer", "elastic_validate"
+]
 Device = Literal["auto", "cpu", "cuda"]
 
 

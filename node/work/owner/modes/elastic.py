@@ -13,8 +13,11 @@ One task per elastic job drives its rounds (`drive`). A round:
    why. Units still training at the close are dropped (their late deltas are refused
    and counted);
 4. applies the deltas in slot order with the fused outer step in a runner subprocess
-   on this node (the daemon never parses the deltas' tensors), evaluates, and opens
-   the next round. The close is a compare-and-set, so no round is applied twice.
+   on this node (the daemon never parses the deltas' tensors) and opens the next
+   round. The close is a compare-and-set, so no round is applied twice. The new
+   weights are evaluated on the validation split by a runner of their own while the
+   next round trains (`_validations`, one round after another); the job completes
+   once the last round's figures are in.
 
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
 slowest applied share of the last closed round (at least 60 s; 600 s before any round
@@ -25,6 +28,7 @@ is not cut short.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from functools import partial
 from pathlib import Path
@@ -97,7 +101,6 @@ class ElasticRounds(ManyUnits):
         job = ctx.jobs.transition(job_id, ("queued",), "elastic rounds", state="running")
         if job is None:
             return
-        elastic = job.spec["elastic"]
         current = self.store.latest(job_id)
         if current is None:
             weights = await self._init_weights(job)
@@ -107,18 +110,36 @@ class ElasticRounds(ManyUnits):
         elif current.state == "open":
             self.store.update(job_id, current.round, "open", deadline=self._deadline(job))
             self.store.note(job_id, current.round, "the owner restarted; the round goes on")
+        closed, to_validate = trio.open_memory_channel[Round](math.inf)
+        for earlier in self.store.of_job(job_id):  # closed before a restart, not evaluated
+            if earlier.state == "closed" and earlier.val_loss is None and not earlier.metrics:
+                closed.send_nowait(earlier)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._validations, job_id, to_validate)
+            with closed:
+                current = await self._rounds(job_id, current, closed)
+        job = ctx.jobs.get(job_id)
+        if current is not None and job is not None and job.state == "running":
+            self._complete(job, self.store.get(job_id, current.round) or current)
+
+    async def _rounds(
+        self, job_id: str, current: Round, closed: trio.MemorySendChannel[Round]
+    ) -> Round | None:
+        """Run the rounds from `current` to the last; the last, closed (None if the job
+        stopped). Each round closed is sent to `closed`, to be evaluated."""
         while True:
-            job = ctx.jobs.get(job_id)
+            job = self.ctx.jobs.get(job_id)
             if job is None or job.state != "running":
-                return
+                return None
             if current.state == "open":
-                current = await self._run_round(job, current)
-                if current is None:
-                    return
+                ended = await self._run_round(job, current)
+                if ended is None:
+                    return None
+                await closed.send(ended)
+                current = ended
                 continue
-            if current.round + 1 >= int(elastic["rounds"]):
-                self._complete(job, current)
-                return
+            if current.round + 1 >= int(job.spec["elastic"]["rounds"]):
+                return current
             current = self.store.open(
                 job_id,
                 current.round + 1,
@@ -127,6 +148,30 @@ class ElasticRounds(ManyUnits):
                 self._deadline(job),
             ) or self.store.get(job_id, current.round + 1)
             assert current is not None
+
+    async def _validations(self, job_id: str, rounds: trio.MemoryReceiveChannel[Round]) -> None:
+        """Evaluate each closed round's new weights, in order, off the rounds' path."""
+        async with rounds:
+            async for closed in rounds:
+                job = self.ctx.jobs.get(job_id)
+                if job is None or job.state != "running":
+                    continue  # stopped: the rest is not worth evaluating
+                metrics = await self._validate(job, closed)
+                evaluated = self.store.update(
+                    job_id,
+                    closed.round,
+                    "closed",
+                    val_loss=metrics.get("val_loss"),
+                    metrics=metrics,
+                )
+                log.info(
+                    "job %s: round %d closed with %d deltas, val_loss %s",
+                    job_id,
+                    closed.round,
+                    len(closed.workers),
+                    metrics.get("val_loss"),
+                )
+                self._record(job, evaluated or closed)
 
     def _complete(self, job: Job, last: Round) -> None:
         self._placement.backoff.drop_job(job.id)
@@ -258,7 +303,7 @@ class ElasticRounds(ManyUnits):
         before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
         workers = [u.worker for u in done]
         began = time.monotonic()
-        weights, momentum, update, metrics = await self._outer_step(job, current, done)
+        weights, momentum, update = await self._outer_step(job, current, done)
         numel_bytes = 4 * await self._delta_numel(job)
         closed = self.store.update(
             job.id,
@@ -273,28 +318,18 @@ class ElasticRounds(ManyUnits):
             dropped=sorted({u.worker for u in lost} - set(workers)),
             joined=sorted(set(workers) - before) if current.round else [],
             left=sorted(before - set(workers)),
-            val_loss=metrics.get("val_loss"),
-            metrics=metrics,
             bytes_in=sum(u.output_bytes for u in done),
             full_bytes=numel_bytes * len(done),
             seconds=time.time() - current.opened_at,
         )
-        if closed is None:
-            return None  # closed by someone else meanwhile: never applied twice
-        rounds = int(job.spec["elastic"]["rounds"])
-        inner = int(job.spec["elastic"]["inner_steps"])
-        log.info(
-            "job %s: round %d closed with %d deltas (outer step %.1f s), val_loss %s",
-            job.id,
-            current.round,
-            len(done),
-            time.monotonic() - began,
-            metrics.get("val_loss"),
-        )
-        self._record(job, closed, rounds, inner)
+        if closed is not None:  # else closed by someone else meanwhile: never applied twice
+            log.info("job %s: outer step of round %d in %.1f s", job.id, current.round,
+                     time.monotonic() - began)  # fmt: skip
         return closed
 
-    def _record(self, job: Job, closed: Round, rounds: int, inner: int) -> None:
+    def _record(self, job: Job, closed: Round) -> None:
+        rounds = int(job.spec["elastic"]["rounds"])
+        inner = int(job.spec["elastic"]["inner_steps"])
         history = list(job.progress.get("history", []))
         step = (closed.round + 1) * inner
         history.append([step, None, closed.val_loss])  # the outer step has no training loss
@@ -326,14 +361,13 @@ class ElasticRounds(ManyUnits):
         _, folder = await self._run_here(job, "elastic_init", {})
         return await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
 
-    async def _outer_step(
-        self, job: Job, current: Round, done: list[Unit]
-    ) -> tuple[str, str, str, dict[str, float]]:
+    async def _outer_step(self, job: Job, current: Round, done: list[Unit]) -> tuple[str, str, str]:
         elastic: dict[str, Any] = {
             "job_id": job.id,
             "round": current.round,
             "weights": current.weights_sha256,
             "deltas": [u.output_sha256 for u in done],
+            "validate": False,  # `_validations` evaluates while the next round trains
         }
         if current.momentum_sha256:
             elastic["momentum"] = current.momentum_sha256
@@ -345,8 +379,12 @@ class ElasticRounds(ManyUnits):
         update = ""
         if result.get("update_sha256"):
             update = await trio.to_thread.run_sync(put, folder / "update.bin")
-        metrics = {k: float(v) for k, v in result.get("metrics", {}).items()}
-        return weights, momentum, update, metrics
+        return weights, momentum, update
+
+    async def _validate(self, job: Job, closed: Round) -> dict[str, float]:
+        request = {"job_id": job.id, "round": closed.round, "weights": closed.next_weights_sha256}
+        result, _ = await self._run_here(job, "elastic_validate", request)
+        return {k: float(v) for k, v in result.get("metrics", {}).items()}
 
     async def _run_here(
         self, job: Job, task: str, elastic: dict[str, Any], extra_out: str = ""

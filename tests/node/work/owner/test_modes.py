@@ -27,7 +27,7 @@ from node.work.blobs import (
     TransferUnreachable,
 )
 from node.work.context import WorkContext
-from node.work.jobs import Job, JobStore, RoundStore, Trial, Unit, UnitKeys
+from node.work.jobs import Job, JobStore, Round, RoundStore, Trial, Unit, UnitKeys
 from node.work.owner import MAX_ATTEMPTS, OwnerRole, round_closed_reason
 from node.work.owner.modes import MODES, ElasticRounds, SingleJob, SweepTrials
 from node.work.owner.modes.single import HISTORY_POINTS
@@ -322,6 +322,49 @@ def test_an_elastic_job_resumes_its_rounds_after_a_restart(owner: OwnerRole) -> 
     fresh = owner.ctx.jobs.get(job.id)
     assert fresh.state == "queued" and fresh.excluded == []
     assert fresh.timeline[-1]["note"] == "owner restarted; resuming its rounds"
+
+
+def test_closed_rounds_are_evaluated_in_order_while_the_rounds_go_on(
+    owner: OwnerRole, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outer step only writes the weights; each closed round's validation comes
+    after, in order, and fills the round's row and the job's progress; a job stopped
+    meanwhile is not evaluated further. (`_validate` is the runner task
+    `elastic_validate`, checked against the inline validation in test_elastic.py.)"""
+    job = _job(owner, ELASTIC, running=True)
+    elastic = owner.modes["elastic"]
+    for r in range(3):
+        elastic.store.open(job.id, r, f"{r}" * 64, "", time.time() + 60)
+        elastic.store.update(
+            job.id, r, "open", state="closed", next_weights_sha256=f"{r + 1}" * 64, workers=[WORKER]
+        )
+    evaluated: list[int] = []
+
+    async def validate(job: Job, closed: Round) -> dict[str, float]:
+        evaluated.append(closed.round)
+        if closed.round == 1:  # the job is cancelled while round 1 is evaluated
+            owner.ctx.jobs.transition(job.id, ("running",), "cancelled", state="cancelled")
+        return {"val_loss": 3.0 - closed.round}
+
+    monkeypatch.setattr(elastic, "_validate", validate)
+
+    async def main() -> None:
+        send, receive = trio.open_memory_channel[Round](3)
+        for r in range(3):
+            send.send_nowait(elastic.store.get(job.id, r))
+        send.close()
+        await elastic._validations(job.id, receive)
+
+    trio.run(main)
+    assert evaluated == [0, 1]
+    rows = [elastic.store.get(job.id, r) for r in range(3)]
+    assert [(r.val_loss, r.metrics) for r in rows] == [
+        (3.0, {"val_loss": 3.0}),
+        (2.0, {"val_loss": 2.0}),
+        (None, {}),
+    ]
+    history = owner.ctx.jobs.get(job.id).progress["history"]
+    assert history == [[10, None, 3.0]]  # a cancelled job's progress stays as it was
 
 
 def test_an_elastic_job_describes_its_rounds(owner: OwnerRole) -> None:
