@@ -26,11 +26,14 @@ TOLERANCE = 0.25
 # 2026-11-24: the real figure moved 167-298 ms a minute, the model sat near their
 # mean), the owner's search (0.97-1.27: 27-37 ms real, a few probes each) and the
 # gossip joiner's first table (0.75-1.0: 19-26 ms real, its own start-up sharing the 2
-# cores with 10 nodes). Narrow them as the real figures hold still.
+# cores with 10 nodes), and the gossip volunteers' CPU (sim / real 1.30 twice in a
+# row on an idle machine on 2026-11-26: 2,700 ms a minute real against the model's
+# 3,510; within 1.25 in every run before). Narrow them as the real figures hold still.
 KNOWN_GAPS = {
     ("directory", "cpu_ms_per_min"): (0.5, 1.75),
     ("directory", "find_s"): (0.6, 1.4),
     ("gossip", "find_s"): (0.5, 1 + TOLERANCE),
+    ("gossip", "cpu_ms_per_min"): (1 - TOLERANCE, 1.4),
 }
 FINDS = 5  # searches (directory) or joiners (gossip); the figure is their median
 #: other processes' use of the machine (cores) past which a run measures them, not the
