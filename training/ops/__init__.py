@@ -1,9 +1,10 @@
 """meshminer's own GPU kernels (Triton), each with a pure-torch reference.
 
 What the rest of meshminer calls:
-- `quantize_blockwise(x, block_size=256) -> QuantizedTensor` and
-  `dequantize_blockwise(q) -> Tensor`: int8 codes with a float32 absmax scale per
-  block, for weight deltas on the wire (`quant`).
+- `quantize_blockwise(x, block_size=256, bits=8) -> QuantizedTensor` and
+  `dequantize_blockwise(q) -> Tensor`: int8 codes (-127..127, or -7..7 with `bits=4`,
+  which only the reference computes) with a float32 absmax scale per block, for
+  weight changes on the wire (`quant`).
 - `outer_nesterov_step_(params, momentum_buffer, deltas, lr=, momentum=)`: the
   owner's elastic-round step, dequantize + average K deltas + Nesterov SGD in one
   pass (`outer`); `QuantizedBatch` holds the K deltas.
