@@ -54,8 +54,8 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
             assert len(mine) == 1 and f"round {r}'s weights update" in mine[0], notes
         assert "weights rebuilt from the round before's" in worker.log_tail(400)
     assert rounds[0]["bytes_out"] >= rounds[0]["full_bytes"]  # the weights, whole, to each
-    for r in rounds[1:]:
-        assert 0 < r["bytes_out"] < r["full_bytes"] / 3, r
+    for r in rounds[1:]:  # 4-bit updates (the default): about an eighth of the weights
+        assert 0 < r["bytes_out"] < r["full_bytes"] / 6, r
 
     _assert_equals_train_local(owner, job["id"], spec, tmp_path)
 
