@@ -51,9 +51,10 @@ from pathlib import Path
 
 from benchmarks.harness import Result, run_parts
 from node.work.trust import compare_replay, drawn, replay_chance, replay_table
-from protocol.rounds import encode_round_delta
+from protocol.rounds import CODE_BITS, encode_round_delta
 from protocol.tensors import decode_tensor
-from training.elastic.rounds import SIMULATED_JOB_ID, init_weights, inner_round, outer_step
+from training.elastic.rounds import SIMULATED_JOB_ID, init_weights, outer_step
+from training.elastic.simulate import train_share
 from training.evidence.checkpoints import checkpoint_steps
 from training.model.weights import file_sha256
 from training.ops import dequantize_blockwise, encode_delta, from_wire
@@ -234,23 +235,11 @@ def elastic_loss(spec: JobSpec, ascent: float) -> float:
         for r in range(elastic.rounds):
             deltas = []
             for slot in range(elastic.workers):
-                state = folder / f"inner-{slot}.safetensors"
-                kept = folder / f"inner-{slot}-next.safetensors"
-                outcome = inner_round(
-                    run,
-                    job_id=SIMULATED_JOB_ID,
-                    weights=weights,
-                    round_=r,
-                    slot=slot,
-                    state_in=state if state.exists() else None,
-                    state_out=kept,
-                    emit=lambda event: None,
-                )
-                kept.replace(state)
-                delta = outcome.delta
+                delta = train_share(run, folder, weights, r, slot).delta
                 if slot == 0 and ascent != 1:
                     values = dequantize_blockwise(from_wire(decode_tensor(delta.tensor)))
-                    delta = replace(delta, tensor=encode_delta(values * ascent))
+                    bits = CODE_BITS[elastic.compression]
+                    delta = replace(delta, tensor=encode_delta(values * ascent, bits=bits))
                 path = folder / f"delta-{r}-{slot}.bin"
                 path.write_bytes(encode_round_delta(delta))
                 deltas.append(path)

@@ -210,6 +210,31 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
         assert not (tmp_path / f"bad{n}" / "weights.safetensors").exists()
 
 
+@pytest.mark.parametrize(
+    ("task", "fields", "message"),
+    [
+        ("elastic_outer", {"validate": "no"}, "request.elastic.validate must be"),
+        ("elastic_validate", {"slot": 0}, "request.elastic.slot is not a known key"),
+        ("elastic_validate", {"weights": "f" * 64}, "which request.blobs lacks"),
+    ],
+)
+def test_a_bad_outer_or_validation_request_is_refused_by_name(
+    tmp_path: Path, task: str, fields: dict, message: str
+) -> None:
+    """The owner's `validate` switch and its `elastic_validate` task: a wrong type, an
+    unknown key or weights it was not given are refused, and nothing is written."""
+    spec = spec_to_plain(parse_spec(_spec()))
+    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    blobs = {init["weights_sha256"]: init["folder"] / "out.bin"}
+    elastic = {"job_id": "ab" * 8, "round": 0, "weights": init["weights_sha256"]}
+    if task == "elastic_outer":
+        elastic.update(deltas=["e" * 64], momentum_out="momentum.safetensors")
+    with pytest.raises(SpecError, match=message):
+        _runner(tmp_path, spec, "bad", task, blobs, **{**elastic, **fields})
+    assert not (tmp_path / "bad" / "out.bin").exists()
+    assert not (tmp_path / "bad" / "momentum.safetensors").exists()
+
+
 def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object) -> dict:
     return _runner(
         tmp_path,

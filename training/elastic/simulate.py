@@ -18,13 +18,14 @@ from typing import Any
 from protocol.rounds import encode_round_delta
 from training.elastic.rounds import (
     SIMULATED_JOB_ID,
+    InnerOutcome,
     elastic_of,
     init_weights,
     inner_round,
     outer_step,
 )
 from training.model.weights import file_sha256
-from training.run.execute import emit_started, prepare
+from training.run.execute import Prepared, emit_started, prepare
 from training.run.loop import Emit
 from training.spec.job import JobSpec
 
@@ -57,19 +58,7 @@ def simulate(
             round_began = time.monotonic()
             deltas, losses, delta_bytes = [], [], 0
             for slot in range(elastic.workers):
-                state = folder / f"inner-{slot}.safetensors"
-                kept = folder / f"inner-{slot}-next.safetensors"
-                outcome = inner_round(
-                    run,
-                    job_id=SIMULATED_JOB_ID,
-                    weights=weights,
-                    round_=r,
-                    slot=slot,
-                    state_in=state if state.exists() else None,
-                    state_out=kept,
-                    emit=lambda event: None,
-                )
-                kept.replace(state)
+                outcome = train_share(run, folder, weights, r, slot)
                 path = folder / f"delta-{r}-{slot}.bin"
                 path.write_bytes(encode_round_delta(outcome.delta))
                 deltas.append(path)
@@ -131,3 +120,23 @@ def simulate(
     }
     emit({"event": "result", **result})
     return result
+
+
+def train_share(run: Prepared, folder: Path, weights: Path, round_: int, slot: int) -> InnerOutcome:
+    """Slot `slot`'s share of round `round_` from `weights`, as the slot's worker trains
+    it: from the inner optimizer state the slot kept in `folder` (none in its first
+    round), which it leaves there for the slot's next round."""
+    state = folder / f"inner-{slot}.safetensors"
+    kept = folder / f"inner-{slot}-next.safetensors"
+    outcome = inner_round(
+        run,
+        job_id=SIMULATED_JOB_ID,
+        weights=weights,
+        round_=round_,
+        slot=slot,
+        state_in=state if state.exists() else None,
+        state_out=kept,
+        emit=lambda event: None,
+    )
+    kept.replace(state)
+    return outcome
