@@ -17,7 +17,7 @@ from training.elastic.rounds import slot_seed
 from training.errors import SpecError
 from training.model.weights import file_sha256
 from training.run.local import train_local
-from training.run.runner import run_request
+from training.run.runner import RequestError, run_request
 from training.spec.examples import elastic_toml
 from training.spec.job import parse_spec, spec_to_plain
 
@@ -229,7 +229,7 @@ def test_a_bad_outer_or_validation_request_is_refused_by_name(
     elastic = {"job_id": "ab" * 8, "round": 0, "weights": init["weights_sha256"]}
     if task == "elastic_outer":
         elastic.update(deltas=["e" * 64], momentum_out="momentum.safetensors")
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises((RequestError, SpecError), match=message):
         _runner(tmp_path, spec, "bad", task, blobs, **{**elastic, **fields})
     assert not (tmp_path / "bad" / "out.bin").exists()
     assert not (tmp_path / "bad" / "momentum.safetensors").exists()
