@@ -26,14 +26,18 @@ import torch.nn.functional as F
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
 from training.program import ProgramModule, convert_pt2
+from training.run.loop import autocast
 
 RESULTS = Path(__file__).parent / "results" / "programs.json"
 
 
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x, y, device) -> float:
+def _step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, x, y, device, precision
+) -> float:
     began = time.perf_counter()
-    out = model(x)
-    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    with autocast(precision, device):
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -76,16 +80,21 @@ def main() -> None:
     ours = ProgramModule(program).to(device)
     eager = eager.to(device)
     optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (eager, ours)}
-    times: dict[str, list[float]] = {"eager": [], "interpreter": []}
+    precisions = ["fp32", "bf16"] if device.type == "cuda" else ["fp32"]
+    times: dict[str, list[float]] = {
+        f"{name}_{p}": [] for name in ("eager", "interpreter") for p in precisions
+    }
     g = torch.Generator().manual_seed(1)
     for step in range(args.steps + 2):  # two warm-up steps
         x = torch.randint(0, args.vocab, (args.batch, args.context), generator=g).to(device)
         y = torch.randint(0, args.vocab, (args.batch, args.context), generator=g).to(device)
-        for name, model in (("eager", eager), ("interpreter", ours)):
-            took = _step(model, optimizers[model], x, y, device)
-            if step >= 2:
-                times[name].append(took)
+        for precision in precisions:
+            for name, model in (("eager", eager), ("interpreter", ours)):
+                took = _step(model, optimizers[model], x, y, device, precision)
+                if step >= 2:
+                    times[f"{name}_{precision}"].append(took)
     medians = {k: statistics.median(v) for k, v in times.items()}
+    tokens = args.batch * args.context
     result = {
         "parameters": params,
         "nodes": len(program.train.nodes),
@@ -95,11 +104,17 @@ def main() -> None:
         "context": args.context,
         "export_s": round(exported, 3),
         "convert_s": round(converted, 3),
-        "eager_step_ms": round(1000 * medians["eager"], 2),
-        "interpreter_step_ms": round(1000 * medians["interpreter"], 2),
-        "speed_ratio": round(medians["eager"] / medians["interpreter"], 3),
-        "tokens_per_s_interpreter": round(args.batch * args.context / medians["interpreter"]),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
     }
+    for p in precisions:
+        eager_s, ours_s = medians[f"eager_{p}"], medians[f"interpreter_{p}"]
+        result[p] = {
+            "eager_step_ms": round(1000 * eager_s, 2),
+            "interpreter_step_ms": round(1000 * ours_s, 2),
+            "speed_ratio": round(eager_s / ours_s, 3),
+            "tokens_per_s_interpreter": round(tokens / ours_s),
+        }
     print(json.dumps(result, indent=2))
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
