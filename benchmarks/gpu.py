@@ -37,11 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from node.work.trust import BF16_TOLERANCE, TOLERANCE
 from protocol import encode
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.checkpoints import BF16_TOLERANCE, TOLERANCE, checkpoint_steps
 from training.model.bind import bind_trainable
 from training.model.weights import file_sha256
 from training.program.job import convert

@@ -222,6 +222,14 @@ def advance(run: Prepared, state: TrainState, to_step: int, course: Course | Non
     state.step = to_step
 
 
+#: across determinism classes: the largest relative L2 distance of any weight tensor
+#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
+TOLERANCE = 1e-3
+#: the same for a job trained in bf16 (`optim.precision`): 8 bits of mantissa in the
+#: matrix products put kernels of two classes further apart
+BF16_TOLERANCE = 3e-2
+
+
 def relative_distance(a: TrainState, b: TrainState) -> float:
     """The largest relative L2 distance between two states' weight tensors: what a
     check across determinism classes compares against its tolerance."""

@@ -21,13 +21,7 @@ from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore, Unit
 from node.work.run import RequestBuilder
-
-#: across determinism classes: the largest relative L2 distance of any weight tensor
-#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
-TOLERANCE = 1e-3
-#: the same for a job trained in bf16 (`optim.precision`): 8 bits of mantissa in the
-#: matrix products put kernels of two classes further apart
-BF16_TOLERANCE = 3e-2
+from training.evidence.checkpoints import BF16_TOLERANCE, TOLERANCE
 
 
 def tolerance_of(spec: dict[str, Any]) -> float:
