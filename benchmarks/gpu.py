@@ -67,10 +67,11 @@ def write_tokens(path: Path, n: int = 400_000, seed: int = 0) -> None:
     ids.tofile(path)
 
 
-def export_model(folder: Path, width: int, layers: int) -> None:
+def export_model(folder: Path, width: int, layers: int, dropout: float) -> None:
     torch.manual_seed(0)
+    heads = max(1, width // 64)
     model = GPT(
-        vocab=VOCAB, context=CONTEXT, width=width, layers=layers, heads=width // 64, dropout=0.1
+        vocab=VOCAB, context=CONTEXT, width=width, layers=layers, heads=heads, dropout=dropout
     )
     export_pair(model, (torch.randint(0, VOCAB, (2, CONTEXT)),), folder)
 
@@ -131,7 +132,7 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
     ]
     table = {"init": True, "segments": segments, "final": cps[-1]}
     replay = timed(request(spec, blobs, folder / f"owner-{precision}", task="replay", replay=table))
-    claimed = [s | {"claimed": cps[i + 1]} for i, s in enumerate(segments[:2])]
+    claimed = [s | {"claimed": cps[i + 1]} for i, s in enumerate(segments)]
     across = timed(
         request(
             spec,
@@ -157,7 +158,7 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
         "cpu_replay_s": across["took_s"],
         "cpu_vs_gpu_distance": across["distances"],
         "cpu_vs_gpu_cpu_hashes_equal": [
-            a == b for a, b in zip(across["ends"], cps[1:3], strict=True)
+            a == b for a, b in zip(across["ends"], cps[1:], strict=True)
         ],
         "tolerance": tolerance,
         "within_tolerance": all(d <= tolerance for d in across["distances"]),
@@ -224,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/meshminer-gpu"))
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -234,12 +236,12 @@ def main() -> None:
     folder = args.folder
     folder.mkdir(parents=True, exist_ok=True)
     write_tokens(folder / "train.bin")
-    export_model(folder, args.width, args.layers)
+    export_model(folder, args.width, args.layers, args.dropout)
     results: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "parameters_width_layers": [args.width, args.layers],
+        "model": {"width": args.width, "layers": args.layers, "dropout": args.dropout},
     }
 
     def part(name: str, run: Any) -> None:

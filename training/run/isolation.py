@@ -14,7 +14,9 @@ happens inside:
   (ABI >= 4) refuse every TCP bind and connect as a second layer;
 - **no reading the node's files**: Landlock (Linux >= 5.13) allows reading only the
   Python installation, the system's libraries, /proc, /sys and /dev, the blob files
-  the request names, and reading and writing only the unit's own folder. The node's
+  the request names, and reading and writing only the unit's own folder, /dev and
+  /proc's files (CUDA opens its devices and names its threads there; another
+  process's memory stays out of reach, by Landlock's ptrace rule). The node's
   identity key, its databases and other units' folders are out of reach.
 
 Every mechanism the kernel refuses is reported, not fatal: `isolate` returns a map of
@@ -56,7 +58,7 @@ FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_D
 
 MAX_OPEN_FILES = 4096
 MAX_PROCESSES = 4096  # per user, threads included (torch's pools count)
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys")
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys")
 DEVICE_RW = ("/dev",)
 PACKAGES = ("training", "protocol", "node", "ledger")
 
@@ -150,6 +152,10 @@ def _landlock(workdir: Path, read_files: list[Path]) -> dict[str, str]:
         _allow(fd, Path(__file__).resolve().parents[2], FS_READ_DIR)  # to find them
         for path in DEVICE_RW:
             _allow(fd, Path(path), fs)
+        # CUDA names its threads through /proc/self/task/*/comm: refused, it fails to
+        # start (error 304). Landlock keeps other processes' /proc/<pid>/mem out of
+        # reach (its ptrace scoping), and /proc/sys stays root's.
+        _allow(fd, Path("/proc"), (READ | FS_WRITE_FILE) & fs)
         _allow(fd, workdir, fs)
         for path in read_files:
             _allow(fd, path, FS_READ_FILE)

@@ -31,7 +31,7 @@ from training.spec.examples import digits_toml
 ROOT = os.geteuid() == 0
 
 CHILD = r"""
-import json, os, resource, socket, sys
+import ctypes, json, os, resource, socket, sys, threading
 from pathlib import Path
 from training.run.isolation import isolate
 unit, blob, key, other, port = sys.argv[1:6]
@@ -47,6 +47,22 @@ def attempt(fn):
 def connect():
     socket.create_connection(("127.0.0.1", int(port)), timeout=2).close()
 
+def name_a_thread():  # as CUDA names its threads when it starts
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    try:
+        err = ctypes.CDLL(None).pthread_setname_np(ctypes.c_ulong(thread.ident), b"cuda-EvtHandlr")
+    finally:
+        done.set()
+        thread.join()
+    if err:
+        raise OSError(err, os.strerror(err))
+
+def write_parent_memory():
+    with open(f"/proc/{os.getppid()}/mem", "r+b") as mem:
+        mem.write(b"x")
+
 print(json.dumps({
     "report": report,
     "read key": attempt(lambda: Path(key).read_bytes()),
@@ -55,6 +71,8 @@ print(json.dumps({
     "write unit": attempt(lambda: (Path(unit) / "x").write_text("x")),
     "write outside": attempt(lambda: (Path(key).parent / "planted").write_text("x")),
     "connect": attempt(connect),
+    "name a thread": attempt(name_a_thread),
+    "write the parent's memory": attempt(write_parent_memory),
     "limits": {name: resource.getrlimit(getattr(resource, name))[0]
                for name in ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU")},
 }))
@@ -88,6 +106,8 @@ def test_a_runner_cannot_read_the_nodes_files_nor_reach_the_network(tmp_path: Pa
     assert seen["write outside"] == "PermissionError"
     assert seen["connect"] != "allowed"
     assert (seen["read blob"], seen["write unit"]) == ("allowed", "allowed")
+    assert seen["name a thread"] == "allowed"  # refused, CUDA fails to start (error 304)
+    assert seen["write the parent's memory"] == "PermissionError"
     assert not (data / "planted").exists()
     limits = seen["limits"]
     assert (limits["RLIMIT_CORE"], limits["RLIMIT_NOFILE"]) == (0, 4096)
