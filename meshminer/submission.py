@@ -1,14 +1,15 @@
 """Submitting a job from Python: `submit()` builds the spec, uploads it with its files.
 
 What the node receives is what `meshminer submit` sends, plus the program files: a
-multipart form with `spec` (the TOML text), `data` (a local data file), `program` and
-`eval_program` (an exported model's `.pt2` files) and `init` (initial weights, a
+multipart form with `spec` (the TOML text), `data` (a local data file) or, for a
+sharded data set, `shard0`, `shard1`, ... (`data.shards[k]` as `shard<k>`), `program`
+and `eval_program` (an exported model's `.pt2` files) and `init` (initial weights, a
 safetensors file). The node checks everything; its refusal comes back as `NodeError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ def submit(
     model_or_exported: torch.nn.Module | Exported | Mapping[str, Any],
     example_batch: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
     *,
-    data: str | Path,
+    data: str | Path | Sequence[str | Path],
     steps: int | None = None,
     mode: str = "single",
     name: str | None = None,
@@ -45,13 +46,15 @@ def submit(
 
     The model is a module (exported first, with `example_batch`), an `Exported`, or a
     dict, which is a declarative `[model]` table (`{"arch": "mlp", "hidden": [32]}`).
-    `data` is a local file (uploaded) or a `builtin:`/`blob:` source. `output` says what
+    `data` is a local file (uploaded), a `builtin:`/`blob:` source, or a list of local
+    `.bin` token files, an elastic job's `data.shards` (each uploaded as its own blob;
+    give `data__format` and `data__vocab_size` too). `output` says what
     a program's forward returns (`logits`, or `loss` for `forward(x, y)`). `init` is a
     safetensors file of initial weights. Any other spec key is a keyword with `__`
     between table and key (`optim__lr=3e-4`, `elastic__workers=3`) or a nested dict in
     `spec`; the arguments come first, `spec` over them, the keywords over both.
     """
-    source, data_file = _data_source(data)
+    data_table, data_files = _data(data)
     init_file = _existing_file(init, "init") if init is not None else None
     model_table, programs, default_name = _model(model_or_exported, example_batch, output)
     if init_file is not None:
@@ -60,7 +63,7 @@ def submit(
         "name": name or default_name,
         "mode": mode,
         "model": model_table,
-        "data": {"source": source},
+        "data": data_table,
     }
     if steps is not None:
         base["optim"] = {"steps": steps}
@@ -68,14 +71,33 @@ def submit(
 
     form = Form()
     form.add_text("spec", dumps(full_spec))
-    if data_file is not None:
-        form.add_file("data", data_file, data_file.name)
+    for field, data_file in data_files.items():
+        form.add_file(field, data_file, data_file.name)
     for field, (path, file_name) in programs.items():
         form.add_file(field, path, file_name)
     if init_file is not None:
         form.add_file("init", init_file, init_file.name)
     connection = Connection.to(api, token)
     return Job(connection.post_form("/api/v1/jobs", form), connection)
+
+
+def _data(data: str | Path | Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The spec's `[data]` table (`source`, or `shards`) and the files to upload by form
+    field: `data`, or `shard<k>` for `data.shards[k]`."""
+    if isinstance(data, str | Path):
+        source, data_file = _data_source(data)
+        return {"source": source}, {} if data_file is None else {"data": data_file}
+    files = [_existing_file(shard, f"data[{k}]") for k, shard in enumerate(data)]
+    if not files:
+        raise ValueError("data: an empty list names no shard")
+    names = [file.name for file in files]
+    for k, name in enumerate(names):
+        if name in names[:k]:
+            raise ValueError(
+                f"data[{k}]: a second file named {name!r}; the node sees only names, so "
+                "each shard needs its own"
+            )
+    return {"shards": names}, {f"shard{k}": file for k, file in enumerate(files)}
 
 
 def _data_source(data: str | Path) -> tuple[str, Path | None]:

@@ -7,7 +7,7 @@ import os
 import secrets
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +79,14 @@ def submit_job(
     token: str | None = None,
     timeout: float = 600,
     files: dict[str, Path] | None = None,
+    shards: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """POST /api/v1/jobs as multipart/form-data: the spec TOML and, streamed, its data
-    and any other `files` by form field (a program's `program` and `eval_program`)."""
+    and any other `files` by form field (a program's `program` and `eval_program`).
+    A sharded spec's files are `shards`, in `data.shards` order, sent as `shard0`,
+    `shard1`, ... instead of `data_file`."""
+    if shards and data_file is not None:
+        raise ValueError("a job's data is one file or its shards, not both")
     boundary = f"meshminer-{secrets.token_hex(12)}"
     spec_part = (
         (
@@ -92,7 +97,8 @@ def submit_job(
         + b"\r\n"
     )
     tail = f"--{boundary}--\r\n".encode()
-    parts = {**({"data": data_file} if data_file is not None else {}), **(files or {})}
+    parts = {**({"data": data_file} if data_file is not None else {}), **shard_fields(shards)}
+    parts.update(files or {})
     heads = {
         field: (
             f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; '
@@ -119,3 +125,8 @@ def submit_job(
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     return _send(req, api, "submit", timeout)
+
+
+def shard_fields(shards: Sequence[Path]) -> dict[str, Path]:
+    """The form field of each shard: `shard<k>` carries `data.shards[k]`."""
+    return {f"shard{k}": path for k, path in enumerate(shards)}

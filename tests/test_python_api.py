@@ -263,6 +263,49 @@ def test_submit_of_a_dict_model_and_a_builtin_source_uploads_nothing(
     }
 
 
+def test_submit_of_shards_sends_each_as_its_own_field_in_order(
+    recorder: tuple[str, list], tmp_path: Path
+) -> None:
+    url, received = recorder
+    shards = [tmp_path / f"part-{k}.bin" for k in range(3)]
+    for k, shard in enumerate(shards):
+        shard.write_bytes(bytes([k, 0]) * 8)
+    meshminer.submit(
+        {"arch": "char_transformer", "context": 4},
+        data=shards,
+        mode="elastic",
+        api=url,
+        data__format="tokens16",
+        data__vocab_size=8,
+    )
+    ((headers, body),) = received
+    form = _form(headers, body)
+    assert {k: v[0] for k, v in form.items()} == {
+        "spec": None,
+        "shard0": "part-0.bin",
+        "shard1": "part-1.bin",
+        "shard2": "part-2.bin",
+    }
+    assert [form[f"shard{k}"][1] for k in range(3)] == [s.read_bytes() for s in shards]
+    assert tomllib.loads(form["spec"][1].decode())["data"] == {
+        "shards": ["part-0.bin", "part-1.bin", "part-2.bin"],
+        "format": "tokens16",
+        "vocab_size": 8,
+    }
+
+
+def test_submit_refuses_two_shards_of_one_name_before_sending(tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part.bin").write_bytes(b"\x00\x00")
+    with pytest.raises(ValueError, match=r"data\[1\]: a second file named 'part.bin'"):
+        meshminer.submit(
+            {"arch": "char_transformer"},
+            data=[tmp_path / "a" / "part.bin", tmp_path / "b" / "part.bin"],
+            api="http://x:1",
+        )
+
+
 def test_submit_refuses_a_missing_data_file_before_sending(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="data: no such file"):
         meshminer.submit({"arch": "mlp"}, data=tmp_path / "nope.csv", steps=1, api="http://x:1")

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from training.data.info import DatasetInfo, probe
+from training.data.info import DataFiles, DatasetInfo, probe
 from training.errors import SpecError
 from training.model.plan import ModelPlan, plan_model
 from training.spec.job import JobSpec
@@ -138,7 +137,7 @@ def _training_flops(spec: JobSpec, plan: ModelPlan, forward: int) -> int:
     return forward * 2 + forward * spec.start.trainable_parameters // max(plan.parameters, 1)
 
 
-def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSummary:
+def validate_for_submit(spec: JobSpec, data_file: DataFiles = None) -> SpecSummary:
     """Everything that can be checked before training: data, shapes, budget.
 
     `data_file` is the data on this machine (the uploaded file, or a blob's file);
@@ -151,7 +150,7 @@ def validate_for_submit(spec: JobSpec, data_file: Path | None = None) -> SpecSum
     return summary
 
 
-def check_space(spec: JobSpec, data_file: Path | None = None) -> None:
+def check_space(spec: JobSpec, data_file: DataFiles = None) -> None:
     """Every choice and both ends of every range of a sweep's space give a trial that
     passes the spec's rules and the budget; the error names the key and the value."""
     from training.spec.job import spec_to_plain

@@ -51,8 +51,18 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
         except (SpecError, OSError) as exc:
             raise fail(f"{spec}: {exc}", 2) from None
         files = local_files(parsed)
-        if len(files) > 1:
-            raise fail("a job takes one data file", 2)
+        shards: list[Path] = []
+        if parsed.data.shards:  # each shard its own upload, `shard<k>` in shard order
+            for k, shard in enumerate(parsed.data.shards):
+                if shard.startswith("blob:"):
+                    raise fail(
+                        f"{spec}: data.shards[{k}] names a blob; a submission uploads every "
+                        "shard, so name each by its .bin file",
+                        2,
+                    )
+            shards, files = files, []
+        elif len(files) > 1:
+            raise fail("a job takes one data file (or data.shards for an elastic job)", 2)
         job = call(
             submit_job,
             url,
@@ -60,6 +70,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
             files[0] if files else None,
             token_for(url, token),
             files=model_files(parsed),
+            shards=shards,
         )
         console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) submitted: {job['state']}")
         if wait:
@@ -103,7 +114,7 @@ def register(app: typer.Typer, node_app: typer.Typer) -> None:
                 f"{url}/api/v1/jobs/{job['id']}/weights (sha256 {job['weights_sha256'][:16]}…)",
             )
         table.add_row("model", str(job["spec"].get("model", {})))
-        table.add_row("data", str(job["spec"].get("data", {}).get("source", "")))
+        table.add_row("data", _data_shown(job["spec"].get("data", {})))
         console.print(table)
         if job.get("rounds"):
             console.print(rounds_table(job["rounds"]))
@@ -336,6 +347,14 @@ def _bar() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
+
+
+def _data_shown(data: dict[str, Any]) -> str:
+    """A job's data: its source, or how many shards and the first's blob."""
+    shards = data.get("shards") or []
+    if shards:
+        return f"{len(shards)} shards, the first {shards[0][:17]}…"
+    return str(data.get("source", ""))
 
 
 def _state(job: dict[str, Any]) -> str:

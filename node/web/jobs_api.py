@@ -1,9 +1,10 @@
 """Job routes: submit (spec + uploaded files), list, show, weights, a sweep's study, cancel.
 
-A submission's files (`data`; a program's `program` and `eval_program` archives; `init`)
-are each streamed to a temporary file in the data dir with a size cap, then
-handed to the work service, which stores it as a content-addressed blob. The API
-never opens a server path named by a request.
+A submission's files (`data`, or a sharded data set's `shard0`, `shard1`, ...; a
+program's `program` and `eval_program` archives; `init`) are each streamed to a
+temporary file in the data dir with a size cap, then handed to the work service, which
+stores each as a content-addressed blob. The API never opens a server path named by a
+request.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from aiohttp import BodyPartReader, web
 
 from node.net.bridge import TrioBridge
 from node.web.api import WriteGuard, json_body
+from training.spec.shards import MAX_SHARDS
 
 MAX_SPEC_BYTES = 64 * 1024
 UPLOAD_FIELDS = ("data", "program", "eval_program", "init")
+#: field `shard<k>` carries `data.shards[k]` (a sharded spec uploads these, not `data`)
+SHARD_FIELDS = tuple(f"shard{k}" for k in range(MAX_SHARDS))
 JOB_ID = r"{job_id:[0-9a-f]{16}}"
 
 
@@ -47,7 +51,8 @@ def job_routes(
         guard.check(request)
         upload_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         token = secrets.token_hex(8)
-        paths = {field: upload_dir / f"upload-{token}-{field}" for field in UPLOAD_FIELDS}
+        fields = UPLOAD_FIELDS + SHARD_FIELDS
+        paths = {field: upload_dir / f"upload-{token}-{field}" for field in fields}
         try:
             spec, uploads = await _read_submission(request, paths, max_upload_bytes)
             try:
@@ -124,8 +129,8 @@ async def _read_submission(
     if request.content_type != "multipart/form-data":
         raise web.HTTPUnsupportedMediaType(
             text="send multipart/form-data (fields 'spec' and optional files "
-            f"{', '.join(repr(f) for f in UPLOAD_FIELDS)}) or JSON "
-            '{"spec": "..."}'
+            f"{', '.join(repr(f) for f in UPLOAD_FIELDS)} or 'shard0'..'shard{MAX_SHARDS - 1}'"
+            ') or JSON {"spec": "..."}'
         )
     reader = await request.multipart()
     spec: str | None = None
@@ -143,11 +148,36 @@ async def _read_submission(
                 raise web.HTTPBadRequest(text=f"one {part.name!r} file per job")
             await _save_part(part, paths[part.name], max_bytes)
             uploads[part.name] = (paths[part.name], Path(part.filename or part.name).name)
+        elif part.name is not None and part.name.startswith("shard"):
+            raise web.HTTPBadRequest(
+                text=f"unexpected form field {part.name!r}: shards are fields 'shard0' to "
+                f"'shard{MAX_SHARDS - 1}' (data.shards[k] as 'shard<k>', at most {MAX_SHARDS})"
+            )
         else:
             raise web.HTTPBadRequest(text=f"unexpected form field {part.name!r}")
     if spec is None:
         raise web.HTTPBadRequest(text="the form has no 'spec' field (the job spec as TOML)")
+    _check_shard_fields(uploads)
     return spec, uploads
+
+
+def _check_shard_fields(uploads: dict[str, tuple[Path, str]]) -> None:
+    """Shard fields number the spec's `data.shards` from 0 with no gap, and come instead
+    of a `data` file (the work service checks the count against the spec)."""
+    shards = [field for field in SHARD_FIELDS if field in uploads]
+    if not shards:
+        return
+    if "data" in uploads:
+        raise web.HTTPBadRequest(
+            text="form field 'data' came with shard fields: a sharded job (data.shards) "
+            "uploads data.shards[k] as 'shard<k>' and no 'data'"
+        )
+    for k, field in enumerate(shards):
+        if field != f"shard{k}":
+            raise web.HTTPBadRequest(
+                text=f"form field {field!r} came without 'shard{k}': shard fields number "
+                "data.shards from 'shard0', with no gap"
+            )
 
 
 async def _save_part(part: BodyPartReader, path: Path, max_bytes: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -73,7 +74,7 @@ async def _countersign(ctx: WorkContext, unit: Trained, result: Result, half: by
     pruned trial's: the share of it for the steps before the stop; a resumed unit's:
     for the steps after its state), then hand it back countersigned."""
     issued = receipts.check_issued(ctx, unit.owner, result, half)
-    data = ctx.blobs.path(unit.package.blobs[0]) if unit.package.blobs else None
+    data = package_data(unit.spec, unit.package.blobs, ctx.blobs.path)
     credit = await trio.to_thread.run_sync(ctx.credit_for, unit.spec, data)
     if issued.weights_sha256 == NO_WEIGHTS_SHA256:  # a pruned trial's share
         total = int(unit.progress.get("total_steps", 0))
@@ -105,3 +106,12 @@ async def with_retries(
             ctx.host.allow_redial(peer)
     log.warning("%s to %s: gave up after %.0f s", what, peer, DELIVERY_DEADLINE_S)
     return None
+
+
+def package_data(spec: dict[str, Any], blobs: list[str], path: Callable[[str], Path]) -> Any:
+    """The data files a package brought: the shards among its blobs, in shard order (a
+    share's slot's), or its first blob, or None for a built-in data set."""
+    shards = [s.removeprefix("blob:") for s in spec.get("data", {}).get("shards", [])]
+    if shards:
+        return tuple(path(sha) for sha in shards if sha in blobs)
+    return path(blobs[0]) if blobs else None

@@ -46,6 +46,18 @@ GRANT_SLACK_S = 3600.0  # a grant outlives the unit's max_hours by this much
 NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be read
 
 
+def unit_data(job: Job, share: RoundShare | None) -> list[str]:
+    """The job's blobs a unit fetches: of a sharded data set, a share takes only its
+    slot's shards (`training.spec.shards.shards_of_slot`), about 1/W of the data."""
+    shas = job.data_shas
+    if share is None or not job.spec.get("data", {}).get("shards"):
+        return [*job.data_blobs]
+    from training.spec.shards import shards_of_slot
+
+    mine = {shas[k] for k in shards_of_slot(len(shas), job.spec["elastic"]["workers"], share.slot)}
+    return [sha for sha in job.data_blobs if sha not in shas or sha in mine]
+
+
 def build_offer(
     ctx: WorkContext,
     job: Job,
@@ -61,7 +73,7 @@ def build_offer(
     `spec` instead of the job's."""
     peer = unit.worker
     resume = ResumeFrom(unit.resume_sha256, unit.resume_step) if unit.resume_sha256 else None
-    blobs = [*job.data_blobs, *([share.weights_sha256] if share is not None else [])]
+    blobs = [*unit_data(job, share), *([share.weights_sha256] if share is not None else [])]
     blobs += [share.update_sha256] if share is not None and share.update_sha256 else []
     blobs += [resume.state_sha256] if resume is not None else []
     max_bytes = max((ctx.blobs.size(s) for s in blobs), default=0)

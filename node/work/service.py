@@ -11,7 +11,7 @@ import tomllib
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,11 +19,15 @@ from node.work.blobs import Authorized, BlobServer, serve_blobs_libp2p, size_tex
 from node.work.context import WorkContext
 from node.work.jobs import Job
 from node.work.owner import JobMode, OwnerRole, SubmitError, with_uploaded_data, with_uploaded_model
+from node.work.owner.submission import named_uploads, with_uploaded_shards
 from node.work.run import RunnerRequest, keep_removing_old_folders
 from node.work.worker import WorkerRole
 from protocol.names import PROGRESS_PROTOCOL, RECEIPT_PROTOCOL, RESULT_PROTOCOL, TASK_PROTOCOL
 from protocol.receipts import flops_to_credit
 from protocol.work import WORK_LIMITS
+
+if TYPE_CHECKING:
+    from training.data.info import DataFiles
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,11 @@ def validate_wire_spec(plain: dict[str, Any]) -> dict[str, Any]:
     spec = parse_spec(plain)
     if spec.model.arch == "program" and not spec.model.program.startswith("blob:"):
         raise SpecError("model.program: a worker reads programs only from blobs")
+    if spec.data.shards:
+        for k, shard in enumerate(spec.data.shards):
+            if not shard.startswith("blob:"):
+                raise SpecError(f"data.shards[{k}]: a worker reads shards only from blobs")
+        return spec_to_plain(spec)
     origin = spec.data.parsed.origin
     if origin == "builtin":
         validate_for_submit(spec, None)
@@ -73,7 +82,7 @@ def note_served(
     unit = ctx.jobs.unit(auth.grant.unit_id)
     if auth.sha256 in job.data_blobs:
         program = job.spec.get("model", {}).get("arch") == "program"
-        what = "the program" if program and auth.sha256 != job.data_sha256 else "the data"
+        what = "the program" if program and auth.sha256 not in job.data_shas else "the data"
     else:
         named = mode_of(job).served(unit, auth.sha256, auth.size) if unit is not None else None
         what = named or f"blob {auth.sha256[:12]}"
@@ -150,8 +159,8 @@ class WorkService:
     # -- the API's calls -------------------------------------------------------------
 
     async def submit(self, spec_toml: str, uploads: dict[str, tuple[Path, str]]) -> dict[str, Any]:
-        """Validate a spec and its uploaded files (data, a program's archives), store them
-        as blobs, queue the job. A refused job stores nothing."""
+        """Validate a spec and its uploaded files (data or its shards, a program's
+        archives), store them as blobs, queue the job. A refused job stores nothing."""
         from training.budget import validate_for_submit
         from training.spec.job import SpecError, parse_spec, spec_to_plain
 
@@ -163,18 +172,22 @@ class WorkService:
             raise SubmitError(str(exc)) from exc
         scratch = Path(tempfile.mkdtemp(prefix="submit-", dir=self.ctx.data_dir))
         try:
-            spec, data_path = await trio.to_thread.run_sync(
-                with_uploaded_data, spec, uploads.get("data")
-            )
+            # a sharded spec's data: every shard its own blob, in shard order
+            spec, shards = await trio.to_thread.run_sync(with_uploaded_shards, spec, uploads)
+            data: DataFiles = shards
+            if shards is None:
+                spec, data = await trio.to_thread.run_sync(
+                    with_uploaded_data, spec, uploads.get("data")
+                )
             spec, files = await trio.to_thread.run_sync(
-                with_uploaded_model, spec, uploads, data_path, scratch
+                with_uploaded_model, spec, uploads, data, scratch
             )
-            summary = await trio.to_thread.run_sync(validate_for_submit, spec, data_path)
-            if data_path is not None:
-                files.insert(0, data_path)
+            summary = await trio.to_thread.run_sync(validate_for_submit, spec, data)
+            # the data's blobs first (every shard, in order), then a program's, an init's
+            files[:0] = shards if shards is not None else [data] if data is not None else []
             blobs = [await trio.to_thread.run_sync(self.ctx.blobs.put_file, f) for f in files]
         except (SpecError, ValueError) as exc:
-            raise SubmitError(str(exc)) from exc
+            raise SubmitError(named_uploads(str(exc), uploads)) from exc
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         job = self.ctx.jobs.create(

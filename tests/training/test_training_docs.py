@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
+
 from training.budget import validate_for_submit
 from training.model.layers import LAYER_TYPES
 from training.spec.job import load_spec
@@ -23,6 +25,8 @@ def test_every_example_validates(tmp_path: Path) -> None:
     (tmp_path / "houses.csv").write_text(
         "rooms,area,price\n" + "".join(f"{i % 5},{50 + i},{1000.0 + i}\n" for i in range(40))
     )
+    for k in range(4):  # the sharded example's token ids
+        (np.arange(2000) % 256).astype(np.uint16).tofile(tmp_path / f"part-{k:03d}.bin")
     summaries = {}
     for name, text in examples().items():
         path = tmp_path / f"{name}.toml"
@@ -36,6 +40,7 @@ def test_every_example_validates(tmp_path: Path) -> None:
         "tiny-shakespeare-lm",
         "digits-layers",
         "houses",
+        "sharded-lm",
     }
     assert summaries["digits-mlp"].parameters == 17226
     assert summaries["digits-cnn"].parameters == 6090

@@ -30,6 +30,7 @@ from training.data.info import (
     DataRef,
     DatasetInfo,
     describe,
+    describe_shards,
     describe_text,
     describe_tokens,
     read_arrays,
@@ -86,6 +87,47 @@ class WindowSplit(Split):
 
 
 @dataclass
+class StretchesSplit(Split):
+    """Windows over several stretches of token ids (one per shard), none crossing from
+    one stretch into the next: window i of the whole is window i - first[k] of
+    stretch k, where `first[k]` counts the windows of the stretches before it."""
+
+    ids: torch.Tensor  # the stretches, one after another
+    starts: torch.Tensor  # where each stretch begins in `ids`
+    counts: torch.Tensor  # windows per stretch
+    context: int
+
+    @classmethod
+    def of(cls, stretches: list[torch.Tensor], context: int) -> StretchesSplit:
+        lengths = torch.tensor([len(t) for t in stretches])
+        starts = torch.cumsum(lengths, 0) - lengths
+        counts = (lengths - context).clamp_min(0)
+        return cls(torch.cat(stretches), starts, counts, context)
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def _window_starts(self, index: torch.Tensor) -> torch.Tensor:
+        ends = torch.cumsum(self.counts, 0)
+        k = torch.searchsorted(ends, index, right=True)
+        return self.starts[k] + index - (ends[k] - self.counts[k])
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = self._window_starts(index)[:, None] + torch.arange(self.context)
+        return self.ids[positions], self.ids[positions + 1]
+
+    def eval_index(self) -> torch.Tensor:
+        """Non-overlapping windows within each stretch, as `WindowSplit` takes them."""
+        first = torch.cumsum(self.counts, 0) - self.counts
+        return torch.cat(
+            [
+                f + torch.arange(0, int(n), self.context)
+                for f, n in zip(first, self.counts, strict=True)
+            ]
+        )
+
+
+@dataclass
 class Dataset:
     info: DatasetInfo
     train: Split
@@ -95,6 +137,8 @@ class Dataset:
 
 def load_dataset(spec: JobSpec, ref: DataRef, token_input: bool = False) -> Dataset:
     """Load the data `ref` points at and split it by `spec.seed`."""
+    if ref.shards:
+        return _shards(spec, ref)
     if ref.kind == "text":
         assert ref.path is not None
         return _text(spec, formats.read_text(ref.path))
@@ -193,4 +237,21 @@ def _tokens(spec: JobSpec, ids: np.ndarray, name: str) -> Dataset:
     tensor = torch.from_numpy(ids.astype(np.int64))
     train = WindowSplit(tensor[:cut], context)
     val = WindowSplit(tensor[cut:], context) if val_len else None
+    return Dataset(info, train, val)
+
+
+def _shards(spec: JobSpec, ref: DataRef) -> Dataset:
+    """Each shard split as one token file: heads train, tails validate."""
+    shards = [formats.read_tokens(path, ref.kind) for path in ref.shards]
+    info = describe_shards(spec, shards, ref)
+    context = info.sample_shape[0]
+    heads, tails = [], []
+    for ids in shards:
+        cut, val_len = text_split(len(ids), spec.data.validation, context, unit="token ids")
+        tensor = torch.from_numpy(ids.astype(np.int64))
+        heads.append(tensor[:cut])
+        if val_len:
+            tails.append(tensor[cut:])
+    train = StretchesSplit.of(heads, context)
+    val = StretchesSplit.of(tails, context) if tails else None
     return Dataset(info, train, val)

@@ -40,16 +40,27 @@ class DatasetInfo:
         return self.num_train + self.num_val
 
 
+#: the data files a process reads: one file, the shards of a sharded set it reads (in
+#: shard order), or None (a built-in set, or the spec's own local files)
+DataFiles = Path | tuple[Path, ...] | None
+
+
 @dataclass(frozen=True)
 class DataRef:
     """The data set to read: a built-in name or a file format, and the file if any."""
 
     kind: str  # digits | synthetic-regression | csv | npz | safetensors | text | tokens16/32
     path: Path | None
+    shards: tuple[Path, ...] = ()  # a sharded set: the shards this process reads
 
 
-def data_ref(spec: JobSpec, data_file: Path | None) -> DataRef:
-    """Which data to read: `data_file` when given (a blob's file), else the spec's own."""
+def data_ref(spec: JobSpec, data_file: DataFiles) -> DataRef:
+    """Which data to read: `data_file` when given (a blob's file, or the shards this
+    process reads), else the spec's own local files (every shard)."""
+    if spec.data.shards:
+        return _shards_ref(spec, data_file)
+    if isinstance(data_file, tuple):
+        raise SpecError("data.source names one file, but shards were given")
     source = spec.data.parsed
     if source.origin == "builtin":
         return DataRef(source.kind, None)
@@ -65,10 +76,23 @@ def data_ref(spec: JobSpec, data_file: Path | None) -> DataRef:
     return DataRef(source.kind, path)
 
 
-def probe(spec: JobSpec, data_file: Path | None = None) -> DatasetInfo:
+def _shards_ref(spec: JobSpec, data_file: DataFiles) -> DataRef:
+    if data_file is None:
+        local = [s for s in spec.data.shards if not s.startswith("blob:")]
+        if len(local) != len(spec.data.shards):
+            raise SpecError("data.shards are blobs; their files must be given to read them")
+        data_file = tuple(Path(s).resolve() for s in local)
+    if not isinstance(data_file, tuple) or not data_file:
+        raise SpecError("data.shards: the shards to read must be given as files")
+    return DataRef(str(spec.data.format), None, data_file)
+
+
+def probe(spec: JobSpec, data_file: DataFiles = None) -> DatasetInfo:
     """Describe the spec's data without loading features where that can be avoided."""
     ref = data_ref(spec, data_file)
     data = spec.data
+    if ref.shards:
+        return describe_shards(spec, [formats.read_tokens(p, ref.kind) for p in ref.shards], ref)
     if ref.kind == "digits":
         shape = (DIGITS_SAMPLES, DIGITS_FEATURES)
         return _classes(shape, DIGITS_CLASSES, data)
@@ -178,6 +202,27 @@ def describe_tokens(spec: JobSpec, ids: np.ndarray, name: str) -> DatasetInfo:
         num_val=max(val_len - context, 0),
         vocab_size=formats.token_vocab(ids, spec.data.vocab_size, name),
     )
+
+
+def describe_shards(spec: JobSpec, shards: list[np.ndarray], ref: DataRef) -> DatasetInfo:
+    """The windows of every shard read, each shard split as one token file would be."""
+    context = model_context(spec)
+    train = val = 0
+    for ids, path in zip(shards, ref.shards, strict=True):
+        try:
+            cut, val_len = text_split(len(ids), spec.data.validation, context, unit="token ids")
+        except SpecError as exc:
+            raise SpecError(f"data.shards: {path.name}: {exc}") from None
+        if cut - context < spec.data.batch_size:  # else a slot's batch could be smaller
+            raise SpecError(
+                f"data.shards: {path.name} has {cut - context} training windows; each shard "
+                f"needs at least data.batch_size = {spec.data.batch_size}"
+            )
+        formats.token_vocab(ids, spec.data.vocab_size, path.name)
+        train += cut - context
+        val += max(val_len - context, 0)
+    assert spec.data.vocab_size is not None
+    return DatasetInfo("lm", (context,), train, val, vocab_size=spec.data.vocab_size)
 
 
 def text_split(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.rounds import encode_round_delta
+from training.data.info import DataFiles, data_ref
 from training.elastic.rounds import (
     SIMULATED_JOB_ID,
     InnerOutcome,
@@ -28,13 +29,14 @@ from training.model.weights import file_sha256
 from training.run.execute import Prepared, emit_started, prepare
 from training.run.loop import Emit
 from training.spec.job import JobSpec
+from training.spec.shards import shards_of_slot
 
 
 def simulate(
     spec: JobSpec,
     out: Path,
     *,
-    data_file: Path | None = None,
+    data_file: DataFiles = None,
     device: str = "cpu",
     emit: Emit | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
@@ -44,7 +46,8 @@ def simulate(
     elastic = elastic_of(spec)
     emit = emit or (lambda event: None)
     began = time.monotonic()
-    run = prepare(spec, data_file, device)
+    run = prepare(spec, data_file, device)  # every shard: the owner's view
+    slot_runs = _slot_runs(spec, run, data_file, device)
     emit_started(run, emit)
     rounds: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
@@ -58,7 +61,7 @@ def simulate(
             round_began = time.monotonic()
             deltas, losses, delta_bytes = [], [], 0
             for slot in range(elastic.workers):
-                outcome = train_share(run, folder, weights, r, slot)
+                outcome = train_share(slot_runs[slot], folder, weights, r, slot)
                 path = folder / f"delta-{r}-{slot}.bin"
                 path.write_bytes(encode_round_delta(outcome.delta))
                 deltas.append(path)
@@ -120,6 +123,18 @@ def simulate(
     }
     emit({"event": "result", **result})
     return result
+
+
+def _slot_runs(spec: JobSpec, run: Prepared, data_file: DataFiles, device: str) -> list[Prepared]:
+    """What each slot trains on: the whole data set, or of a sharded one the slot's
+    shards, as its worker's runner reads them."""
+    elastic = elastic_of(spec)
+    if not spec.data.shards:
+        return [run] * elastic.workers
+    files = data_ref(spec, data_file).shards
+    picks = [tuple(shards_of_slot(len(files), elastic.workers, s)) for s in range(elastic.workers)]
+    views = {p: prepare(spec, tuple(files[k] for k in p), device) for p in dict.fromkeys(picks)}
+    return [views[p] for p in picks]
 
 
 def train_share(run: Prepared, folder: Path, weights: Path, round_: int, slot: int) -> InnerOutcome:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from protocol.errors import DecodeError, TooLarge
 from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
+from training.data.info import DataFiles
 from training.elastic import rounds as elastic
 from training.elastic.updates import rebuild_weights
 from training.errors import SpecError
@@ -34,7 +35,7 @@ def run_elastic_task(
     task: str,
     section: Section,
     spec: JobSpec,
-    data_file: Path | None,
+    data_file: DataFiles,
     out: Path,
     blob_file: BlobFile,
     device: str,
@@ -92,7 +93,7 @@ def run_elastic_task(
 def _inner(
     section: Section,
     spec: JobSpec,
-    data_file: Path | None,
+    data_file: DataFiles,
     out: Path,
     blob_file: BlobFile,
     device: str,
@@ -147,7 +148,7 @@ def _inner(
 def _outer(
     section: Section,
     spec: JobSpec,
-    data_file: Path | None,
+    data_file: DataFiles,
     out: Path,
     blob_file: BlobFile,
     device: str,

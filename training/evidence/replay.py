@@ -48,6 +48,7 @@ import torch
 
 from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
+from training.data.info import DataFiles
 from training.elastic.rounds import round_delta, share_course
 from training.elastic.tasks import BlobFile
 from training.errors import SpecError
@@ -73,7 +74,7 @@ MAX_SEGMENTS = 1000
 def run_replay(
     section: Section,
     spec: JobSpec,
-    data_file: Path | None,
+    data_file: DataFiles,
     out: Path,
     blob_file: BlobFile,
     device: str,

@@ -11,7 +11,10 @@ import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.data.info import DataFiles
 
 MAX_HEADER_BYTES = 1 << 20
 DTYPE_BYTES = {
@@ -39,7 +42,7 @@ class WeightsRejected(ValueError):
 
 def expected_tensors(
     spec_plain: dict[str, Any],
-    data_file: Path | None = None,
+    data_file: DataFiles = None,
     locate: Callable[[str], Path] | None = None,
 ) -> Expected:
     """Tensor name -> (shape, dtype) of the weights a run of `spec_plain` writes: the
@@ -79,7 +82,7 @@ def float_numel(expected: Expected, frozen: frozenset[str] = frozenset()) -> int
 
 def delta_numel(
     spec_plain: dict[str, Any],
-    data_file: Path | None = None,
+    data_file: DataFiles = None,
     locate: Callable[[str], Path] | None = None,
 ) -> int:
     """Values in one elastic delta of `spec_plain`: the floating-point state, buffers

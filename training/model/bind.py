@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from training.data.info import probe
+from training.data.info import DataFiles, probe
 from training.model.modules import build_model
 from training.model.plan import plan_model
 from training.model.start import Start, trainable_count
@@ -21,7 +21,7 @@ from training.spec.job import JobSpec
 
 
 def meta_model(
-    spec: JobSpec, data_file: Path | None = None, locate: Callable[[str], Path] | None = None
+    spec: JobSpec, data_file: DataFiles = None, locate: Callable[[str], Path] | None = None
 ) -> nn.Module:
     """The spec's module on the `meta` device with its parameters frozen as
     `model.trainable` says (the init is not read: only names and shapes matter)."""
@@ -37,7 +37,7 @@ def meta_model(
 
 
 def bind_trainable(
-    spec: JobSpec, data_file: Path | None = None, locate: Callable[[str], Path] | None = None
+    spec: JobSpec, data_file: DataFiles = None, locate: Callable[[str], Path] | None = None
 ) -> JobSpec:
     """The spec with `model.trainable_parameters` counted (what the owner's node does at
     submit, and `train-local` before training); `SpecError` if a pattern matches nothing."""

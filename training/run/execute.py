@@ -23,7 +23,7 @@ import torch
 
 from training.budget import SpecSummary, summarize
 from training.data.batches import Dataset, load_dataset
-from training.data.info import data_ref, probe
+from training.data.info import DataFiles, data_ref, probe
 from training.errors import SpecError, TrainingError
 from training.evidence.checkpoints import checkpoint_steps
 from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
@@ -98,7 +98,7 @@ class Prepared:
 
 
 def prepare(
-    spec: JobSpec, data_file: Path | None, device: str = "cpu", locate: Locate | None = None
+    spec: JobSpec, data_file: DataFiles, device: str = "cpu", locate: Locate | None = None
 ) -> Prepared:
     """Probe and budget first (before torch allocates anything), then load the data.
 
@@ -154,7 +154,7 @@ def _check_start(spec: JobSpec, plan: ModelPlan) -> frozenset[str]:
 
 def run_job(
     spec: JobSpec,
-    data_file: Path | None,
+    data_file: DataFiles,
     out: Path,
     *,
     device: str = "cpu",

@@ -62,10 +62,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from protocol import Limits, ProtocolError, decode
+from protocol.rounds import MAX_SLOT
 from training.budget import validate_for_submit
+from training.data.info import DataFiles
 from training.errors import SpecError, TrainingError
 from training.spec.fields import Section
-from training.spec.job import parse_spec
+from training.spec.job import JobSpec, parse_spec
+from training.spec.shards import shard_shas, shards_of_slot
 
 MAX_REQUEST_BYTES = 1024 * 1024
 REQUEST_LIMITS = Limits(
@@ -139,9 +142,10 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         emit({"event": "isolation", **report})
 
     spec = parse_spec(spec_raw)
-    source = spec.data.parsed
-    data_file = None
-    if source.origin == "blob":
+    data_file: DataFiles = None
+    if spec.data.shards:
+        data_file = _shard_files(spec, blobs, _slot_of(task, elastic, replay))
+    elif (source := spec.data.parsed).origin == "blob":
         assert source.sha256 is not None
         data_file = _blob_file(blobs, source.sha256)
     elif source.origin != "builtin":
@@ -211,6 +215,30 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         checkpoints,
         Hold(hold_states, hold_floor),
     )
+
+
+def _slot_of(task: str, elastic: Section, replay: Section) -> int | None:
+    """The data slot a share's task trains (or replays), read ahead of the task's own
+    checks to pick its shards; None for the owner's tasks, which read every shard."""
+    if task == "elastic_inner":
+        raw = elastic.raw.get("slot")
+    elif task == "replay" and isinstance(replay.raw.get("share"), dict):
+        raw = replay.raw["share"].get("slot")
+    else:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw < MAX_SLOT:
+        raise RequestError(f"request: a share's slot must be 0..{MAX_SLOT - 1}, got {raw!r}")
+    return raw
+
+
+def _shard_files(spec: JobSpec, blobs: dict[str, Path], slot: int | None) -> tuple[Path, ...]:
+    """The shard files this task reads, each checked against its sha256."""
+    shas = shard_shas(spec.data.shards)
+    assert spec.elastic is not None  # shards are for elastic jobs (parse_spec)
+    picked = (
+        range(len(shas)) if slot is None else shards_of_slot(len(shas), spec.elastic.workers, slot)
+    )
+    return tuple(_blob_file(blobs, shas[k]) for k in picked)
 
 
 def _blobs(raw: Any) -> dict[str, Path]:

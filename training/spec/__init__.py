@@ -10,6 +10,8 @@ docs/jobspec.md.
 - `fields`: typed, path-naming reads from a parsed TOML table.
 - `start`: `model.init` and `model.trainable`, for every arch (fine-tuning).
 - `program`: a program's `[model]` table (`arch = "program"`; docs/programs.md).
+- `shards`: `data.shards`, an elastic job's token ids as many blobs, and which shards
+  each data slot reads.
 - `sweep`: a sweep job's `[sweep]` table: the study's settings and its search space.
 - `examples`: example specs: the digits MLP (single and elastic) and the character LM
   the demos train.

@@ -189,6 +189,19 @@ class Section:
             raise SpecError(f"{path} must have {min_len}..{max_len} entries, got {len(value)}")
         return tuple(check_int(v, f"{path}[{i}]", lo, hi) for i, v in enumerate(value))
 
+    def string_list(self, name: str, *, min_len: int = 1, max_len: int = 64) -> Any:
+        """A list of non-empty strings (each at most 4096 characters)."""
+        value = self.get(name)
+        path = self.key(name)
+        if not isinstance(value, list | tuple):
+            raise SpecError(f"{path} must be a list of strings, got {kind(value)}")
+        if not min_len <= len(value) <= max_len:
+            raise SpecError(f"{path} must have {min_len}..{max_len} entries, got {len(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not 1 <= len(item) <= 4096:
+                raise SpecError(f"{path}[{i}] must be a string of 1..4096 characters")
+        return tuple(value)
+
     def table(self, name: str) -> Section:
         """A sub-table; a missing one reads as empty (every key then takes its default)."""
         return Section(self.get(name, {}), self.key(name))

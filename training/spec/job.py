@@ -31,6 +31,7 @@ from training.errors import SpecError
 from training.model.layers import MAX_LAYERS, SIZE_MAX, check_layer_args
 from training.spec.fields import Section
 from training.spec.program import ProgramSpec, parse_program, program_plain
+from training.spec.shards import MAX_SHARDS, parse_shards
 from training.spec.start import StartSpec, parse_start, start_plain
 from training.spec.sweep import SweepSpec, parse_sweep
 
@@ -95,17 +96,25 @@ ARCHS = ("mlp", "cnn", "char_transformer", "layers", "program")
 
 @dataclass(frozen=True)
 class DataSpec:
-    source: str
+    source: str = ""  # empty exactly when `shards` is set
     format: str | None = None
     label: str | None = None
     batch_size: int = 32
     validation: float = 0.1
     task: str | None = None
     vocab_size: int | None = None  # token data: ids are < this (default: max id + 1)
+    shards: tuple[str, ...] = ()  # token files, each a blob (training.spec.shards)
 
     @property
     def parsed(self) -> Source:
+        if self.shards:
+            raise SpecError("data.shards: a sharded data set has no single source")
         return parse_source(self.source, self.format)
+
+    @property
+    def kind(self) -> str:
+        """The data set or file format (a sharded set's: its `format`)."""
+        return str(self.format) if self.shards else self.parsed.kind
 
 
 @dataclass(frozen=True)
@@ -209,7 +218,12 @@ def parse_spec(
     requirements = _parse_requirements(top.table("requirements"))
     trust = _parse_trust(top.table("trust"), mode)
     top.finish()
-    kind = data.parsed.kind
+    kind = data.kind
+    if data.shards and mode != "elastic":
+        raise SpecError(
+            'data.shards is for mode = "elastic" (each data slot reads its own shards); '
+            "for one worker, give one file as data.source"
+        )
     if (model.arch == "char_transformer" and kind not in LM_KINDS) or (
         kind == "text" and model.arch != "char_transformer"
     ):
@@ -289,7 +303,7 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
         "seed": spec.seed,
         "placement": spec.placement,
         "model": model,
-        "data": _drop_none(dataclasses.asdict(spec.data)),
+        "data": _data_plain(spec.data),
         "optim": _drop_none(optim),
         "requirements": _requirements_plain(spec.requirements),
     }
@@ -343,6 +357,8 @@ def with_program_blob(spec: JobSpec, sha256: str, figures: dict[str, Any]) -> Jo
 
 def local_files(spec: JobSpec) -> list[Path]:
     """Files on this machine the spec reads: the ones the CLI must upload."""
+    if spec.data.shards:
+        return [Path(s) for s in spec.data.shards if not s.startswith("blob:")]
     source = spec.data.parsed
     return [Path(source.path)] if source.path is not None else []
 
@@ -360,10 +376,30 @@ def with_blob_source(spec: JobSpec, sha256: str, fmt: str) -> JobSpec:
     return dataclasses.replace(spec, data=data)
 
 
+def with_blob_shards(spec: JobSpec, shas: list[str]) -> JobSpec:
+    """The same spec reading each local shard from its uploaded blob, in order."""
+    if len(shas) != len(spec.data.shards) or any(s.startswith("blob:") for s in spec.data.shards):
+        raise SpecError(f"data.shards: {len(spec.data.shards)} local files, {len(shas)} uploads")
+    shards = tuple(f"blob:{sha}" for sha in shas)
+    for i, shard in enumerate(shards):
+        parse_source(shard, spec.data.format, f"data.shards[{i}]")
+    return dataclasses.replace(spec, data=dataclasses.replace(spec.data, shards=shards))
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value
+
+
+def _data_plain(data: DataSpec) -> dict[str, Any]:
+    plain = _drop_none(dataclasses.asdict(data))
+    if data.shards:
+        del plain["source"]
+        plain["shards"] = list(data.shards)
+    else:
+        del plain["shards"]  # left out: specs from before shards stay equal
+    return plain
 
 
 def _drop_none(table: dict[str, Any]) -> dict[str, Any]:
@@ -435,6 +471,8 @@ def _parse_layers(raw: Any) -> tuple[LayerSpec, ...]:
 
 
 def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | None) -> DataSpec:
+    if section.has("shards"):
+        return _parse_sharded(section, base_dir, allowed_root)
     source = section.string("source")
     fmt = section.string("format", None, choices=BLOB_FORMATS)
     parsed = parse_source(source, fmt)
@@ -468,6 +506,30 @@ def _parse_data(section: Section, base_dir: Path | None, allowed_root: Path | No
         validation=section.number("validation", 0.1, lo=0, hi=0.9),
         task=task,
         vocab_size=vocab_size,
+    )
+    section.finish()
+    return data
+
+
+def _parse_sharded(section: Section, base_dir: Path | None, allowed_root: Path | None) -> DataSpec:
+    if section.has("source"):
+        raise SpecError("data: give data.source or data.shards, not both")
+    fmt = section.string("format", None, choices=TOKEN_FORMATS)
+    shards = parse_shards(section.string_list("shards", max_len=MAX_SHARDS), fmt, base_dir,
+                          allowed_root)  # fmt: skip
+    vocab_size = section.integer("vocab_size", None, lo=1, hi=2**32)
+    if vocab_size is None:
+        raise SpecError(
+            "data.vocab_size is required with data.shards: each worker reads only some "
+            "shards, so the vocabulary cannot come from the data"
+        )
+    data = DataSpec(
+        format=fmt,
+        batch_size=section.integer("batch_size", 32, lo=1, hi=65536),
+        validation=section.number("validation", 0.1, lo=0, hi=0.9),
+        task=section.string("task", None, choices=("lm",)),
+        vocab_size=vocab_size,
+        shards=shards,
     )
     section.finish()
     return data

@@ -20,11 +20,15 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
 from node.work.jobs.states import check_job, check_unit  # the tables of allowed changes
+
+if TYPE_CHECKING:
+    from training.data.info import DataFiles
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +66,20 @@ class Job:
     updated_at: float = 0.0
 
     @property
-    def data_sha256(self) -> str | None:
-        """The blob of the job's data (its other blobs: a program's)."""
-        source = self.spec.get("data", {}).get("source", "")
-        return source.removeprefix("blob:") if source.startswith("blob:") else None
+    def data_shas(self) -> list[str]:
+        """The blobs of the job's data: its source's, or every shard's in order (its
+        other blobs: a program's, an init's)."""
+        data = self.spec.get("data", {})
+        named = data.get("shards") or [data.get("source", "")]
+        return [s.removeprefix("blob:") for s in named if s.startswith("blob:")]
+
+    def data_files(self, path: Callable[[str], Path]) -> DataFiles:
+        """The job's data as this node's files (`path`: a blob's file): every shard of
+        a sharded set, else its one file, or None for a built-in set."""
+        shas = self.data_shas
+        if self.spec.get("data", {}).get("shards"):
+            return tuple(path(sha) for sha in shas)
+        return path(shas[0]) if shas else None
 
     @property
     def mode(self) -> str:

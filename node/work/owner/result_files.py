@@ -60,7 +60,7 @@ async def fetch_and_check(
     key = ctx.grant_keys.get((result.job_id, result.unit_id))
     if key is None:
         raise ProtocolError("no key for this unit (it ended)")
-    data = ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+    data = job.data_files(ctx.blobs.path)
     expected: dict = {}
     numel = 0
     if delta_round is not None:

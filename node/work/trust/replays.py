@@ -103,7 +103,7 @@ class Replays:
         from training.spec.job import parse_spec
 
         parsed = parse_spec(spec)
-        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        data = job.data_files(self.ctx.blobs.path)
         total, bound = await trio.to_thread.run_sync(
             _sizes, parsed, spec, data, self.ctx.blobs.path
         )
@@ -143,7 +143,7 @@ class Replays:
 
 
 def _sizes(
-    parsed: Any, spec: dict[str, Any], data: Path | None, locate: Callable[[str], Path]
+    parsed: Any, spec: dict[str, Any], data: Any, locate: Callable[[str], Path]
 ) -> tuple[int, int]:
     """The spec's steps, and the most bytes one of its checkpoints may have: the
     weights, at most two optimizer moments of them, and the RNG and headers."""

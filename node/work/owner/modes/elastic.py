@@ -352,7 +352,7 @@ class ElasticRounds(ManyUnits):
 
     async def _delta_numel(self, job: Job) -> int:
         """Values in one delta: the model's floating-point state, buffers included."""
-        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        data = job.data_files(self.ctx.blobs.path)
         return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
 
     # -- work on this node -------------------------------------------------------------

@@ -284,7 +284,7 @@ class SweepTrials(ManyUnits):
         """(training flops, steps) of a trial's spec: its credit, whole or in part."""
         from training.budget import validate_for_submit
 
-        data = self.ctx.blobs.path(job.data_sha256) if job.data_sha256 else None
+        data = job.data_files(self.ctx.blobs.path)
         summary = validate_for_submit(trial_spec(job.spec, params, sweep.report_every), data)
         return int(summary.training_flops), int(summary.total_steps)
 
