@@ -179,11 +179,13 @@ def test_a_worker_killed_mid_round_costs_its_share_and_a_newcomer_joins(
     owner = localnet.add(["--not-accepting", "--lease", "3"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
-    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=200, rounds=8, hidden=(32,))
+    spec = elastic_toml("churn", workers=3, min_workers=2, inner_steps=200, rounds=12, hidden=(32,))
     job_id = _submit(owner, spec)
+    # started now, so that a loaded machine's slow start does not eat the job's rounds;
+    # idle until a slot frees, since all three are taken
+    newcomer = localnet.add()
     _wait_closed(owner, job_id, 1, 120)
-    newcomer = localnet.add()  # idle until a slot frees: all three are taken
-    wait_for(lambda: newcomer.peer_id in owner.peer_ids(), 30, "the owner to see the newcomer")
+    wait_for(lambda: newcomer.peer_id in owner.peer_ids(), 60, "the owner to see the newcomer")
     opened = wait_for(  # a round after the first is open
         lambda: (r := _rounds(owner, job_id))[-1]["state"] == "open" and r[-1]["round"] >= 1 and r,
         60,
