@@ -4,7 +4,9 @@ single, elastic and sweep mode, and as a fine-tune of a first job's weights."""
 
 from __future__ import annotations
 
+import sqlite3
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ from node.demo.localnet import LocalNetwork, LocalNode
 from tests.e2e.test_jobs_e2e import _cli, _job
 from tests.programs.export import export_pair, program_toml
 from tests.programs.models import GPT, ResNet, UNetBlock
+from training.model.weights import file_sha256
+from training.spec.shards import shards_of_slot
 
 pytestmark = pytest.mark.slow
 
@@ -68,13 +72,17 @@ def test_a_peer_trains_a_program_bitwise_equal_to_train_local(
     make(width=4).load_state_dict(load_file(weights))  # the user's own module takes them
 
 
-def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
+def test_an_elastic_program_job_on_shards_is_bitwise_equal_to_train_local(
     localnet: LocalNetwork, tmp_path: Path
 ) -> None:
+    """Each worker fetches only its slot's shards of the data (`data.shards`)."""
     owner = localnet.add(["--not-accepting"])
     workers = localnet.add_many(2)
     localnet.wait_all_see_each_other(timeout=30)
-    np.random.default_rng(0).integers(0, 64, 6000).astype(np.uint16).tofile(tmp_path / "t.bin")
+    rng = np.random.default_rng(0)
+    files = [tmp_path / f"part-{k}.bin" for k in range(4)]
+    for file in files:
+        rng.integers(0, 64, 1500).astype(np.uint16).tofile(file)
     torch.manual_seed(0)
     export_pair(GPT(), (torch.randint(0, 64, (4, 16)),), tmp_path)
     spec = tmp_path / "job.toml"
@@ -82,8 +90,8 @@ def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
         program_toml(
             "gpt-elastic",
             steps=None,
-            source="t.bin",
-            data='format = "tokens16"',
+            shards=[f.name for f in files],
+            data='format = "tokens16"\nvocab_size = 64',
             top='mode = "elastic"',
             tail="[elastic]\nworkers = 2\nmin_workers = 2\ninner_steps = 5\nrounds = 2\n",
         )
@@ -91,6 +99,15 @@ def test_an_elastic_program_job_is_bitwise_equal_to_train_local(
     job = _completed(owner, spec)
     assert [r["round"] for r in job["rounds"]] == [0, 1]
     assert all(set(r["workers"]) == {w.peer_id for w in workers} for r in job["rounds"])
+    shards = [s.removeprefix("blob:") for s in job["spec"]["data"]["shards"]]
+    assert shards == [file_sha256(f) for f in files]
+    with closing(sqlite3.connect(owner.data_dir / "node.db")) as db:
+        slots = dict(db.execute("SELECT worker, slot FROM units WHERE job_id = ?", [job["id"]]))
+    assert sorted(slots.values()) == [0, 1]  # fixed membership: each kept its slot
+    for worker in workers:  # its blob store: of the data, its slot's shards and no more
+        blobs = worker.data_dir / "blobs"
+        held = {k for k, sha in enumerate(shards) if (blobs / sha[:2] / sha).exists()}
+        assert held == set(shards_of_slot(4, 2, slots[worker.peer_id])), held
     _as_train_local(owner, job, spec)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -21,13 +22,16 @@ def program_toml(
     steps: int | None,
     *,
     source: str = "builtin:digits",
+    shards: list[str] | None = None,
     data: str = "",
     top: str = "",
     tail: str = "",
 ) -> str:
-    """A job spec for the exported pair beside it (`top`: top-level keys, `data`: more
-    `[data]` keys, `tail`: tables; no `steps` for an elastic job)."""
+    """A job spec for the exported pair beside it (`shards`: token files instead of
+    `source`, `top`: top-level keys, `data`: more `[data]` keys, `tail`: tables; no
+    `steps` for an elastic job)."""
     optim_steps = "" if steps is None else f"steps = {steps}"
+    named = f"shards = {json.dumps(shards)}" if shards else f'source = "{source}"'
     return f"""name = "{name}"
 {top}
 [model]
@@ -35,7 +39,7 @@ arch = "program"
 program = "model.pt2"
 eval_program = "model.eval.pt2"
 [data]
-source = "{source}"
+{named}
 batch_size = 16
 {data}
 [optim]

@@ -16,7 +16,7 @@ import numpy as np
 from training.data import formats
 from training.data.sources import TOKEN_FORMATS
 from training.errors import SpecError
-from training.spec.job import CharTransformerSpec, DataSpec, JobSpec, ProgramSpec
+from training.spec.job import CharTransformerSpec, DataSpec, JobSpec, ProgramSpec, local_files
 
 DIGITS_SAMPLES, DIGITS_FEATURES, DIGITS_CLASSES = 1797, 64, 10
 SYNTHETIC_SAMPLES, SYNTHETIC_FEATURES = 1024, 8
@@ -78,10 +78,10 @@ def data_ref(spec: JobSpec, data_file: DataFiles) -> DataRef:
 
 def _shards_ref(spec: JobSpec, data_file: DataFiles) -> DataRef:
     if data_file is None:
-        local = [s for s in spec.data.shards if not s.startswith("blob:")]
+        local = local_files(spec)
         if len(local) != len(spec.data.shards):
             raise SpecError("data.shards are blobs; their files must be given to read them")
-        data_file = tuple(Path(s).resolve() for s in local)
+        data_file = tuple(path.resolve() for path in local)
     if not isinstance(data_file, tuple) or not data_file:
         raise SpecError("data.shards: the shards to read must be given as files")
     return DataRef(str(spec.data.format), None, data_file)
