@@ -12,8 +12,10 @@ Markov chain (so the loss has somewhere to go), in fp32 and in bf16 autocast.
 - **determinism**: the runner's `train` task with checkpoints, again without, then
   the owner's `replay` of every segment, all on the GPU: the spot check passes only
   if each replayed segment ends on the worker's checkpoint hash, bit for bit. A CPU
-  replay of two segments measures the distance across determinism classes, against
-  the owner's tolerance (`node.work.trust`).
+  replay of every segment measures the distance across device kinds, against the
+  owner's tolerance (`training.evidence.checkpoints`), beside what a tolerance must
+  tell it from: each segment's own movement, and the distance of a worker that
+  skipped the segment's last step (replayed on the CPU and on the GPU).
 - **sandbox**: `python -m training.run.runner` as the node starts it (rlimits,
   Landlock, no network, a GPU memory share): it must train and write the same
   weights as the unsandboxed run.
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from protocol import encode
 from tests.programs.export import export_pair
@@ -143,6 +146,16 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
             replay={"segments": claimed},
         )
     )
+    # a worker that skipped the last step of each segment, as a CPU owner and as a
+    # GPU owner would measure it: what a tolerance must tell apart from the above
+    skipped = [s | {"end": s["end"] - 1, "claimed": cps[i + 1]} for i, s in enumerate(segments)]
+    cheat = {
+        device: timed(
+            request(spec, blobs, folder / f"skip-{device}-{precision}", device=device,
+                    task="replay", replay={"segments": skipped})
+        )["distances"]
+        for device in ("cpu", DEVICE)
+    }  # fmt: skip
     tolerance = BF16_TOLERANCE if precision == "bf16" else TOLERANCE
     return {
         "precision": precision,
@@ -160,9 +173,24 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
         "cpu_vs_gpu_cpu_hashes_equal": [
             a == b for a, b in zip(across["ends"], cps[1:], strict=True)
         ],
+        "segment_movement": [movement(files[i], files[i + 1]) for i in range(len(segments))],
+        "one_step_skipped_cpu_distance": cheat["cpu"],
+        "one_step_skipped_same_device_distance": cheat[DEVICE],
         "tolerance": tolerance,
         "within_tolerance": all(d <= tolerance for d in across["distances"]),
     }
+
+
+def movement(start: Path, end: Path) -> float:
+    """How far a segment moved the weights: the largest relative L2 change of a weight
+    tensor between two checkpoints (the measure `relative_distance` uses)."""
+    a, b = load_file(str(start)), load_file(str(end))
+    worst = 0.0
+    for name, after in b.items():
+        if name.startswith("model.") and after.is_floating_point():
+            change = float((after.double() - a[name].double()).norm())
+            worst = max(worst, change / max(float(after.double().norm()), 1e-12))
+    return worst
 
 
 def sandbox(folder: Path, steps: int) -> dict[str, Any]:
