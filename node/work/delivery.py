@@ -18,6 +18,7 @@ import trio
 
 from node.work import receipts
 from node.work.context import WorkContext
+from node.work.jobs import data_shas, sharded
 from protocol import MeshminerError, ProtocolError, open_envelope, seal
 from protocol.names import RESULT_PROTOCOL
 from protocol.receipts import NO_WEIGHTS_SHA256, partial_credit
@@ -111,7 +112,6 @@ async def with_retries(
 def package_data(spec: dict[str, Any], blobs: list[str], path: Callable[[str], Path]) -> Any:
     """The data files a package brought: the shards among its blobs, in shard order (a
     share's slot's), or its first blob, or None for a built-in data set."""
-    shards = [s.removeprefix("blob:") for s in spec.get("data", {}).get("shards", [])]
-    if shards:
-        return tuple(path(sha) for sha in shards if sha in blobs)
+    if sharded(spec):
+        return tuple(path(sha) for sha in data_shas(spec) if sha in blobs)
     return path(blobs[0]) if blobs else None

@@ -26,7 +26,7 @@ from typing import Any
 
 from node.work.blobs import issue_grant
 from node.work.context import WorkContext
-from node.work.jobs import Job, Unit
+from node.work.jobs import Job, Unit, sharded
 from protocol import (
     ProtocolError,
     decode,
@@ -49,11 +49,11 @@ NO_ID = "0" * 16  # the ids of a reply to an offer whose own ids could not be re
 def unit_data(job: Job, share: RoundShare | None) -> list[str]:
     """The job's blobs a unit fetches: of a sharded data set, a share takes only its
     slot's shards (`training.spec.shards.shards_of_slot`), about 1/W of the data."""
-    shas = job.data_shas
-    if share is None or not job.spec.get("data", {}).get("shards"):
+    if share is None or not sharded(job.spec):
         return [*job.data_blobs]
     from training.spec.shards import shards_of_slot
 
+    shas = job.data_shas
     mine = {shas[k] for k in shards_of_slot(len(shas), job.spec["elastic"]["workers"], share.slot)}
     return [sha for sha in job.data_blobs if sha not in shas or sha in mine]
 

@@ -171,9 +171,15 @@ def test_a_workers_runner_with_only_its_slots_shards_trains_the_simulations_shar
     assert (
         result["weights_sha256"] == hashlib.sha256(encode_round_delta(simulated.delta)).hexdigest()
     )
+    (tmp_path / "w" / "delta.bin").unlink()
     other_slot = {**request, "elastic": {**request["elastic"], "slot": 0}}
     with pytest.raises(RequestError, match="which request.blobs lacks"):
         run_request(other_slot, lambda event: None)  # slot 0 reads shards 0 and 2
+    for bad in ("1", -1, True, None):
+        no_slot = {**request, "elastic": {**request["elastic"], "slot": bad}}
+        with pytest.raises(RequestError, match="a share's slot must be 0..4095"):
+            run_request(no_slot, lambda event: None)
+    assert not (tmp_path / "w" / "delta.bin").exists()  # nothing written
 
 
 def test_train_local_of_a_sharded_job_is_deterministic(tmp_path: Path) -> None:

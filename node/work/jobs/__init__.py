@@ -24,7 +24,7 @@ from node.work.jobs.states import (
     UNIT_TRANSITIONS,
     IllegalTransition,
 )
-from node.work.jobs.store import Job, JobStore, StaleJob, Unit, new_id
+from node.work.jobs.store import Job, JobStore, StaleJob, Unit, data_shas, new_id, sharded
 from node.work.jobs.trials import Trial, TrialStore
 from node.work.jobs.unit_keys import UnitKeys
 
@@ -45,5 +45,7 @@ __all__ = [
     "UNIT_TRANSITIONS",
     "Unit",
     "UnitKeys",
+    "data_shas",
     "new_id",
+    "sharded",
 ]

@@ -41,6 +41,18 @@ def new_id() -> str:
     return secrets.token_hex(8)
 
 
+def sharded(spec: dict[str, Any]) -> bool:
+    """Whether a plain spec's data is `data.shards`."""
+    return bool(spec.get("data", {}).get("shards"))
+
+
+def data_shas(spec: dict[str, Any]) -> list[str]:
+    """The blobs of a plain spec's data: its source's, or every shard's in order."""
+    data = spec.get("data", {})
+    named = data.get("shards") or [data.get("source", "")]
+    return [s.removeprefix("blob:") for s in named if s.startswith("blob:")]
+
+
 @dataclass
 class Job:
     id: str
@@ -67,17 +79,14 @@ class Job:
 
     @property
     def data_shas(self) -> list[str]:
-        """The blobs of the job's data: its source's, or every shard's in order (its
-        other blobs: a program's, an init's)."""
-        data = self.spec.get("data", {})
-        named = data.get("shards") or [data.get("source", "")]
-        return [s.removeprefix("blob:") for s in named if s.startswith("blob:")]
+        """The blobs of the job's data (its other blobs: a program's, an init's)."""
+        return data_shas(self.spec)
 
     def data_files(self, path: Callable[[str], Path]) -> DataFiles:
         """The job's data as this node's files (`path`: a blob's file): every shard of
         a sharded set, else its one file, or None for a built-in set."""
         shas = self.data_shas
-        if self.spec.get("data", {}).get("shards"):
+        if sharded(self.spec):
             return tuple(path(sha) for sha in shas)
         return path(shas[0]) if shas else None
 

@@ -138,20 +138,10 @@ def test_adamw_matches_the_reference(dtype, n, weight_decay):
 def test_flat_adamw_on_the_gpu_trains_like_the_reference_on_the_cpu():
     ours, theirs = small_model().to(CUDA), small_model()
     with launched("adamw_step"):
-        train_on(ours, ops.FlatAdamW(ours.parameters(), lr=1e-2), 4)
+        train(ours, ops.FlatAdamW(ours.parameters(), lr=1e-2), 4, device=CUDA)
     train(theirs, ops.FlatAdamW(theirs.parameters(), lr=1e-2), 4)
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
-
-
-def train_on(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
-    """test_ops_reference.train's batches, moved to the model's GPU."""
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        x, y = torch.randn(8, 7, generator=gen), torch.randn(8, 3, generator=gen)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x.to(CUDA)), y.to(CUDA)).backward()
-        opt.step()
 
 
 def test_the_ops_trace_under_torch_compile_on_a_gpu():

@@ -399,10 +399,11 @@ def small_model(seed: int = 0) -> torch.nn.Module:
     )
 
 
-def train(model, opt, steps, seed=0, set_to_none=False):
+def train(model, opt, steps, seed=0, set_to_none=False, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         x, y = torch.randn(8, 7, generator=gen), torch.randn(8, 3, generator=gen)
+        x, y = x.to(device), y.to(device)
         if set_to_none:
             model.zero_grad(set_to_none=True)
         else:
