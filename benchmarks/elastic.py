@@ -25,7 +25,9 @@ module docstrings (`training.spec.examples.char_lm_elastic_toml`).
 - **util**: real nodes on loopback, one worker per core: each worker's time in inner
   steps (`train_seconds` in its co-signed receipts) over the job's wall time from
   round 0's opening to the last round's close, at H = 50 and H = 200, with every
-  share spot-checked (the default) and with spot checks off. Goal: >= 0.9 at H = 200.
+  share spot-checked (the default) and with spot checks off; and the same from
+  round 1's opening (rounds 1 and on: the steady state, without round 0's cold
+  start, each worker's runner importing torch). Goal: >= 0.9 at H = 200.
 - **util-gpt**: the same at H = 200 for the program GPT (10.7M parameters, exported
   as a user would) on the corpus's bytes sharded one shard per worker (`--gpt-rounds`).
 - **wire**: real nodes (an owner that does not train, 3 workers) in a network
@@ -40,11 +42,13 @@ Prints tables and writes benchmarks/results/elastic.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -220,13 +224,24 @@ def churn(root: Path, workers: int, rounds: int, inner: int, width: int) -> Resu
     return result
 
 
-def _train_seconds(node: LocalNode, job_id: str) -> float:
+def _train_seconds(node: LocalNode, job_id: str, units: set[str] | None = None) -> float:
+    """The inner steps' seconds in `node`'s co-signed receipts for `job_id` (of `units`
+    only, when given)."""
     total = 0.0
     for entry in node.get("/api/v1/ledger?limit=1000")["entries"]:
         if entry["kind"] == "work_done" and entry["job_id"] == job_id:
             receipt = open_receipt(parse_cosigned(bytes.fromhex(entry["payload"])).receipt)
-            total += float(receipt.metrics.get("train_seconds", 0.0))
+            if units is None or receipt.unit_id in units:
+                total += float(receipt.metrics.get("train_seconds", 0.0))
     return total
+
+
+def _later_units(owner: LocalNode, job_id: str) -> set[str]:
+    """The job's units of rounds 1 and on, from the owner's node.db (read-only)."""
+    uri = f"file:{owner.data_dir / 'node.db'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+        rows = db.execute("SELECT unit_id FROM units WHERE job_id = ? AND round >= 1", (job_id,))
+        return {row[0] for row in rows}
 
 
 UNCHECKED = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
@@ -284,7 +299,7 @@ def utilisation(
     corpus = write_corpus(root / "corpus.txt")
     result = Result(
         f"elastic: worker utilisation ({model})",
-        ["H", "spot checks", "round s", "utilisation per worker"],
+        ["H", "spot checks", "round s", "utilisation per worker", "from round 1"],
     )
     for inner in inners:
         for checked in (True, False):
@@ -299,11 +314,21 @@ def utilisation(
                     spec += "" if checked else UNCHECKED
                 job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
                 assert job["state"] == "completed", job["reason"]
-                wall = job["rounds"][-1]["closed_at"] - job["rounds"][0]["opened_at"]
+                rounds_ = job["rounds"]
+                wall = rounds_[-1]["closed_at"] - rounds_[0]["opened_at"]
+                later = rounds_[-1]["closed_at"] - rounds_[1]["opened_at"]
+                units = _later_units(net.nodes[0], job["id"])
                 shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
+                steady = [_train_seconds(n, job["id"], units) / later for n in net.nodes[1:]]
             checks = "default" if checked else "off"
-            result.add(inner, checks, wall / rounds, ", ".join(f"{s:.2f}" for s in shares))
-            result.meta[name] = {"wall_s": wall, "utilisation": shares}
+            result.add(
+                inner,
+                checks,
+                wall / rounds,
+                ", ".join(f"{s:.2f}" for s in shares),
+                ", ".join(f"{s:.2f}" for s in steady),
+            )
+            result.meta[name] = {"wall_s": wall, "utilisation": shares, "from_round_1": steady}
     return result
 
 

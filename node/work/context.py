@@ -19,7 +19,7 @@ from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
 from node.work.blobs import BlobStore
 from node.work.jobs import JobStore, UnitKeys
-from node.work.run import RunnerRequest, run_training
+from node.work.run import RunnerRequest, run_training, warm_runners
 from protocol import CapacityAd, Policy
 
 _UNIT_ID = re.compile(r"[0-9a-f]{16,32}")
@@ -125,9 +125,19 @@ class WorkContext:
             on_event,
             duty_cycle=duty_cycle,
             disk_quota_bytes=self.limits.unit_disk_quota_bytes,
-            warm_dir=self.data_dir / "runners",
+            warm_dir=self.runners_dir,
             pids=pids,
         )
+
+    @property
+    def runners_dir(self) -> Path:
+        return self.data_dir / "runners"
+
+    async def warm_runners(self) -> None:
+        """Have the runner's imports under way while a unit's blobs are fetched: the
+        fork server starts now, not at the unit's first runner (2-4 s of CPU saved on a
+        worker's first unit after an idle spell)."""
+        await warm_runners(self.runners_dir)
 
     def load_limit(self) -> float:
         """The share of the time (%) a runner may train: the volunteer's load limit."""

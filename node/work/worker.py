@@ -219,6 +219,7 @@ class WorkerRole:
         share = pkg.round_share
         rebuilds = share is not None and self._weights.rebuilds(pkg.job_id, share)
         blobs = self._weights.to_fetch(pkg.blobs, share, rebuilds)
+        await ctx.warm_runners()
         if unit.grant is not None:
             try:
                 await fetch_granted(

@@ -7,7 +7,8 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 `node/work`, so the worker's training and the owner's replays and outer steps share it.
 
 - `request`: the request a runner reads, typed (`RunnerRequest`).
-- `executor`: running one task in its own subprocess (`run_training`).
+- `executor`: running one task in its own subprocess (`run_training`), forked from a
+  warm server (`warm_runners`).
 - `forks`: the node's side of `training.run.forkserver`, a warm parent that forks runners.
 - `availability`: whether this node may train now, by its volunteer's preferences.
 - `unit_folders`: a unit's folder, an elastic slot's kept inner state, and the removal
@@ -15,7 +16,7 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 """
 
 from node.work.run.availability import Availability, TrainingDays, keep_checking
-from node.work.run.executor import UnitFailed, run_training, runner_env
+from node.work.run.executor import UnitFailed, run_training, runner_env, warm_runners
 from node.work.run.request import REBUILT_WEIGHTS, RequestBuilder, RunnerRequest, share_request
 from node.work.run.unit_folders import (
     inner_state_for,
@@ -39,4 +40,5 @@ __all__ = [
     "share_request",
     "run_training",
     "runner_env",
+    "warm_runners",
 ]

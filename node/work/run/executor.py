@@ -72,7 +72,7 @@ async def run_training(
     """Run the runner on `request`; returns its `result` event or raises UnitFailed.
 
     With `warm_dir`, the runner is forked from the node's fork server, started there
-    when none runs (`_start_forkserver`); without, or when the server cannot fork,
+    when none runs (`warm_runners`); without, or when the server cannot fork,
     it is a fresh process. `pids` holds the runner's pid while it runs."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stderr_path = workdir / "stderr.log"
@@ -81,7 +81,7 @@ async def run_training(
     over_quota: list[str] = []
     runner = None
     if warm_dir is not None:
-        await _start_forkserver(warm_dir)
+        await warm_runners(warm_dir)
         runner = await _fork(workdir, stderr_path)
     runner = runner or await _start(workdir, stderr_path)
     proc, stdin, stdout = runner.proc, runner.stdin, runner.stdout
@@ -215,10 +215,11 @@ _forks: trio.lowlevel.RunVar[ForkServer | None | bool] = trio.lowlevel.RunVar("f
 _starting: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("forks_lock")
 
 
-async def _start_forkserver(folder: Path) -> None:
-    """Start the fork server (`training.run.forkserver`) when none runs, so the tasks to
-    come start in milliseconds instead of 2-4 s of CPU. It leaves by itself after
-    `forks.IDLE_S` without a fork."""
+async def warm_runners(folder: Path) -> None:
+    """Start the fork server (`training.run.forkserver`) in `folder` when none runs, so
+    the tasks to come start in milliseconds instead of 2-4 s of CPU. Returns once it is
+    spawned; it imports torch meanwhile (a fork waits for that) and leaves by itself
+    after `forks.IDLE_S` without a fork."""
     try:
         lock = _starting.get()
     except LookupError:
