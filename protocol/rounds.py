@@ -43,15 +43,21 @@ _OVERHEAD = 4096  # the map's keys, ids and headers around `tensor`
 class RoundShare:
     """What makes a unit one worker's share of an elastic round (in `WorkPackage`).
 
-    With `update_sha256`, the round's weights are also `base_sha256` (the round
-    before's) plus that `RoundUpdate`: a worker that holds the base fetches the
-    update instead of the weights. Both, or neither."""
+    With `update_sha256`, the weights are also `base_sha256` (the round before
+    theirs) plus that `RoundUpdate`: a worker that holds the base fetches the update
+    instead of the weights. Both, or neither.
+
+    With `start_delta_sha256` the share starts eagerly, before the outer step of the
+    round before is taken: from `weights_sha256` (then the round before's global
+    weights) minus `outer_lr` times that delta, the slot's own of the round before
+    (`training.elastic.starts`)."""
 
     round: int  # 0-based
     slot: int  # the data slot: which batches this share trains on
-    weights_sha256: str  # the round's global weights; one of the package's blobs
-    base_sha256: str = ""  # the round before's global weights
+    weights_sha256: str  # the global weights it starts from; one of the package's blobs
+    base_sha256: str = ""  # the global weights of the round before those
     update_sha256: str = ""  # a RoundUpdate from them to these; one of the package's blobs
+    start_delta_sha256: str = ""  # a RoundDelta of round - 1 and this slot; a package blob
 
     def check(self, path: str) -> None:
         require(0 <= self.round < MAX_ROUND, f"{path}.round", f"must be 0..{MAX_ROUND - 1}")
@@ -66,6 +72,9 @@ class RoundShare:
             require_sha256(self.base_sha256, f"{path}.base_sha256")
             require_sha256(self.update_sha256, f"{path}.update_sha256")
             require(self.round >= 1, f"{path}.update_sha256", "round 0 has no round before")
+        if self.start_delta_sha256:
+            require_sha256(self.start_delta_sha256, f"{path}.start_delta_sha256")
+            require(self.round >= 1, f"{path}.start_delta_sha256", "round 0 has no round before")
 
 
 @dataclass(frozen=True)
@@ -129,18 +138,28 @@ def encode_round_delta(delta: RoundDelta) -> bytes:
 
 
 def decode_round_delta(
-    data: bytes, *, numel: int, job_id: str, round: int, base_sha256: str, compression: str
+    data: bytes,
+    *,
+    numel: int,
+    job_id: str,
+    round: int,
+    base_sha256: str | None,
+    compression: str,
+    slot: int | None = None,
 ) -> RoundDelta:
     """Parse and check a delta file against what the owner expects of it: this job,
-    this round, these starting weights, the job's compression, `numel` elements,
-    finite values. Raises `TooLarge` or `DecodeError` naming what is wrong."""
-    expected = {
+    this round (and `slot`, when given), these starting weights (any, for None), the
+    job's compression, `numel` elements, finite values. Raises `TooLarge` or
+    `DecodeError` naming what is wrong."""
+    expected: dict[str, Any] = {
         "job_id": job_id,
         "round": round,
         "base_sha256": base_sha256,
         "compression": compression,
         "numel": numel,
+        "slot": slot,
     }
+    expected = {name: want for name, want in expected.items() if want is not None}
     delta = _read_file(data, RoundDelta, "round delta", numel, expected)
     values = delta.values()
     if delta.compression == "none":

@@ -67,14 +67,16 @@ def build_offer(
     spec: dict[str, Any] | None = None,
 ) -> bytes:
     """The signed `WorkOffer` for `unit`, its package sealed to the unit's worker; a
-    share of an elastic round adds the round's global weights (and the update that
-    gives them from the round before's) to the blobs, a unit
+    share of an elastic round adds the global weights it starts from (and the update
+    that gives them from the round before's, and an eager start's delta) to the
+    blobs, a unit
     that resumes a lost one's state adds that state, a sweep's trial sends its own
     `spec` instead of the job's."""
     peer = unit.worker
     resume = ResumeFrom(unit.resume_sha256, unit.resume_step) if unit.resume_sha256 else None
     blobs = [*unit_data(job, share), *([share.weights_sha256] if share is not None else [])]
-    blobs += [share.update_sha256] if share is not None and share.update_sha256 else []
+    if share is not None:
+        blobs += [sha for sha in (share.update_sha256, share.start_delta_sha256) if sha]
     blobs += [resume.state_sha256] if resume is not None else []
     max_bytes = max((ctx.blobs.size(s) for s in blobs), default=0)
     grant = (

@@ -14,7 +14,7 @@ import pytest
 from protocol.errors import DecodeError, TooLarge
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.elastic.rounds import slot_seed
-from training.errors import SpecError
+from training.errors import SpecError, TrainingError
 from training.model.weights import file_sha256
 from training.run.local import train_local
 from training.run.runner import RequestError, run_request
@@ -123,20 +123,25 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     tmp_path: Path, compression: str, fraction: float
 ) -> None:
     """The network path's arithmetic, step by step through runner requests (as on the
-    owner and on each worker), against train-local's simulation; after round 0 slot
-    0's worker rebuilds the round's weights from the round before's and the owner's
-    quantized update, slot 1's (a newcomer) fetches them whole."""
-    spec = spec_to_plain(parse_spec(_spec(compression=compression)))
+    owner and on each worker), against train-local's simulation. From round 1 on each
+    share starts eagerly, from the round before's weights and its slot's delta of that
+    round; in round 2 slot 0's worker rebuilds those weights from the ones before and
+    the owner's quantized update, slot 1's (a newcomer) fetches them whole."""
+    spec = spec_to_plain(parse_spec(_spec(compression=compression, rounds=3)))
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
-    weights = init["folder"] / "out.bin"
-    blobs = {init["weights_sha256"]: weights}
+    weights = [init["folder"] / "out.bin"]  # each round's global weights
+    blobs = {init["weights_sha256"]: weights[0]}
     states: dict[int, Path] = {}
-    momentum, way_down = "", {}
-    for r in range(2):
-        deltas = []
+    momentum, deltas = "", []
+    way_down: dict[int, dict] = {}  # round q -> how its weights come from round q - 1's
+    for r in range(3):
+        previous, deltas = deltas, []
         for slot in range(2):
+            start = {"weights": file_sha256(weights[r])}
+            if r >= 1:  # eager: from the weights before the outer step, and its own delta
+                start = {"weights": file_sha256(weights[r - 1]), "start_delta": previous[slot]}
             share = _runner(
                 tmp_path,
                 spec,
@@ -147,16 +152,17 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
                 round=r,
                 slot=slot,
                 kept=states.get(slot),
-                weights=file_sha256(weights),
                 state_out="state.safetensors",
-                **(way_down if slot == 0 else {}),
+                **start,
+                **(way_down[r - 1] if slot == 0 and r >= 2 else {}),
             )
-            if slot == 0 and way_down:
+            if slot == 0 and r >= 2:
                 rebuilt = share["folder"] / "weights.safetensors"
-                assert file_sha256(rebuilt) == file_sha256(weights)
+                assert file_sha256(rebuilt) == file_sha256(weights[r - 1])
             states[slot] = share["folder"] / "state.safetensors"
             blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
             deltas.append(share["weights_sha256"])
+        bases = [file_sha256(weights[max(0, r - 1)])] * 2
         previous_momentum = momentum
         outer = _runner(
             tmp_path,
@@ -166,20 +172,22 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             blobs,
             job_id=job,
             round=r,
-            weights=file_sha256(weights),
+            weights=file_sha256(weights[r]),
             momentum=momentum,
             deltas=deltas,
+            bases=bases,
             momentum_out="momentum.safetensors",
             update_out="update.bin",
         )
-        base, weights = file_sha256(weights), outer["folder"] / "out.bin"
-        blobs[outer["weights_sha256"]] = weights
+        base = file_sha256(weights[r])
+        weights.append(outer["folder"] / "out.bin")
+        blobs[outer["weights_sha256"]] = weights[-1]
         momentum = outer["momentum_sha256"]
         blobs[momentum] = outer["folder"] / "momentum.safetensors"
         update = outer["folder"] / "update.bin"
         blobs[outer["update_sha256"]] = update
-        assert update.stat().st_size < weights.stat().st_size * fraction  # codes, scales
-        way_down = {
+        assert update.stat().st_size < weights[-1].stat().st_size * fraction  # codes, scales
+        way_down[r + 1] = {
             "base": base,
             "update": outer["update_sha256"],
             "weights_out": "weights.safetensors",
@@ -188,26 +196,33 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
         # the owner's way: the outer step without its validation, then the validation
         # on its own while the next round trains: the same weights, the same figures
         quick = _runner(tmp_path, spec, f"quick{r}", "elastic_outer", blobs, job_id=job, round=r,
-                        weights=base, momentum=previous_momentum, deltas=deltas,
+                        weights=base, momentum=previous_momentum, deltas=deltas, bases=bases,
                         momentum_out="momentum.safetensors", update_out="update.bin",
                         validate=False)  # fmt: skip
         assert quick["metrics"] == {} and quick["weights_sha256"] == outer["weights_sha256"]
         checked = _runner(tmp_path, spec, f"validate{r}", "elastic_validate", blobs, job_id=job,
                           round=r, weights=outer["weights_sha256"])  # fmt: skip
         assert checked["metrics"] == outer["metrics"]
-    assert file_sha256(weights) == expected
+    assert file_sha256(weights[-1]) == expected
     # an update that does not give the round's weights, or applied to other weights,
     # is refused by name, and nothing is rebuilt
     wrong = [
-        ({**way_down, "base": init["weights_sha256"]}, "RoundUpdate.base_sha256"),
-        (way_down, "RoundUpdate.weights_sha256"),
+        ({**way_down[3], "base": init["weights_sha256"]}, "RoundUpdate.base_sha256"),
+        (way_down[3], "RoundUpdate.weights_sha256"),
     ]
     blobs[init["weights_sha256"]] = init["folder"] / "out.bin"
     for n, (given, message) in enumerate(wrong):
         with pytest.raises(SpecError, match=f"request.elastic.update: {message}"):
-            _runner(tmp_path, spec, f"bad{n}", "elastic_inner", blobs, job_id=job, round=2,
+            _runner(tmp_path, spec, f"bad{n}", "elastic_inner", blobs, job_id=job, round=3,
                     slot=0, weights="f" * 64, state_out="state.safetensors", **given)  # fmt: skip
         assert not (tmp_path / f"bad{n}" / "weights.safetensors").exists()
+    # an eager start from a delta of another slot, or of a round other than the one
+    # before, is refused by name
+    for n, (slot, round_) in enumerate([(1, 3), (0, 2)]):
+        with pytest.raises(TrainingError, match="the share's start delta: RoundDelta"):
+            _runner(tmp_path, spec, f"eager{n}", "elastic_inner", blobs, job_id=job,
+                    round=round_, slot=slot, weights=file_sha256(weights[2]),
+                    start_delta=deltas[0], state_out="state.safetensors")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -290,6 +305,28 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     without_last = {k: v for k, v in blobs.items() if k != cps[-1]}
     alone = replay("alone", 1, {"final_replayed": True}, without_last)  # nor fetched
     assert alone["ends"] == cps[1:] and alone["weights_sha256"] == share["weights_sha256"]
+    # an eager share: its start is built from the weights and its slot's delta before
+    blobs[first["weights_sha256"]] = first["folder"] / "out.bin"
+    eager = {"weights": sha, "start_delta": first["weights_sha256"]}
+    ahead = _share(
+        tmp_path, spec, "r1e", blobs, round=1, slot=1, kept=kept, checkpoints=True, **eager
+    )
+    for path in (ahead["folder"] / "checkpoints").iterdir():
+        blobs[file_sha256(path)] = path
+    table = {
+        "init": True,
+        "init_claimed": ahead["checkpoints"][0],
+        "segments": [{"start": 0, "end": 12, "from": ahead["checkpoints"][0]}],
+        "final_replayed": True,
+    }
+    for name, start in (("eager", eager), ("not-eager", {"weights": sha})):
+        table["share"] = {"job_id": "ab" * 8, "round": 1, "slot": 1, **start}
+        replayed = _replay_share(tmp_path / name, spec, blobs, table)
+        same = replayed["init_sha256"] == ahead["checkpoints"][0]
+        assert same == (start == eager), name  # from another start: another checkpoint 0
+        if same:
+            assert replayed["ends"] == ahead["checkpoints"][1:]
+            assert replayed["weights_sha256"] == ahead["weights_sha256"]
 
 
 def _replay_share(folder: Path, spec: dict, blobs: dict, table: dict) -> dict:

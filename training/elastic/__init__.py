@@ -12,6 +12,8 @@ bitwise-equal weights. The owner's side of the rounds is
 - `updates`: the global weights' way down: each round's change in the job's codes
   (int4 or int8), applied the same on every node (`apply_update`), with the residual
   fed back.
+- `starts`: where a share starts: an eager start, from the round before's weights and
+  the slot's own delta, before the outer step between them is taken.
 - `tasks`: the runner's tasks `elastic_init`, `elastic_inner`, `elastic_outer`: one
   step of `rounds` per request.
 """

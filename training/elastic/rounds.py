@@ -149,12 +149,14 @@ def inner_round(
     emit: Emit,
     checkpoint_dir: Path | None = None,
     hold: Hold = NO_BOUND,
+    base_sha256: str | None = None,
 ) -> InnerOutcome:
     """Train one share of a round from `weights`; the inner optimizer state goes from
     `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
     `checkpoint_dir`, the training state is written there at `share_checkpoints`
     (never more of them at once than `hold` allows) and `InnerOutcome.evidence` lists
-    the files' sha256."""
+    the files' sha256. `base_sha256`: the global weights an eager start was built from
+    (`training.elastic.starts`; default: `weights`' own)."""
     spec = run.spec
     model = _load_model(run, weights)
     course = share_course(run, slot, round_)
@@ -179,7 +181,13 @@ def inner_round(
         train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
     message = round_delta(
-        run, job_id=job_id, round_=round_, slot=slot, weights=weights, trained=model.state_dict()
+        run,
+        job_id=job_id,
+        round_=round_,
+        slot=slot,
+        weights=weights,
+        trained=model.state_dict(),
+        base_sha256=base_sha256,
     )
     return InnerOutcome(
         message,
@@ -199,11 +207,13 @@ def round_delta(
     slot: int,
     weights: Path,
     trained: Mapping[str, torch.Tensor],
+    base_sha256: str | None = None,
 ) -> RoundDelta:
-    """The share's message: the global `weights` minus the `trained` state, as one
-    flat vector, compressed as the job says. A worker builds it after its H steps,
-    and the owner's replay rebuilds it from the worker's last checkpoint, bit for bit
-    (float32 subtraction rounds the same on every device)."""
+    """The share's message: its start `weights` minus the `trained` state, as one
+    flat vector, compressed as the job says, naming the global weights it started
+    from (`base_sha256`; default: `weights`' own). A worker builds it after its H
+    steps, and the owner's replay rebuilds it from the worker's last checkpoint, bit
+    for bit (float32 subtraction rounds the same on every device)."""
     elastic = elastic_of(run.spec)
     start = load_file(str(weights), device="cpu")
     names = float_names(start, run.frozen)
@@ -219,7 +229,7 @@ def round_delta(
         job_id=job_id,
         round=round_,
         slot=slot,
-        base_sha256=file_sha256(weights),
+        base_sha256=base_sha256 or file_sha256(weights),
         numel=delta.numel(),
         compression=elastic.compression,
         tensor=tensor,
@@ -239,8 +249,11 @@ def outer_step(
     momentum_out: Path,
     update_out: Path | None = None,
     validate_weights: bool = True,
+    bases: list[str] | None = None,
 ) -> dict[str, float]:
-    """Average `deltas` (already in slot order) into one Nesterov step from `weights`;
+    """Average `deltas` (already in slot order) into one Nesterov step from `weights`
+    (each delta from the global weights `bases` names, default `weights`: an eager
+    share's are the round before's, `training.elastic.starts`);
     write the new global weights and momentum (and, for a quantized job, with
     `update_out`, the `RoundUpdate` that gives those weights from `weights`:
     `training.elastic.updates`); return the validation metrics (none without
@@ -259,16 +272,19 @@ def outer_step(
     if buffer.shape != params.shape or residual.shape != params.shape:
         raise TrainingError(f"the momentum has {buffer.numel()} values, the model {params.numel()}")
     base = file_sha256(weights)
+    bases = bases or [base] * len(deltas)
+    if len(bases) != len(deltas):
+        raise TrainingError(f"{len(deltas)} deltas but {len(bases)} bases")
     decoded = [
         decode_round_delta(
             path.read_bytes(),
             numel=params.numel(),
             job_id=job_id,
             round=round_,
-            base_sha256=base,
+            base_sha256=started,
             compression=elastic.compression,
         )
-        for path in deltas
+        for path, started in zip(deltas, bases, strict=True)
     ]
     bits = CODE_BITS.get(elastic.compression)
     if bits is not None:

@@ -25,6 +25,7 @@ from training.elastic.rounds import (
     inner_round,
     outer_step,
 )
+from training.elastic.starts import eager_start
 from training.model.weights import file_sha256
 from training.run.execute import Prepared, emit_started, prepare
 from training.run.loop import Emit
@@ -56,15 +57,30 @@ def simulate(
         weights = folder / "global-0.safetensors"
         init_weights(run, weights)
         momentum: Path | None = None
-        down = weights.stat().st_size  # what each worker fetches of round 0's weights
+        before: Path | None = None  # the round before's global weights (eager starts)
+        kept: list[Path] = []  # the round before's deltas, in slot order
+        sizes = [weights.stat().st_size]  # what a worker fetches to hold each round's weights
         for r in range(elastic.rounds):
             round_began = time.monotonic()
-            deltas, losses, delta_bytes = [], [], 0
+            deltas, bases, losses, delta_bytes = [], [], [], 0
             for slot in range(elastic.workers):
-                outcome = train_share(slot_runs[slot], folder, weights, r, slot)
+                start, base = weights, None
+                if before is not None:  # eager: from the round before's weights and delta
+                    start = eager_start(
+                        run,
+                        before,
+                        kept[slot],
+                        folder / "start.safetensors",
+                        job_id=SIMULATED_JOB_ID,
+                        round_=r,
+                        slot=slot,
+                    )
+                    base = file_sha256(before)
+                outcome = train_share(slot_runs[slot], folder, start, r, slot, base)
                 path = folder / f"delta-{r}-{slot}.bin"
                 path.write_bytes(encode_round_delta(outcome.delta))
                 deltas.append(path)
+                bases.append(outcome.delta.base_sha256)
                 losses.append(outcome.train_loss)
                 delta_bytes += path.stat().st_size
             new_weights = folder / f"global-{r + 1}.safetensors"
@@ -80,13 +96,15 @@ def simulate(
                 out=new_weights,
                 momentum_out=new_momentum,
                 update_out=update,
+                bases=bases,
             )
-            bytes_out, down = (
-                down * elastic.workers,
-                (update.stat().st_size if update.exists() else new_weights.stat().st_size),
-            )
-            for path in [*deltas, weights, update, *([momentum] if momentum else [])]:
-                path.unlink(missing_ok=True)
+            # round r's shares start from round r - 1's weights (round 0: its own)
+            bytes_out = sizes[max(0, r - 1)] * elastic.workers if r != 1 else 0
+            sizes.append(update.stat().st_size if update.exists() else new_weights.stat().st_size)
+            for path in [*kept, update, before, momentum]:
+                if path is not None:
+                    path.unlink(missing_ok=True)
+            before, kept = weights, deltas
             weights, momentum = new_weights, new_momentum
             summary = {
                 "round": r,
@@ -137,10 +155,13 @@ def _slot_runs(spec: JobSpec, run: Prepared, data_file: DataFiles, device: str) 
     return [views[p] for p in picks]
 
 
-def train_share(run: Prepared, folder: Path, weights: Path, round_: int, slot: int) -> InnerOutcome:
-    """Slot `slot`'s share of round `round_` from `weights`, as the slot's worker trains
-    it: from the inner optimizer state the slot kept in `folder` (none in its first
-    round), which it leaves there for the slot's next round."""
+def train_share(
+    run: Prepared, folder: Path, weights: Path, round_: int, slot: int, base: str | None = None
+) -> InnerOutcome:
+    """Slot `slot`'s share of round `round_` from `weights` (an eager start built from
+    the global weights `base`), as the slot's worker trains it: from the inner
+    optimizer state the slot kept in `folder` (none in its first round), which it
+    leaves there for the slot's next round."""
     state = folder / f"inner-{slot}.safetensors"
     kept = folder / f"inner-{slot}-next.safetensors"
     outcome = inner_round(
@@ -152,6 +173,7 @@ def train_share(run: Prepared, folder: Path, weights: Path, round_: int, slot: i
         state_in=state if state.exists() else None,
         state_out=kept,
         emit=lambda event: None,
+        base_sha256=base,
     )
     kept.replace(state)
     return outcome

@@ -19,6 +19,7 @@ from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
 from training.data.info import DataFiles
 from training.elastic import rounds as elastic
+from training.elastic.starts import eager_start
 from training.elastic.updates import rebuild_weights
 from training.errors import SpecError
 from training.evidence.writer import NO_BOUND, Hold
@@ -108,6 +109,7 @@ def _inner(
     state_in = _beside(out, section.string("state_in", None, max_len=4096), "state_in")
     state_out = _beside(out, section.string("state_out", max_len=4096), "state_out")
     rebuild = _rebuild_request(section, out, blob_file) if section.has("update") else None
+    start_delta = section.string("start_delta", None, max_len=64)
     section.finish()
     assert state_out is not None
     run = prepare(spec, data_file, device, blob_file)
@@ -117,11 +119,29 @@ def _inner(
     else:
         base, update, weights = rebuild
         try:
-            rebuild_weights(
-                run, base, update, weights, job_id=job_id, round_=round_, weights=weights_sha
+            rebuild_weights(  # an eager share's weights are the round before's
+                run,
+                base,
+                update,
+                weights,
+                job_id=job_id,
+                round_=round_ - 1 if start_delta is not None else round_,
+                weights=weights_sha,
             )
         except (DecodeError, TooLarge) as exc:
             raise SpecError(f"request.elastic.update: {exc}") from None
+    base = None
+    if start_delta is not None:  # eager: from the round before's weights and own delta
+        base = weights_sha
+        weights = eager_start(
+            run,
+            weights,
+            blob_file(start_delta),
+            out.parent / "start.safetensors",
+            job_id=job_id,
+            round_=round_,
+            slot=slot,
+        )
     outcome = elastic.inner_round(
         run,
         job_id=job_id,
@@ -133,6 +153,7 @@ def _inner(
         emit=emit,
         checkpoint_dir=checkpoint_dir,
         hold=hold,
+        base_sha256=base,
     )
     write_atomic(out, encode_round_delta(outcome.delta))
     result = {
@@ -163,6 +184,13 @@ def _outer(
     momentum_out = _beside(out, section.string("momentum_out", max_len=4096), "momentum_out")
     update_out = _beside(out, section.string("update_out", None, max_len=4096), "update_out")
     validate = section.boolean("validate", True)
+    bases = section.get("bases", None)
+    if bases is not None and (
+        not isinstance(bases, list)
+        or len(bases) != len(deltas)
+        or not all(isinstance(b, str) and len(b) == 64 for b in bases)
+    ):
+        raise SpecError("request.elastic.bases must name one sha256 for each delta")
     section.finish()
     assert momentum_out is not None
     run = prepare(spec, data_file, device, blob_file)
@@ -177,6 +205,7 @@ def _outer(
         momentum_out=momentum_out,
         update_out=update_out,
         validate_weights=validate,
+        bases=bases,
     )
     result = {
         "metrics": metrics,

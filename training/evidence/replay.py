@@ -9,7 +9,8 @@ The request's `replay` table:
      "final": sha256 (optional),            the worker's last checkpoint
      "final_replayed": bool (optional),     a share's: its delta from the replayed
                                              segment that ends it, not from `final`
-     "share": {"job_id", "round", "slot", "weights": sha256} (optional)}
+     "share": {"job_id", "round", "slot", "weights": sha256,
+               "start_delta": sha256 (optional)} (optional)}
                                              an elastic round's share, not a whole run
 
 For each segment the state in blob `from` (the worker's checkpoint at `start`) is
@@ -22,12 +23,13 @@ validation split: its sha256 must be the result's, and its metrics are the ones 
 owner shows as verified.
 
 A share's chain is its H inner steps on its data slot (`training.elastic.rounds.share_course`).
-Its checkpoint 0 is not built from the seed: it is the round's global weights
-(`weights`), the inner optimizer state the worker brought (taken from its checkpoint 0:
-it is the worker's own) and the slot's seeded RNG, so `init` rebuilds exactly that and
-hashes it (another start, or weights not the round's: another hash). `final` is
-turned into the share's `RoundDelta` against the global weights, as the worker's
-runner builds it; its sha256 must be the delta's. With `final_replayed` the delta is
+Its checkpoint 0 is not built from the seed: it is the share's start (the global
+`weights`, or with `start_delta` the eager start built from them and that delta:
+`training.elastic.starts`), the inner optimizer state the worker brought (taken from
+its checkpoint 0: it is the worker's own) and the slot's seeded RNG, so `init`
+rebuilds exactly that and hashes it (another start, or weights not the share's:
+another hash). `final` is turned into the share's `RoundDelta` against its start, as
+the worker's runner builds it; its sha256 must be the delta's. With `final_replayed` the delta is
 built from the state the replay of the share's last segment ended on instead: when
 that state's hash is the worker's last checkpoint (the owner compares), it is the
 worker's own, and nothing more needs fetching.
@@ -50,6 +52,7 @@ from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
 from training.data.info import DataFiles
 from training.elastic.rounds import round_delta, share_course
+from training.elastic.starts import eager_start
 from training.elastic.tasks import BlobFile
 from training.errors import SpecError
 from training.evidence.checkpoints import (
@@ -62,7 +65,7 @@ from training.evidence.checkpoints import (
     relative_distance,
     save_checkpoint,
 )
-from training.model.weights import write_weights
+from training.model.weights import file_sha256, write_weights
 from training.run.execute import Prepared, deterministic, emit_started, prepare, validate
 from training.run.loop import Emit
 from training.spec.fields import Section
@@ -106,10 +109,22 @@ def run_replay(
             raise SpecError(f"request.replay: checkpoint {sha[:12]} is of step {state.step}")
         return state
 
+    begins = share.weights if share is not None else None  # the share's start weights
+    if share is not None and share.start_delta is not None:
+        begins = eager_start(
+            run,
+            share.weights,
+            share.start_delta,
+            out.parent / "start.safetensors",
+            job_id=share.job_id,
+            round_=share.round,
+            slot=share.slot,
+        )
     with deterministic(spec.seed):
         if init:
             if share is not None:
-                state = _share_start(run, load(init_claimed, 0), share.weights, course)
+                assert begins is not None
+                state = _share_start(run, load(init_claimed, 0), begins, course)
             else:
                 state = initial_state(run, course)
             result["init_sha256"] = save_checkpoint(
@@ -138,13 +153,15 @@ def run_replay(
             raise SpecError("request.replay.final_replayed: no segment ends the share")
         if (final or final_replayed) and share is not None:
             state = load(final, total) if final else ended
+            assert begins is not None
             delta = round_delta(
                 run,
                 job_id=share.job_id,
                 round_=share.round,
                 slot=share.slot,
-                weights=share.weights,
+                weights=begins,
                 trained=state.model.state_dict(),
+                base_sha256=file_sha256(share.weights),
             )
             result["weights_sha256"] = hashlib.sha256(encode_round_delta(delta)).hexdigest()
         elif final:
@@ -163,7 +180,8 @@ class _Share:
     job_id: str
     round: int
     slot: int
-    weights: Path  # the round's global weights
+    weights: Path  # the global weights it starts from
+    start_delta: Path | None  # an eager start's delta (`training.elastic.starts`)
 
 
 def _share(section: Section, blob_file: BlobFile) -> _Share:
@@ -173,13 +191,14 @@ def _share(section: Section, blob_file: BlobFile) -> _Share:
     round_ = section.integer("round", lo=0, hi=MAX_ROUND - 1)
     slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
     weights = blob_file(section.string("weights", max_len=64))
+    start_delta = section.string("start_delta", None, max_len=64)
     section.finish()
-    return _Share(job_id, round_, slot, weights)
+    return _Share(job_id, round_, slot, weights, blob_file(start_delta) if start_delta else None)
 
 
 def _share_start(run: Prepared, claimed: TrainState, weights: Path, course: Course) -> TrainState:
-    """A share's state before step 1: the round's global weights, the inner optimizer
-    state the worker brought (from its checkpoint 0), the slot's seeded RNG."""
+    """A share's state before step 1: its start `weights`, the inner optimizer state
+    the worker brought (from its checkpoint 0), the slot's seeded RNG."""
     from safetensors.torch import load_file
 
     try:

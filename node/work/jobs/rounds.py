@@ -102,6 +102,12 @@ class RoundStore:
         )
         return Round(**_decode(rows[0])) if rows else None
 
+    def share_weights(self, job_id: str, round_: int, start_delta: str) -> str:
+        """The global weights a share of `round_` starts from: the round's, or for an
+        eager start (`start_delta`) the round before's; "" when not known here."""
+        row = self.get(job_id, round_ - 1 if start_delta else round_)
+        return row.weights_sha256 if row is not None else ""
+
     def of_job(self, job_id: str) -> list[Round]:
         rows = self._db["rounds"].rows_where("job_id = ?", [job_id], order_by="round")
         return [Round(**_decode(r)) for r in rows]

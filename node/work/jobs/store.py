@@ -124,6 +124,8 @@ class Unit:
     # a unit that goes on from a lost one's checkpoint: that state, and its step
     resume_sha256: str = ""
     resume_step: int = 0
+    # an elastic share that starts eagerly: its slot's delta of the round before
+    start_delta: str = ""
 
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
@@ -158,6 +160,7 @@ class JobStore:
             ("trial", int, -1),
             ("resume_sha256", str, ""),
             ("resume_step", int, 0),
+            ("start_delta", str, ""),
         ):
             if column not in db["units"].columns_dict:
                 db["units"].add_column(column, kind, not_null_default=default)
@@ -318,6 +321,7 @@ class JobStore:
         slot: int = -1,
         trial: int = -1,
         resume: tuple[str, int] = ("", 0),
+        start_delta: str = "",
     ) -> Unit:
         now = time.time()
         unit = Unit(
@@ -333,6 +337,7 @@ class JobStore:
             trial=trial,
             resume_sha256=resume[0],
             resume_step=resume[1],
+            start_delta=start_delta,
         )
         with self._tx():
             self._db["units"].insert(asdict(unit))

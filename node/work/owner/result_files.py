@@ -52,8 +52,10 @@ async def fetch_and_check(
     peer: str,
     result: Result,
     delta_round: int | None,
+    start_delta: str = "",
 ) -> Fetched:
-    """Fetch the weights (a round's share: its delta from `delta_round`'s weights)
+    """Fetch the weights (a round's share: its delta of `delta_round`, from that
+    round's weights, or from the round before's for an eager start, `start_delta`)
     under the worker's grant, at most the plan's size, and check them; what fails is
     not kept."""
     grant = weights_grant(ctx, peer, result)
@@ -88,15 +90,15 @@ async def fetch_and_check(
     path = ctx.blobs.path(result.weights_sha256)
     try:
         if delta_round is not None:
-            started = RoundStore(ctx.jobs.db).get(job.id, delta_round)
-            if started is None:
+            started = RoundStore(ctx.jobs.db).share_weights(job.id, delta_round, start_delta)
+            if not started:
                 raise WeightsRejected(f"round {delta_round} of this job is unknown here")
             await check_delta_file(
                 path,
                 numel,
                 job.id,
                 delta_round,
-                started.weights_sha256,
+                started,
                 str(job.spec["elastic"]["compression"]),
             )
         else:

@@ -109,7 +109,9 @@ class Results:
         try:
             spec = mode.unit_spec(job, unit)
             delta_round = mode.delta_round(unit)
-            fetched = await fetch_and_check(self.ctx, job, spec, peer, result, delta_round)
+            fetched = await fetch_and_check(
+                self.ctx, job, spec, peer, result, delta_round, unit.start_delta
+            )
         except Exception as exc:
             if isinstance(exc, TransferError) and worker_gone(exc):
                 return self._unverified(unit.unit_id, peer, f"its weights: {exc}")

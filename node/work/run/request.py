@@ -138,9 +138,9 @@ def share_request(
     rebuild: bool = False,
 ) -> RunnerRequest:
     """The runner request for one share of a round: the kept inner state (copied in
-    beside `out`, since the runner reads nothing else of this node's), the files it
-    writes back and, to `rebuild` the round's weights from the round before's and
-    the owner's update, those two and where the weights go."""
+    beside `out`, since the runner reads nothing else of this node's), an eager
+    start's delta, the files it writes back and, to `rebuild` the share's weights from
+    the round before's and the owner's update, those two and where the weights go."""
     elastic: dict[str, Any] = {
         "job_id": job_id,
         "round": share.round,
@@ -148,6 +148,8 @@ def share_request(
         "weights": share.weights_sha256,
         "state_out": str(out.parent / "state_out.safetensors"),
     }
+    if share.start_delta_sha256:
+        elastic["start_delta"] = share.start_delta_sha256
     if rebuild:
         elastic["base"] = share.base_sha256
         elastic["update"] = share.update_sha256

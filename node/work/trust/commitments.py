@@ -44,7 +44,13 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.trust.chains import Chain, Chains
-from node.work.trust.replays import FetchedStates, Replays, across_classes, tolerance_of
+from node.work.trust.replays import (
+    FetchedStates,
+    Replays,
+    across_classes,
+    share_blobs,
+    tolerance_of,
+)
 from node.work.trust.reputation import Reputation, segments_to_check
 from node.work.trust.resume import (
     ResumePoint,
@@ -275,8 +281,8 @@ class Commitments:
             table["segments"].append(segment)
         owned: set[str] = set()
         if delta_round is not None:
-            table["share"] = self._replays.share_table(job.id, delta_round, unit.slot)
-            owned.add(table["share"]["weights"])
+            table["share"] = self._replays.share_table(unit, delta_round)
+            owned |= share_blobs(table["share"])
         shas = {chain.shas[i] for i in needed_states(ready, cross, False)} | owned
         replay = await self._replays.run(job, unit, spec, table, shas)
         if self._chains.loaded(unit.unit_id) is not chain:

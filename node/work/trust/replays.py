@@ -120,12 +120,16 @@ class Replays:
             await self.steps(job, spec, False)
         return self._state_limits[job.id]
 
-    def share_table(self, job_id: str, round_: int, slot: int) -> dict[str, Any]:
-        """The replay's `share` table: which round and slot, from which weights."""
-        started = RoundStore(self.ctx.jobs.db).get(job_id, round_)
-        if started is None:
+    def share_table(self, unit: Unit, round_: int) -> dict[str, Any]:
+        """The replay's `share` table: which round and slot, from which weights (and
+        for an eager start, which delta)."""
+        started = RoundStore(self.ctx.jobs.db).share_weights(unit.job_id, round_, unit.start_delta)
+        if not started:
             raise RuntimeError(f"round {round_} of this job is unknown here")
-        return {"job_id": job_id, "round": round_, "slot": slot, "weights": started.weights_sha256}
+        table = {"job_id": unit.job_id, "round": round_, "slot": unit.slot, "weights": started}
+        if unit.start_delta:
+            table["start_delta"] = unit.start_delta
+        return table
 
     async def run(
         self, job: Job, unit: Unit, spec: dict[str, Any], table: dict[str, Any], shas: Iterable[str]
@@ -140,6 +144,12 @@ class Replays:
         out = folder / "replayed-weights.safetensors"
         request = self._runner_request(spec, blobs, out).replaying(table)
         return await ctx.run_owner_task(request, unit.unit_id, job.max_hours, lambda e: None)
+
+
+def share_blobs(share: dict[str, Any]) -> set[str]:
+    """The blobs of this node's own that a replay's `share` table names: the global
+    weights the share started from, and an eager start's delta."""
+    return {share["weights"], *([share["start_delta"]] if "start_delta" in share else [])}
 
 
 def _sizes(

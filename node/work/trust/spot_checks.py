@@ -57,6 +57,7 @@ from node.work.trust.replays import (
     FetchedStates,
     Replays,
     across_classes,
+    share_blobs,
     tolerance_of,
 )
 from node.work.trust.reputation import Reputation, segments_to_check
@@ -219,7 +220,7 @@ class SpotChecks:
         elif last in chosen:  # the replay ends on the worker's own state: from that
             table["final_replayed"] = True
         need = {cps[i] for i in needed_states(chosen, cross, True)}
-        replay = await self._replay(sub, table, need, bound, {table["share"]["weights"]})
+        replay = await self._replay(sub, table, need, bound, share_blobs(table["share"]))
         verdict.replayed_steps = int(replay.get("replayed_steps", 0))
         failure = compare_replay(
             replay,
@@ -277,7 +278,7 @@ class SpotChecks:
 
     def _share(self, sub: Submitted) -> dict[str, Any]:
         assert sub.delta_round is not None
-        return self.replays.share_table(sub.job.id, sub.delta_round, sub.unit.slot)
+        return self.replays.share_table(sub.unit, sub.delta_round)
 
     async def _replay(
         self,

@@ -60,6 +60,8 @@ class ElasticRounds(ManyUnits):
         super().__init__(parts)
         self.store = RoundStore(self.ctx.jobs.db)
         self._runner_request = parts.runner_request
+        # bytes fetched for eager shares before their round opened: (job, round) -> bytes
+        self._ahead_bytes: dict[tuple[str, int], int] = {}
 
     # -- the engine's hooks (`JobMode`) -------------------------------------------------
 
@@ -70,11 +72,18 @@ class ElasticRounds(ManyUnits):
         return unit.round
 
     def served(self, unit: Unit, sha: str, size: int) -> str | None:
-        self.store.sent(unit.job_id, unit.round, size)  # the round's bytes down
-        before = self.store.get(unit.job_id, unit.round - 1) if unit.round else None
+        if self.store.get(unit.job_id, unit.round) is None:  # an eager share, ahead
+            key = (unit.job_id, unit.round)
+            self._ahead_bytes[key] = self._ahead_bytes.get(key, 0) + size
+        else:
+            self.store.sent(unit.job_id, unit.round, size)  # the round's bytes down
+        if sha == unit.start_delta:
+            return f"round {unit.round - 1}'s delta of slot {unit.slot} (an eager start)"
+        weights_round = unit.round - 1 if unit.start_delta else unit.round
+        before = self.store.get(unit.job_id, weights_round - 1) if weights_round else None
         if before is not None and sha == before.next_update_sha256:
-            return f"round {unit.round}'s weights update"
-        return f"round {unit.round}'s weights"
+            return f"round {weights_round}'s weights update"
+        return f"round {weights_round}'s weights"
 
     def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
         """A round's delta, checked: its unit is done; the round applies the delta
@@ -117,22 +126,27 @@ class ElasticRounds(ManyUnits):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._validations, job_id, to_validate)
             with closed:
-                current = await self._rounds(job_id, current, closed)
+                current = await self._rounds(job_id, current, closed, nursery)
         job = ctx.jobs.get(job_id)
         if current is not None and job is not None and job.state == "running":
             self._complete(job, self.store.get(job_id, current.round) or current)
 
     async def _rounds(
-        self, job_id: str, current: Round, closed: trio.MemorySendChannel[Round]
+        self,
+        job_id: str,
+        current: Round,
+        closed: trio.MemorySendChannel[Round],
+        ahead: trio.Nursery,
     ) -> Round | None:
         """Run the rounds from `current` to the last; the last, closed (None if the job
-        stopped). Each round closed is sent to `closed`, to be evaluated."""
+        stopped). Each round closed is sent to `closed`, to be evaluated; the next
+        round's eager shares are offered in `ahead`, which outlives the round."""
         while True:
             job = self.ctx.jobs.get(job_id)
             if job is None or job.state != "running":
                 return None
             if current.state == "open":
-                ended = await self._run_round(job, current)
+                ended = await self._run_round(job, current, ahead)
                 if ended is None:
                     return None
                 await closed.send(ended)
@@ -148,6 +162,9 @@ class ElasticRounds(ManyUnits):
                 self._deadline(job),
             ) or self.store.get(job_id, current.round + 1)
             assert current is not None
+            early = self._ahead_bytes.pop((job_id, current.round), 0)
+            if early:
+                self.store.sent(job_id, current.round, early)
 
     async def _validations(self, job_id: str, rounds: trio.MemoryReceiveChannel[Round]) -> None:
         """Evaluate each closed round's new weights, in order, off the rounds' path."""
@@ -206,8 +223,9 @@ class ElasticRounds(ManyUnits):
 
     # -- one round ---------------------------------------------------------------------
 
-    async def _run_round(self, job: Job, current: Round) -> Round | None:
-        """Fill the round's slots and wait for its deltas; close it and return it."""
+    async def _run_round(self, job: Job, current: Round, ahead: trio.Nursery) -> Round | None:
+        """Fill the round's slots and wait for its deltas; close it and return it.
+        Meanwhile each slot whose delta is in starts the next round (`_offer_ahead`)."""
         ctx = self.ctx
         elastic = job.spec["elastic"]
         workers, min_workers = int(elastic["workers"]), int(elastic["min_workers"])
@@ -221,6 +239,9 @@ class ElasticRounds(ManyUnits):
                         return None
                     done = self._units(job.id, current.round, "done")
                     live = self._units(job.id, current.round, *LIVE_UNIT_STATES)
+                    early = self._units(job.id, current.round + 1, *LIVE_UNIT_STATES)
+                    busy = {u.worker for u in live + early}  # one share at a time
+                    await self._offer_ahead(ahead, job, current, done, busy)
                     now = time.time()
                     if len(done) >= workers:
                         break
@@ -232,8 +253,7 @@ class ElasticRounds(ManyUnits):
                     free = [s for s in range(workers) if s not in taken]
                     offered = 0
                     if free:
-                        busy = {u.worker for u in live}
-                        offered = await self._offer_free_slots(offers, job, current, free, busy)
+                        offered = await self._offer_slots(offers, job, current.round, free, busy)
                     if not offered and not live and len(done) >= min_workers:
                         break  # nothing in flight and nobody left to ask
                     with trio.move_on_after(WAIT_S):
@@ -254,24 +274,31 @@ class ElasticRounds(ManyUnits):
         self.store.note(job.id, current.round, note)
         return self.store.update(job.id, current.round, "open", deadline=deadline) or current
 
-    async def _offer_free_slots(
-        self, nursery: trio.Nursery, job: Job, current: Round, free: list[int], busy: set[str]
+    async def _offer_ahead(
+        self, nursery: trio.Nursery, job: Job, current: Round, done: list[Unit], busy: set[str]
+    ) -> None:
+        """Offer the next round's share of each slot whose delta of this round is in: an
+        eager start (`training.elastic.starts`), so its worker trains on while this
+        round's other deltas, their checks and its outer step are still to come."""
+        following = current.round + 1
+        if following >= int(job.spec["elastic"]["rounds"]) or not done:
+            return
+        started = {u.slot for u in self._units(job.id, following, "done", *LIVE_UNIT_STATES)}
+        waiting = [u.slot for u in done if u.slot not in started]
+        if waiting:
+            await self._offer_slots(nursery, job, following, waiting, busy)
+
+    async def _offer_slots(
+        self, nursery: trio.Nursery, job: Job, round_: int, slots: list[int], busy: set[str]
     ) -> int:
-        """Start an offer for each free slot that has a peer to ask; how many started."""
-        previous = {
-            u.slot: u.worker for u in self._units(job.id, current.round - 1, "done", "expired")
-        }
+        """Start an offer of each of `slots` of `round_` that has a peer to ask; how many
+        started (each peer asked joins `busy`). A slot whose delta of the round before
+        is in starts eagerly from it; others from the round's own weights."""
+        applied = {u.slot: u for u in self._units(job.id, round_ - 1, "done")}
+        previous = {u.slot: u.worker for u in self._units(job.id, round_ - 1, "done", "expired")}
         candidates = await self._placement.candidates(job, busy)
-        before = self.store.get(job.id, current.round - 1) if current.round else None
-        way_down = (  # a worker that holds the round before's weights fetches the change
-            (before.weights_sha256, before.next_update_sha256)
-            if before is not None
-            and before.next_update_sha256
-            and before.next_weights_sha256 == current.weights_sha256
-            else ("", "")
-        )
         offered = 0
-        for slot in free:
+        for slot in slots:
             if not candidates:
                 break
             peer = previous.get(slot) if previous.get(slot) in candidates else None
@@ -279,19 +306,39 @@ class ElasticRounds(ManyUnits):
                 (p for p in candidates if p not in previous.values()), candidates[0]
             )
             candidates.remove(peer)
+            busy.add(peer)
+            start_delta = applied[slot].output_sha256 if slot in applied else ""
             unit = self.ctx.jobs.add_unit(
                 job.id,
                 peer,
                 self.ctx.limits.lease_s * 3,
                 deadline=unit_deadline(self.ctx, job, time.time()),
-                round_=current.round,
+                round_=round_,
                 slot=slot,
+                start_delta=start_delta,
             )
-            share = RoundShare(current.round, slot, current.weights_sha256, *way_down)
-            note = f"round {share.round} slot {share.slot}"
+            share = self._share(job.id, round_, slot, start_delta)
+            note = f"round {share.round} slot {share.slot}" + (" (eager)" if start_delta else "")
             nursery.start_soon(partial(self._offer_unit, job, unit, note, share=share))
             offered += 1
         return offered
+
+    def _share(self, job_id: str, round_: int, slot: int, start_delta: str) -> RoundShare:
+        """Slot `slot`'s share of `round_`, from the round's weights or eagerly from the
+        round before's and `start_delta`; the weights come as an update to those before
+        them when the outer step wrote one (a worker that holds them fetches that)."""
+        weights_round = round_ - 1 if start_delta else round_
+        row = self.store.get(job_id, weights_round)
+        assert row is not None  # the round open, or the one before it
+        before = self.store.get(job_id, weights_round - 1) if weights_round else None
+        way_down = (
+            (before.weights_sha256, before.next_update_sha256)
+            if before is not None
+            and before.next_update_sha256
+            and before.next_weights_sha256 == row.weights_sha256
+            else ("", "")
+        )
+        return RoundShare(round_, slot, row.weights_sha256, *way_down, start_delta)
 
     async def _close(self, job: Job, current: Round) -> Round | None:
         """Drop what is still in flight, apply the deltas, record the round."""
@@ -367,6 +414,7 @@ class ElasticRounds(ManyUnits):
             "round": current.round,
             "weights": current.weights_sha256,
             "deltas": [u.output_sha256 for u in done],
+            "bases": [self.store.share_weights(job.id, u.round, u.start_delta) for u in done],
             "validate": False,  # `_validations` evaluates while the next round trains
         }
         if current.momentum_sha256:
