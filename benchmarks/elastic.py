@@ -25,9 +25,10 @@ module docstrings (`training.spec.examples.char_lm_elastic_toml`).
 - **util**: real nodes on loopback, one worker per core: each worker's time in inner
   steps (`train_seconds` in its co-signed receipts) over the job's wall time from
   round 0's opening to the last round's close, at H = 50 and H = 200, with every
-  share spot-checked (the default) and with spot checks off; and the same from
-  round 1's opening (rounds 1 and on: the steady state, without round 0's cold
-  start, each worker's runner importing torch). Goal: >= 0.9 at H = 200.
+  share spot-checked (the default) and with spot checks off; and the same for
+  rounds 1 and on, from the offer of the first of their shares (the steady state,
+  without round 0's cold start, each worker's runner importing torch). Goal: >= 0.9
+  at H = 200.
 - **util-gpt**: the same at H = 200 for the program GPT (10.7M parameters, exported
   as a user would) on the corpus's bytes sharded one shard per worker (`--gpt-rounds`).
 - **wire**: real nodes (an owner that does not train, 3 workers) in a network
@@ -236,12 +237,15 @@ def _train_seconds(node: LocalNode, job_id: str, units: set[str] | None = None) 
     return total
 
 
-def _later_units(owner: LocalNode, job_id: str) -> set[str]:
-    """The job's units of rounds 1 and on, from the owner's node.db (read-only)."""
+def _later_units(owner: LocalNode, job_id: str) -> tuple[set[str], float]:
+    """The job's units of rounds 1 and on, and when the first of them was offered (an
+    eager share starts before its round opens), from the owner's node.db (read-only)."""
     uri = f"file:{owner.data_dir / 'node.db'}?mode=ro"
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-        rows = db.execute("SELECT unit_id FROM units WHERE job_id = ? AND round >= 1", (job_id,))
-        return {row[0] for row in rows}
+        rows = db.execute(
+            "SELECT unit_id, started_at FROM units WHERE job_id = ? AND round >= 1", (job_id,)
+        ).fetchall()
+    return {row[0] for row in rows}, min(row[1] for row in rows)
 
 
 UNCHECKED = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
@@ -316,8 +320,8 @@ def utilisation(
                 assert job["state"] == "completed", job["reason"]
                 rounds_ = job["rounds"]
                 wall = rounds_[-1]["closed_at"] - rounds_[0]["opened_at"]
-                later = rounds_[-1]["closed_at"] - rounds_[1]["opened_at"]
-                units = _later_units(net.nodes[0], job["id"])
+                units, first = _later_units(net.nodes[0], job["id"])
+                later = rounds_[-1]["closed_at"] - first
                 shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
                 steady = [_train_seconds(n, job["id"], units) / later for n in net.nodes[1:]]
             checks = "default" if checked else "off"

@@ -383,6 +383,17 @@ class JobStore:
                 return None
         return self.unit(unit_id)
 
+    def unit_output(self, unit_id: str, sha256: str, size: int) -> bool:
+        """A unit's result, fetched and checked in form while its spot check goes on:
+        its output recorded, its state left `verifying`. False when it moved on."""
+        with self._tx():
+            cursor = self._db.execute(
+                "UPDATE units SET output_sha256 = ?, output_bytes = ? "
+                "WHERE unit_id = ? AND state = 'verifying'",
+                [sha256, size, unit_id],
+            )
+        return cursor.rowcount == 1
+
     def renew_lease(self, unit_id: str, until: float) -> Unit | None:
         """Extend a live unit's lease to `until`, never past its deadline, and never
         shorten it: a heartbeat that arrives while the unit's result is checked must not

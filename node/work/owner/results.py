@@ -112,6 +112,8 @@ class Results:
             fetched = await fetch_and_check(
                 self.ctx, job, spec, peer, result, delta_round, unit.start_delta
             )
+            if delta_round is not None:
+                mode.delta_fetched(unit, result.weights_sha256, result.weights_size)
         except Exception as exc:
             if isinstance(exc, TransferError) and worker_gone(exc):
                 return self._unverified(unit.unit_id, peer, f"its weights: {exc}")

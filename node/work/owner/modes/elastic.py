@@ -85,6 +85,23 @@ class ElasticRounds(ManyUnits):
             return f"round {weights_round}'s weights update"
         return f"round {weights_round}'s weights"
 
+    def delta_fetched(self, unit: Unit, sha: str, size: int) -> None:
+        """The slot's next share may start from this delta while it is checked
+        (`_offer_ahead`); should the check fail, that share ends with it (`unit_lost`)."""
+        if self.ctx.jobs.unit_output(unit.unit_id, sha, size):
+            self.unit_changed(unit.job_id)
+
+    def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
+        """A share that failed its check also ends its worker's later shares of the
+        job: an eager one started from the delta that failed."""
+        super().unit_lost(unit, reason, state, at_fault)
+        if state != "failed" or not at_fault:
+            return
+        for later in self.ctx.jobs.units_of(unit.job_id, *LIVE_UNIT_STATES):
+            if later.worker == unit.worker and later.round > unit.round:
+                why = f"its worker's share of round {unit.round} failed: {reason}"
+                self._lifecycle.end(later.unit_id, "failed", why[:500])
+
     def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
         """A round's delta, checked: its unit is done; the round applies the delta
         when it closes."""
@@ -240,8 +257,9 @@ class ElasticRounds(ManyUnits):
                     done = self._units(job.id, current.round, "done")
                     live = self._units(job.id, current.round, *LIVE_UNIT_STATES)
                     early = self._units(job.id, current.round + 1, *LIVE_UNIT_STATES)
-                    busy = {u.worker for u in live + early}  # one share at a time
-                    await self._offer_ahead(ahead, job, current, done, busy)
+                    # one share at a time; a worker whose delta is being checked is free
+                    busy = {u.worker for u in live + early if u.state != "verifying"}
+                    await self._offer_ahead(ahead, job, current, busy)
                     now = time.time()
                     if len(done) >= workers:
                         break
@@ -275,27 +293,37 @@ class ElasticRounds(ManyUnits):
         return self.store.update(job.id, current.round, "open", deadline=deadline) or current
 
     async def _offer_ahead(
-        self, nursery: trio.Nursery, job: Job, current: Round, done: list[Unit], busy: set[str]
+        self, nursery: trio.Nursery, job: Job, current: Round, busy: set[str]
     ) -> None:
-        """Offer the next round's share of each slot whose delta of this round is in: an
-        eager start (`training.elastic.starts`), so its worker trains on while this
-        round's other deltas, their checks and its outer step are still to come."""
+        """Offer the next round's share of each slot whose delta of this round is in
+        (fetched; checked or still being checked): an eager start
+        (`training.elastic.starts`), so its worker trains on while this round's other
+        deltas, their checks and its outer step are still to come."""
         following = current.round + 1
-        if following >= int(job.spec["elastic"]["rounds"]) or not done:
+        if following >= int(job.spec["elastic"]["rounds"]):
             return
         started = {u.slot for u in self._units(job.id, following, "done", *LIVE_UNIT_STATES)}
-        waiting = [u.slot for u in done if u.slot not in started]
+        waiting = [slot for slot in self._delivered(job.id, current.round) if slot not in started]
         if waiting:
             await self._offer_slots(nursery, job, following, waiting, busy)
+
+    def _delivered(self, job_id: str, round_: int) -> dict[int, str]:
+        """Slot -> its delta of `round_`: applied or to be (done), or fetched and being
+        checked (an eager share may start from it meanwhile)."""
+        units = self._units(job_id, round_, "done", "verifying")
+        return {u.slot: u.output_sha256 for u in units if u.output_sha256}
 
     async def _offer_slots(
         self, nursery: trio.Nursery, job: Job, round_: int, slots: list[int], busy: set[str]
     ) -> int:
         """Start an offer of each of `slots` of `round_` that has a peer to ask; how many
         started (each peer asked joins `busy`). A slot whose delta of the round before
-        is in starts eagerly from it; others from the round's own weights."""
-        applied = {u.slot: u for u in self._units(job.id, round_ - 1, "done")}
-        previous = {u.slot: u.worker for u in self._units(job.id, round_ - 1, "done", "expired")}
+        came in starts eagerly from it; others from the round's own weights."""
+        delivered = self._delivered(job.id, round_ - 1)
+        previous = {  # who held each slot: its kept inner optimizer state is there
+            u.slot: u.worker
+            for u in self._units(job.id, round_ - 1, "done", "expired", "verifying")
+        }
         candidates = await self._placement.candidates(job, busy)
         offered = 0
         for slot in slots:
@@ -307,7 +335,7 @@ class ElasticRounds(ManyUnits):
             )
             candidates.remove(peer)
             busy.add(peer)
-            start_delta = applied[slot].output_sha256 if slot in applied else ""
+            start_delta = delivered.get(slot, "")
             unit = self.ctx.jobs.add_unit(
                 job.id,
                 peer,

@@ -129,6 +129,10 @@ class JobMode:
         name), which a spot check compares with its replay."""
         return {}, ""
 
+    def delta_fetched(self, unit: Unit, sha: str, size: int) -> None:
+        """`unit`'s delta is fetched and sound in form; its spot check is still to
+        come (a mode may start what follows from it meanwhile)."""
+
     def accept(self, job: Job, unit: Unit, peer: str, checked: Any) -> str:
         """Record `unit`'s checked result (`CheckedResult`: weights sha256, figures shown
         with their status): "" when accepted, else why not (the job or round moved on)."""

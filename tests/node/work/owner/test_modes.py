@@ -306,6 +306,33 @@ def test_an_accepted_delta_marks_the_share_done_unless_its_round_closed(
     assert owner.ctx.jobs.unit(late.unit_id).state == "expired"
 
 
+def test_a_delta_being_checked_may_start_its_slots_next_share_which_ends_if_it_fails(
+    owner: OwnerRole,
+) -> None:
+    """An eager share may start from a delta still being checked (`delta_fetched`);
+    when that check fails, the worker's later shares of the job end with it, its
+    other jobs' units and other workers' shares do not."""
+    job = _job(owner, ELASTIC, running=True)
+    elastic = owner.modes["elastic"]
+    checked = _verifying(owner, _unit(owner, job, round_=0, slot=0))
+    elastic.delta_fetched(checked, "d" * 64, 100)
+    fresh = owner.ctx.jobs.unit(checked.unit_id)
+    assert (fresh.state, fresh.output_sha256, fresh.output_bytes) == ("verifying", "d" * 64, 100)
+    assert elastic._delivered(job.id, 0) == {0: "d" * 64}
+    ahead = _unit(owner, job, round_=1, slot=0)  # its eager share, from that delta
+    others = _unit(owner, job, OTHER, round_=1, slot=1)
+    elsewhere = _unit(owner, _job(owner, ELASTIC, running=True), round_=1, slot=0)
+    owner.lifecycle.lost(checked.unit_id, "failed a spot check")
+    assert owner.ctx.jobs.unit(ahead.unit_id).state == "failed"
+    assert "share of round 0 failed" in owner.ctx.jobs.unit(ahead.unit_id).reason
+    assert owner.ctx.jobs.unit(others.unit_id).state == "running"
+    assert owner.ctx.jobs.unit(elsewhere.unit_id).state == "running"
+    assert elastic._delivered(job.id, 0) == {}
+    late = _unit(owner, job, round_=2, slot=0)  # moved on: its output is not recorded
+    elastic.delta_fetched(late, "e" * 64, 100)
+    assert owner.ctx.jobs.unit(late.unit_id).output_sha256 == ""
+
+
 def test_an_elastic_job_resumes_its_rounds_after_a_restart(owner: OwnerRole) -> None:
     """A share whose key survived waits for its worker to re-attach (no volunteer
     trains it twice); one whose key is gone is offered again, at no fault."""
