@@ -19,6 +19,12 @@ One task per elastic job drives its rounds (`drive`). A round:
    next round trains (`_validations`, one round after another); the job completes
    once the last round's figures are in.
 
+Rounds overlap: the moment a slot's delta is fetched (`delta_fetched`), the slot's
+share of the next round is offered (`_offer_ahead`), starting eagerly from this
+round's weights and that delta (`training.elastic.starts`), so no worker waits for
+the checks or the outer step. A slot of a round whose delta of the round before came
+in starts that way whenever it is offered; docs/design/elastic.md.
+
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
 slowest applied share of the last closed round (at least 60 s; 600 s before any round
 has closed), so a fast job does not wait minutes for a vanished worker and a slow one
