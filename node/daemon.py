@@ -156,6 +156,7 @@ async def _serve(
             gossip_max_peers=settings.gossip_max_peers,
             is_directory=settings.directory,
             own_count=(lambda: len(directory.table)) if directory else (lambda: 0),
+            db=db,
         )
         node.gossip = gossip = CapacityGossip(
             host,
@@ -167,6 +168,7 @@ async def _serve(
             gossip_own_ad=registration.gossip_own_ad,
             slow_refresh=registration.slow_refresh,
         )
+        registration.on_change = gossip.changed  # two directories said "small": publish
         receipts = ReceiptGossip(host, audit, metrics)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)

@@ -60,6 +60,21 @@ def open_node_db(data_dir: Path) -> sqlite_utils.Database:
     return db
 
 
+def read_meta(db: sqlite_utils.Database, key: str) -> str | None:
+    """A value this node keeps across restarts in node.db's `meta` table (None: unset)."""
+    row = db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+    return row[0] if row else None
+
+
+def write_meta(db: sqlite_utils.Database, key: str, value: str) -> None:
+    with db.conn:
+        db.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [key, value],
+        )
+
+
 def next_counter(db: sqlite_utils.Database, name: str) -> int:
     """Increment and return a persistent counter (e.g. the capacity ad sequence)."""
     with db.conn:

@@ -12,6 +12,7 @@ the table, so a dead peer is never offered work, however long its registration l
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,7 +203,9 @@ class PeerFinder:
         for _ in range(3):  # rounds: candidates in hand, then the directories again
             candidates = [
                 e for e in self.fitting(requirements, excluded | asked) if e.ad.peer_id not in live
-            ][: 2 * k]
+            ]
+            random.shuffle(candidates)  # not the table's order: peer ids can be ground
+            candidates = candidates[: 2 * k]
             if not candidates:
                 break
             found.candidates += len(candidates)

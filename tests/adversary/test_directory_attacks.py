@@ -10,6 +10,8 @@ probe themselves, so no offer can go to a peer the directory made up.
 from __future__ import annotations
 
 import time
+import urllib.request
+from typing import Any
 
 import pytest
 import trio
@@ -19,7 +21,14 @@ from nacl.signing import SigningKey
 from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from node.identity import Identity
 from node.net.host import HostError, MeshHost
-from protocol import AD_LIMITS, encode, open_envelope, peer_id_from_public_key, seal
+from protocol import (
+    AD_LIMITS,
+    CapacityAd,
+    encode,
+    open_envelope,
+    peer_id_from_public_key,
+    seal,
+)
 from protocol.directory import DIRECTORY_LIMITS, DirectoryReply
 from protocol.names import (
     ADS_PROTOCOL,
@@ -138,7 +147,9 @@ def test_a_hostile_directory_cannot_make_an_owner_offer_to_a_peer_it_made_up(
                 return seal(ad, me.signing_key)
 
             async def answer_query(peer: str, request: bytes) -> bytes:
-                reply = DirectoryReply(10**9, 90.0, [bytes(a) for a in ads.values()])
+                # a count it could hold (one it could not, say 10**9, is not heard:
+                # the whole answer is dropped, tests/node/net/test_registration.py)
+                reply = DirectoryReply(5, 90.0, [bytes(a) for a in ads.values()])
                 return seal(reply, me.signing_key)
 
             async def table(peer: str, request: bytes) -> bytes:
@@ -175,3 +186,107 @@ def test_a_hostile_directory_cannot_make_an_owner_offer_to_a_peer_it_made_up(
     counted = rejections(owner.api, "meshminer_ads_rejected")
     assert counted.get("bad_signature", 0) + counted.get("malformed", 0) >= 2, counted
     assert owner.get("/api/v1/status")["peer_id"] == owner.peer_id  # alive and answering
+
+
+def _published(node: LocalNode) -> float:
+    """How many capacity ads `node` published by gossip (its /metrics counter)."""
+    with urllib.request.urlopen(f"{node.api}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("meshminer_ads_published_total "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _hostile_directories(
+    node: LocalNode, count: int, registered: int | None, task_status: Any
+) -> None:
+    """`count` hostile directories that `node` hears of in one peer's ad table: each a
+    fresh identity with a signed directory ad. With `registered`, each runs a host that
+    takes registrations and says it holds that many peers; without, their addresses
+    are closed ports (dead ads, which cost nothing to make)."""
+    me, my_id = _identity()
+    async with trio.open_nursery() as nursery:
+        ads = []
+        for _ in range(count):
+            key, peer = _identity()
+            if registered is None:
+                addrs = [f"{CLOSED}/{free_port()}/p2p/{peer}"]
+            else:
+                host = await nursery.start(_lying_directory, key, registered)
+                addrs = host.addrs()
+            ads.append(seal(capacity_ad(peer, 1, addrs=addrs, directory=True), key.signing_key))
+        listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
+        async with MeshHost.start(me, listen) as host:
+            own = seal(capacity_ad(my_id, 1, addrs=host.addrs()), me.signing_key)
+
+            async def table(peer: str, request: bytes) -> bytes:
+                return encode([own, *ads])
+
+            host.serve(ADS_PROTOCOL, table, max_request=64)
+            await host.connect(node.multiaddr)
+            await until(
+                lambda: sum(d in node.peer_ids() for d in _ids(ads)) == count,
+                20,
+                "the node to list the hostile directories",
+            )
+            task_status.started()
+            await trio.sleep_forever()
+
+
+def _ids(ads: list[bytes]) -> list[str]:
+    return [open_envelope(a, CapacityAd, limits=AD_LIMITS).signer for a in ads]
+
+
+async def _lying_directory(key: Identity, registered: int, task_status: Any) -> None:
+    """A directory that takes every registration and says it holds `registered` peers."""
+    async with MeshHost.start(key, f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
+
+        async def answer(peer: str, request: bytes) -> bytes:
+            return seal(DirectoryReply(registered, 90.0, []), key.signing_key)
+
+        host.serve(REGISTER_PROTOCOL, answer, max_request=8192)
+        host.serve(QUERY_PROTOCOL, answer, max_request=1024)
+        task_status.started(host)
+        await trio.sleep_forever()
+
+
+@pytest.mark.parametrize(("hostile", "registered"), [("dead ads", None), ("zero counts", 0)])
+def test_hostile_directories_cannot_start_gossip_or_hide_a_joiner(
+    localnet: LocalNetwork, hostile: str, registered: int | None
+) -> None:
+    """Beside one honest directory, hostile ones that a joiner hears of first: dead
+    ads (30 of them), or two directories that say they hold no one. The joiner never
+    gossips its ad to the network (it waits for directories to answer,
+    and the largest count decides), registers with the honest directory, and an owner
+    finds it there."""
+    directory = localnet.add(["--directory"])
+    owner = localnet.add(LARGE)
+    wait_for(lambda: directory.peer_id in owner.peer_ids(), 20, "the owner to know the directory")
+    count = 30 if registered is None else 2
+
+    async def attack() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_hostile_directories, owner, count, registered)
+            joiner = await trio.to_thread.run_sync(localnet.add, LARGE)
+            status = await until(
+                lambda: (d := _discovery(joiner))["registered_with"] and d, 60, "a registration"
+            )
+            assert status["registered_with"] == [directory.peer_id], (hostile, status)
+            found = await until(
+                lambda: joiner.peer_id in _found(owner), 30, "the owner to find the joiner"
+            )
+            assert found
+            assert not _discovery(joiner)["gossips_own_ad"], hostile
+            assert _published(joiner) == 0, hostile  # not once, not at its start
+            nursery.cancel_scope.cancel()
+
+    trio.run(attack)
+
+
+def _discovery(node: LocalNode) -> dict:
+    """What `node`'s status says of its discovery."""
+    return node.get("/api/v1/status")["discovery"]
+
+
+def _found(owner: LocalNode) -> set[str]:
+    return {p["peer_id"] for p in owner.get("/api/v1/peers/find?k=8")["peers"]}

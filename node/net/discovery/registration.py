@@ -5,39 +5,58 @@ rendezvous (highest-random-weight) hashing of its peer id with theirs, so that e
 volunteer spreads evenly over the directories it knows, and a directory that leaves
 moves only its own volunteers. Registration repeats every `interval_s`, well inside the
 directories' TTL, and at once when the chosen set changes (a directory joined, one
-stopped answering).
+stopped answering). Each directory is asked in a task of its own with a short
+timeout, so a dead one delays no other; directories that answered are preferred to
+ones never heard from, and those that do not answer rest, so that signed directory
+ads with dead addresses (cheap to make) cost a joiner a few timeouts, not its
+registration.
 
 The directories' replies say how many peers each holds; from that the node estimates
 the network's size, and `gossip_own_ad()` tells capacity gossip whether this node's
 ad still goes to everyone (a small network: as before directories existed) or only
-to the directories (a large one).
+to the directories (a large one). Gossip is what a hostile directory would like to
+start (every ad to every node: more than two cores each at 10,000 peers), so the
+rules lean the other way (docs/design/discovery.md, "Against strangers"):
+- no network-wide gossip while directories are known and fewer than two answered;
+- the estimate is the largest of the directories' counts heard lately, so a directory
+  can raise it (a count it could not hold is ignored) but never lower it;
+- a large verdict is remembered in node.db for a day, across restarts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import logging
 import random
-import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from node.identity import Identity
 from node.net.discovery.cost import DiscoveryCost
+from node.net.discovery.directory import MAX_REGISTRATIONS
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
+from node.store import read_meta, write_meta
 from protocol import ProtocolError, open_envelope, seal
 from protocol.directory import DIRECTORY_LIMITS, MAX_WANT, DirectoryQuery, DirectoryReply
 from protocol.names import QUERY_PROTOCOL, REGISTER_PROTOCOL
 
 log = logging.getLogger(__name__)
 
-QUERY_DIRECTORIES = 2  # an owner asks this many at once: one may hide peers, or be gone
-REQUEST_TIMEOUT_S = 5.0
+QUERY_DIRECTORIES = 3  # an owner asks this many at once and uses the first two answers
+QUERY_ANSWERS = 2  # one may hide peers, or be gone
+REQUEST_TIMEOUT_S = 2.0
 RETRY_FIRST_S = 5.0  # a directory that did not answer is skipped this long, doubling
 FAILED_PAUSE_S = 120.0  # up to this
+TRIED_AT_ONCE = 8  # untried directories registered with at once while too few answer
+COUNT_FRESH_S = 900.0  # a directory's count is used this long after it was heard
+REMEMBER_S = 24 * 3600.0  # a large network is remembered this long
+SIZE_KEY = "network_size"
 
 
 def rendezvous_order(own: str, candidates: list[str]) -> list[str]:
@@ -63,6 +82,7 @@ class Registration:
         gossip_max_peers: int,
         is_directory: bool,
         own_count: Callable[[], int] = lambda: 0,
+        db: Any = None,
     ) -> None:
         self.host = host
         self.identity = identity
@@ -74,10 +94,16 @@ class Registration:
         self.gossip_max_peers = gossip_max_peers
         self.is_directory = is_directory
         self.own_count = own_count  # a directory's own registrations
-        self.registered: dict[str, int] = {}  # directory -> peers it held at our last call
+        self.on_change: Callable[[], None] = lambda: None  # `gossip_own_ad()` may have flipped
+        self.registered: dict[str, int] = {}  # directory -> peers it held when last heard
+        self._heard_at: dict[str, float] = {}
         self._registered_at: dict[str, float] = {}
         self._failed_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}  # directory -> failures in a row
+        self._good: set[str] = set()  # directories that answered with a count they could hold
+        self._in_flight: set[str] = set()
+        self._db = db
+        self._remembered = _recall(db)  # (size, time.time() when heard) of a large network
 
     # -- what the node knows -------------------------------------------------------
 
@@ -94,29 +120,60 @@ class Registration:
         return [d for d in self.directories() if self._failed_until.get(d, 0.0) <= now]
 
     def chosen(self, now: float) -> list[str]:
-        return rendezvous_order(self.identity.peer_id, self.usable(now))[: self.directory_peers]
+        """The directories to register with: by rendezvous among those that answered
+        before, then among those never heard from; while fewer than `directory_peers`
+        answered, up to `TRIED_AT_ONCE` untried ones at once."""
+        usable = self.usable(now)
+        good = rendezvous_order(self.identity.peer_id, [d for d in usable if d in self._good])
+        untried = [d for d in usable if d not in self._good]
+        picked = good[: self.directory_peers]
+        if len(picked) < self.directory_peers:
+            more = TRIED_AT_ONCE if len(self._good) < self.directory_peers else 0
+            wanted = max(self.directory_peers - len(picked), more)
+            picked += rendezvous_order(self.identity.peer_id, untried)[:wanted]
+        return picked
+
+    def _fresh_counts(self) -> dict[str, int]:
+        now = time.monotonic()
+        known = set(self.directories())
+        return {
+            d: count
+            for d, count in self.registered.items()
+            if d in known and now - self._heard_at.get(d, -1e18) <= COUNT_FRESH_S
+        }
 
     def network_size(self) -> int:
-        """Peers in the network as the directories see it (0: no directory answered):
+        """Peers in the network as the directories see it (0: none answered lately):
         each volunteer registers with `directory_peers` of the M directories, so one
-        holds about N x directory_peers / M. The median of their counts: one lying
-        directory can neither silence a small network's gossip nor restart it in a
-        large one."""
-        counts = [self.registered[d] for d in self.directories() if d in self.registered]
+        holds about N x directory_peers / M. The largest such estimate: a hostile
+        directory that hides its registrations and reports few cannot make the network
+        look small, and one that reports more than it could hold is not heard."""
+        counts = self._fresh_counts()
         if not counts:
             return 0
         known = len(self.directories())
-        return round(statistics.median(counts) * known / min(self.directory_peers, known))
+        return round(max(counts.values()) * known / min(self.directory_peers, known))
 
     def large(self) -> bool:
-        """The directories count `gossip_max_peers` or more (a directory counts its own)."""
-        return max(self.network_size(), self.own_count()) >= self.gossip_max_peers
+        """The directories count `gossip_max_peers` or more (a directory counts its own),
+        now or within the last day (remembered across restarts)."""
+        size = max(self.network_size(), self.own_count())
+        if size >= self.gossip_max_peers:
+            self._remember(size)
+            return True
+        size_then, heard = self._remembered
+        return size_then >= self.gossip_max_peers and time.time() - heard <= REMEMBER_S
 
     def gossip_own_ad(self) -> bool:
-        """Whether this node's ad still goes to every node by gossip."""
+        """Whether this node's ad still goes to every node by gossip: in a network
+        without directories, or once two of them (one, when only one is known) said
+        the network is small; never while it is, or lately was, large."""
         if self.is_directory or self.directory_peers == 0:
             return True
-        return not self.large()
+        if self.large():
+            return False
+        known = self.directories()
+        return not known or len(self._fresh_counts()) >= min(2, len(known))
 
     def slow_refresh(self) -> bool:
         """A directory in a large network: the only gossip left, so it goes slowly."""
@@ -130,27 +187,55 @@ class Registration:
             "gossips_own_ad": self.gossip_own_ad(),
         }
 
+    def _remember(self, size: int) -> None:
+        now = time.time()
+        if self._remembered[0] >= self.gossip_max_peers and now - self._remembered[1] < 60:
+            return  # written within the minute
+        self._remembered = (size, now)
+        if self._db is not None:
+            write_meta(self._db, SIZE_KEY, json.dumps({"size": size, "at": now}))
+
+    def heard(self, directory: str, count: int) -> bool:
+        """A directory said it holds `count` peers: kept (and the directory preferred)
+        if it could hold that many and counts this node (at least 1); else it is
+        treated as one that did not answer. True when kept."""
+        if not 1 <= count <= MAX_REGISTRATIONS:
+            pause = self.failed(directory)
+            log.info("directory %s counts %d peers, which it cannot hold; skipped for %g s",
+                     directory, count, pause)  # fmt: skip
+            return False
+        before = self.gossip_own_ad()
+        self.answered(directory)
+        self._good.add(directory)
+        self.registered[directory] = count
+        self._heard_at[directory] = time.monotonic()
+        self.peers.touch(directory, "directory")  # it answers: its ad stays fresh
+        if self.gossip_own_ad() != before:
+            self.on_change()
+        return True
+
     # -- registering ---------------------------------------------------------------
 
     async def run(self) -> None:
         """Register with the chosen directories every `interval_s`, and at once with
-        a newly chosen one."""
+        a newly chosen one, each in a task of its own."""
         if self.directory_peers == 0:
             return
-        while True:
-            now = time.monotonic()
-            chosen = self.chosen(now)
-            for gone in set(self._registered_at) - set(chosen):
-                del self._registered_at[gone]
-            due = [d for d in chosen if self._next_due(d) <= now]
-            if due:
-                ad = self._make_ad()
-                async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = time.monotonic()
+                chosen = self.chosen(now)
+                for gone in set(self._registered_at) - set(chosen):
+                    del self._registered_at[gone]
+                due = [d for d in chosen if self._next_due(d) <= now and d not in self._in_flight]
+                if due:
+                    ad = self._make_ad()
                     for directory in due:
+                        self._in_flight.add(directory)
                         nursery.start_soon(self._register, directory, ad)
-            # on time for the next one, and within a second for a newly chosen directory
-            wake = min((self._next_due(d) for d in self.chosen(time.monotonic())), default=1e18)
-            await trio.sleep(min(1.0, max(0.0, wake - time.monotonic())))
+                # on time for the next one, and within a second for a newly chosen one
+                wake = min((self._next_due(d) for d in chosen), default=1e18)
+                await trio.sleep(min(1.0, max(0.05, wake - time.monotonic())))
 
     def failed(self, directory: str) -> float:
         """Skip `directory` for a while, and return how long: 5 s after one failure,
@@ -162,6 +247,8 @@ class Registration:
         self._failures[directory] = failures
         pause = min(FAILED_PAUSE_S, RETRY_FIRST_S * 2 ** (failures - 1))
         self._failed_until[directory] = time.monotonic() + pause
+        self._good.discard(directory)
+        self.registered.pop(directory, None)
         return pause
 
     def answered(self, directory: str) -> None:
@@ -186,11 +273,14 @@ class Registration:
             log.info("registering with directory %s failed (again in %g s): %s",
                      directory, pause, exc)  # fmt: skip
             return
-        self.answered(directory)
+        finally:
+            self._in_flight.discard(directory)
+        if not self.heard(directory, reply.registered):
+            self._registered_at.pop(directory, None)
+            return
         if directory not in self._registered_at:
             log.info("registered with directory %s (%d peers there)", directory, reply.registered)
         self._registered_at[directory] = sent_at
-        self.registered[directory] = reply.registered
 
     def _open_reply(self, raw: bytes, directory: str) -> DirectoryReply:
         return open_envelope(
@@ -200,10 +290,16 @@ class Registration:
     # -- asking --------------------------------------------------------------------
 
     async def query(self, requirements: dict, want: int) -> list[bytes]:
-        """Signed ads of up to `want` peers fitting `requirements`, from up to two
-        directories asked at once; the caller checks each ad (`check_ad`)."""
+        """Signed ads of up to `want` peers fitting `requirements`: three directories
+        asked at once (those that answered before first), the first two answers used,
+        taken in turn from each so that no one directory fills the list; the caller
+        checks each ad (`check_ad`)."""
         usable = self.usable(time.monotonic())
-        asked = random.sample(usable, min(QUERY_DIRECTORIES, len(usable)))
+        good = [d for d in usable if d in self._good]
+        rest = [d for d in usable if d not in self._good]
+        random.shuffle(good)
+        random.shuffle(rest)
+        asked = (good + rest)[:QUERY_DIRECTORIES]
         query = DirectoryQuery(
             want=max(1, min(want, MAX_WANT)),
             gpu=str(requirements.get("gpu", "preferred")),
@@ -212,9 +308,9 @@ class Registration:
             timestamp=time.time(),
         )
         request = seal(query, self.identity.signing_key)
-        found: list[bytes] = []
+        answers: list[list[bytes]] = []
 
-        async def ask(directory: str) -> None:
+        async def ask(directory: str, enough: trio.CancelScope) -> None:
             self.cost.sent(request, "query")
             try:
                 raw = await self.host.request(
@@ -232,11 +328,33 @@ class Registration:
                 log.info("query to directory %s failed (again in %g s): %s",
                          directory, pause, exc)  # fmt: skip
                 return
-            self.answered(directory)
-            self.registered[directory] = reply.registered
-            found.extend(reply.ads)
+            if reply.registered and not self.heard(directory, reply.registered):
+                return
+            answers.append(list(reply.ads[:want]))
+            if len(answers) >= QUERY_ANSWERS:
+                enough.cancel()
 
         async with trio.open_nursery() as nursery:
             for directory in asked:
-                nursery.start_soon(ask, directory)
-        return found
+                nursery.start_soon(ask, directory, nursery.cancel_scope)
+        return _in_turn(answers)[:want]
+
+
+def _in_turn(answers: list[list[bytes]]) -> list[bytes]:
+    """The answers' ads taken one from each in turn, each ad once."""
+    merged: dict[bytes, None] = {}
+    for row in itertools.zip_longest(*answers):
+        for ad in row:
+            if ad is not None:
+                merged.setdefault(ad, None)
+    return list(merged)
+
+
+def _recall(db: Any) -> tuple[int, float]:
+    """The large network remembered in node.db: (size, when), or (0, 0)."""
+    raw = read_meta(db, SIZE_KEY) if db is not None else None
+    try:
+        kept = json.loads(raw) if raw else {}
+        return int(kept.get("size", 0)), float(kept.get("at", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0, 0.0

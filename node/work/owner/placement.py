@@ -19,6 +19,7 @@ backoff, not busy with another unit of it; best first: trusted peers, then by
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -187,7 +188,8 @@ class Placement:
         if self.ctx.finder is not None:
             await self.ctx.finder.top_up(requirements, excluded)
         fits = [e.ad for e in fitting(self.ctx.peers.entries(), requirements, excluded)]
-        fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), ad.peer_id))
+        # ties in random order: a peer id sorting first can be ground, a draw cannot
+        fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), random.random()))
         return [ad.peer_id for ad in fits]
 
     async def offer(

@@ -13,7 +13,7 @@ from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
 from node.net.discovery.gossip import check_ad
-from node.net.discovery.registration import Registration, rendezvous_order
+from node.net.discovery.registration import Registration, _in_turn, _recall, rendezvous_order
 from node.net.finder import parse_find_query
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
 from node.store import open_node_db
@@ -31,12 +31,18 @@ def test_rendezvous_spreads_volunteers_evenly_and_a_leaving_directory_moves_only
     assert moved == [v for v in volunteers if "dir0" in first[v]]  # only dir0's volunteers
 
 
-def _registration(peers: PeerTable, counts: dict[str, int], own: int = 0) -> Registration:
+def _registration(
+    peers: PeerTable, counts: dict[str, int], own: int = 0, db: object = None
+) -> Registration:
     reg = Registration.__new__(Registration)  # no host: only the bookkeeping is tested
     reg.identity = type("I", (), {"peer_id": "me"})()
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
-    reg.is_directory, reg.own_count, reg.registered = False, lambda: own, counts
-    reg._failed_until, reg._failures = {}, {}
+    reg.is_directory, reg.own_count = False, lambda: own
+    reg.registered, reg._heard_at, reg._good = {}, {}, set()
+    reg._failed_until, reg._failures, reg._in_flight = {}, {}, set()
+    reg._db, reg._remembered, reg.on_change = db, _recall(db), lambda: None
+    for directory, count in counts.items():
+        reg.heard(directory, count)
     return reg
 
 
@@ -54,22 +60,61 @@ def test_a_directory_that_failed_is_skipped_briefly_then_for_longer(tmp_path: Pa
     assert reg.failed(directory) == 5
 
 
-def test_the_size_estimate_is_the_median_so_one_lying_directory_changes_nothing(
-    tmp_path: Path,
-) -> None:
-    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
-    keys = [SigningKey.generate() for _ in range(3)]
+def _directories(peers: PeerTable, n: int) -> list[str]:
+    keys = [SigningKey.generate() for _ in range(n)]
     for key in keys:
         ad = capacity_ad(peer_id_of(key), 1, directory=True)
         peers.accept(ad, seal(ad, key))
-    ids = [peer_id_of(k) for k in keys]
-    reg = _registration(peers, {ids[0]: 40, ids[1]: 44, ids[2]: 10**9})  # the third lies
+    return [peer_id_of(k) for k in keys]
+
+
+def test_the_size_estimate_is_the_largest_count_so_no_directory_can_make_it_small(
+    tmp_path: Path,
+) -> None:
+    """Gossip to everyone is what a hostile directory would start: the estimate is the
+    largest count heard, a count no directory could hold (or 0: it holds this node) is
+    not heard, and gossip waits for two answers."""
+    db = open_node_db(tmp_path)
+    peers = PeerTable(db, ttl_s=90)
+    ids = _directories(peers, 3)
+    reg = _registration(peers, {ids[0]: 40}, db=db)
+    assert not reg.gossip_own_ad()  # one of three answered: wait for a second
+    reg.heard(ids[1], 44)
     # each holds about N x 2 / 3: N is about 44 x 3 / 2
     assert reg.network_size() == 66 and reg.gossip_own_ad()
-    reg.registered = {ids[0]: 70, ids[1]: 80, ids[2]: 0}  # a liar the other way
-    assert reg.network_size() == 105 and not reg.gossip_own_ad()
+    assert not reg.heard(ids[2], 10**9) and reg.network_size() == 66  # more than it can hold
+    assert ids[2] not in reg.chosen(time.monotonic())  # and it rests, as one that failed
+    reg = _registration(peers, {ids[0]: 70, ids[1]: 80, ids[2]: 1}, db=db)  # one lies low
+    assert reg.network_size() == 120 and not reg.gossip_own_ad()
+    assert not reg.heard(ids[2], 0)  # it holds this node: 0 is a lie
+    # every directory lies low now: the large network is remembered, also after a restart
+    later = _registration(peers, {ids[0]: 1, ids[1]: 1}, db=db)
+    assert later.network_size() == 2 and not later.gossip_own_ad()
     reg.is_directory = True  # a directory always gossips, slowly once the network is large
     assert reg.gossip_own_ad() and reg.slow_refresh()
+    (tmp_path / "other").mkdir()
+    fresh = _registration(PeerTable(open_node_db(tmp_path / "other"), ttl_s=90), {})
+    assert fresh.gossip_own_ad()  # no directory known: a small network gossips
+
+
+def test_directories_that_answered_are_preferred_and_untried_ones_tried_together(
+    tmp_path: Path,
+) -> None:
+    """Signed directory ads are cheap to make: a node registers with those that answered
+    before, and while fewer than two did, tries up to eight unknown ones at once."""
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
+    ids = _directories(peers, 12)
+    reg = _registration(peers, {})
+    now = time.monotonic()
+    assert len(reg.chosen(now)) == 8
+    reg.heard(ids[5], 30)
+    reg.heard(ids[9], 30)
+    assert sorted(reg.chosen(now)) == sorted([ids[5], ids[9]])
+
+
+def test_answers_are_taken_in_turn_so_no_directory_fills_the_list() -> None:
+    assert _in_turn([[b"a", b"b", b"c"], [b"x", b"a"]]) == [b"a", b"x", b"b", b"c"]
+    assert _in_turn([]) == []
 
 
 def test_a_directorys_ad_lasts_longer_and_may_be_that_much_older(tmp_path: Path) -> None:
