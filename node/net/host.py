@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 GOSSIPSUB_PROTOCOLS = [TProtocol("/meshsub/1.1.0"), TProtocol("/meshsub/1.2.0")]
 _LEN = struct.Struct(">I")
+RELAY_AFTER_S = 0.5  # a NAT'd peer's relay is dialled this long after its own addresses
 
 Handler = Callable[[str, bytes], Awaitable[bytes]]
 StreamHandler = Callable[[str, INetStream], Awaitable[None]]
@@ -275,20 +276,40 @@ class MeshHost:
         return info.peer_id.to_base58()
 
     async def connect_known(self, peer_id: str) -> None:
-        """Dial a peer whose addresses are in the peerstore, else through a relay."""
+        """Dial a peer whose addresses are in the peerstore, and through a relay when it
+        advertised one (behind a NAT): the relay `RELAY_AFTER_S` after the direct dial,
+        whichever connects first wins. A probe has 3 s: waiting out a direct dial to a
+        NAT'd peer's private addresses first left it none for the relay."""
         pid = ID.from_base58(peer_id)
         addrs = self._direct_addrs(peer_id)
         circuits = self._circuits.get(peer_id)
-        try:
+        if not circuits:
             if not addrs:
                 raise HostError(f"no direct address of {peer_id} is known")
-            # a peer with circuit addresses is behind a NAT: its own addresses are
-            # likely private ones, so the relay is not kept waiting long
-            await self._dial(PeerInfo(pid, addrs), peer_id, 3.0 if circuits else 5.0)
-        except HostError:
-            if not circuits:
-                raise
-            await self._dial_circuits(circuits, peer_id)
+            await self._dial(PeerInfo(pid, addrs), peer_id, 5.0)
+            return
+        errors: list[str] = []
+        won = False
+
+        async def attempt(dial: Callable[[], Awaitable[None]], delay: float) -> None:
+            nonlocal won
+            await trio.sleep(delay)
+            try:
+                await dial()
+            except HostError as exc:
+                errors.append(str(exc))
+                return
+            won = True
+            race.cancel_scope.cancel()
+
+        async with trio.open_nursery() as race:
+            if addrs:
+                direct = PeerInfo(pid, addrs)
+                race.start_soon(attempt, lambda: self._dial(direct, peer_id, 3.0), 0.0)
+            relayed = RELAY_AFTER_S if addrs else 0.0
+            race.start_soon(attempt, lambda: self._dial_circuits(circuits, peer_id), relayed)
+        if not won:
+            raise HostError("; ".join(errors))
 
     async def _dial(self, info: PeerInfo, label: str, timeout: float = 10.0) -> None:
         try:

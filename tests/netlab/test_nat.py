@@ -122,6 +122,7 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
 
     1. Each home node learns it is behind a NAT from the relays' failed dial-backs and
        holds a slot on both relays; `meshminer doctor` inside the namespaces says so.
+       The owner's search for peers finds B and C, each answering a probe.
     2. The owner's connection to C is hole-punched to direct; B's stays relayed. An
        elastic job of two shares completes bitwise equal to `train-local`, the
        timeline naming the path of each round's weights and each delta: B's through
@@ -155,6 +156,12 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
             )
             ad = next(p for p in owner.get("/api/v1/peers") if p["peer_id"] == worker.peer_id)
             assert any("/p2p-circuit/" in a for a in ad["addrs"]), ad
+        # a search probes each candidate, NAT'd ones included (over the connections the
+        # relays gave; a new one dials the relay 0.5 s after the private addresses)
+        found = owner.get("/api/v1/peers/find?k=8")
+        assert {symmetric.peer_id, cone.peer_id} <= {p["peer_id"] for p in found["peers"]}, found
+        assert found["dead"] == 0, found
+        print(f"the owner found both NAT'd workers in {found['seconds']:.2f} s")
         # the owner dials both (through a relay); C's connection is hole-punched
         wait_for(lambda: _path(owner, cone.peer_id) == "direct", 45, "a hole-punched path to C")
 
