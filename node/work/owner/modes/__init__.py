@@ -10,6 +10,8 @@ spec's `mode`. A new mode is one module with a `JobMode` subclass, added to `MOD
               `ManyUnits` (units run by the job's own driver), `OwnerParts`
     single    one unit trains the whole job: placed, queued again when lost
     elastic   DiLoCo rounds: shares offered per data slot, deltas, the outer step
+    round_tasks  an elastic job's runner tasks on its owner: first weights, outer
+              step, evaluation
     sweep     an Optuna study asked and told: each trial is a unit on a peer
 """
 

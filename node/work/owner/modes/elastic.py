@@ -37,18 +37,16 @@ import logging
 import math
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit, new_id
+from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import round_closed_reason
 from node.work.owner.modes.mode import ManyUnits, OwnerParts
-from node.work.run import UnitFailed
+from node.work.owner.modes.round_tasks import RoundTasks
 from protocol.rounds import RoundShare
-from training.evidence.result_check import delta_numel
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +63,7 @@ class ElasticRounds(ManyUnits):
     def __init__(self, parts: OwnerParts) -> None:
         super().__init__(parts)
         self.store = RoundStore(self.ctx.jobs.db)
-        self._runner_request = parts.runner_request
+        self.tasks = RoundTasks(self.ctx, parts.runner_request)  # runner tasks on this node
         # bytes fetched for eager shares before their round opened: (job, round) -> bytes
         self._ahead_bytes: dict[tuple[str, int], int] = {}
 
@@ -135,7 +133,7 @@ class ElasticRounds(ManyUnits):
             return
         current = self.store.latest(job_id)
         if current is None:
-            weights = await self._init_weights(job)
+            weights = await self.tasks.init_weights(job)
             current = self.store.open(job_id, 0, weights, "", self._deadline(job))
             if current is None:
                 raise RuntimeError("round 0 was opened twice")
@@ -196,7 +194,7 @@ class ElasticRounds(ManyUnits):
                 job = self.ctx.jobs.get(job_id)
                 if job is None or job.state != "running":
                     continue  # stopped: the rest is not worth evaluating
-                metrics = await self._validate(job, closed)
+                metrics = await self.tasks.validate(job, closed)
                 evaluated = self.store.update(
                     job_id,
                     closed.round,
@@ -384,8 +382,9 @@ class ElasticRounds(ManyUnits):
         before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
         workers = [u.worker for u in done]
         began = time.monotonic()
-        weights, momentum, update = await self._outer_step(job, current, done)
-        numel_bytes = 4 * await self._delta_numel(job)
+        bases = [self.store.share_weights(job.id, u.round, u.start_delta) for u in done]
+        weights, momentum, update = await self.tasks.outer_step(job, current, done, bases)
+        numel_bytes = 4 * await self.tasks.delta_numel(job)
         closed = self.store.update(
             job.id,
             current.round,
@@ -430,67 +429,3 @@ class ElasticRounds(ManyUnits):
                 "history": history[-500:],
             },
         )
-
-    async def _delta_numel(self, job: Job) -> int:
-        """Values in one delta: the model's floating-point state, buffers included."""
-        data = job.data_files(self.ctx.blobs.path)
-        return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
-
-    # -- work on this node -------------------------------------------------------------
-
-    async def _init_weights(self, job: Job) -> str:
-        _, folder = await self._run_here(job, "elastic_init", {})
-        return await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
-
-    async def _outer_step(self, job: Job, current: Round, done: list[Unit]) -> tuple[str, str, str]:
-        elastic: dict[str, Any] = {
-            "job_id": job.id,
-            "round": current.round,
-            "weights": current.weights_sha256,
-            "deltas": [u.output_sha256 for u in done],
-            "bases": [self.store.share_weights(job.id, u.round, u.start_delta) for u in done],
-            "validate": False,  # `_validations` evaluates while the next round trains
-        }
-        if current.momentum_sha256:
-            elastic["momentum"] = current.momentum_sha256
-        elastic["update_out"] = "update.bin"  # written for a quantized job only
-        result, folder = await self._run_here(job, "elastic_outer", elastic, "momentum")
-        put = self.ctx.blobs.put_file
-        weights = await trio.to_thread.run_sync(put, folder / "out.safetensors")
-        momentum = await trio.to_thread.run_sync(put, folder / "momentum.safetensors")
-        update = ""
-        if result.get("update_sha256"):
-            update = await trio.to_thread.run_sync(put, folder / "update.bin")
-        return weights, momentum, update
-
-    async def _validate(self, job: Job, closed: Round) -> dict[str, float]:
-        request = {"job_id": job.id, "round": closed.round, "weights": closed.next_weights_sha256}
-        result, _ = await self._run_here(job, "elastic_validate", request)
-        return {k: float(v) for k, v in result.get("metrics", {}).items()}
-
-    async def _run_here(
-        self, job: Job, task: str, elastic: dict[str, Any], extra_out: str = ""
-    ) -> tuple[dict[str, Any], Path]:
-        """One runner task on this node, in a folder of its own; raises on failure."""
-        ctx = self.ctx
-        task_id = new_id()
-        folder = ctx.unit_dir(task_id)
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        blobs = [*job.data_blobs]
-        for key in ("weights", "momentum"):
-            if key in elastic:
-                blobs.append(elastic[key])
-        blobs += elastic.get("deltas", [])
-        request = self._runner_request(
-            job.spec, {s: str(ctx.blobs.path(s)) for s in blobs}, folder / "out.safetensors"
-        )
-        if extra_out:
-            elastic = {**elastic, f"{extra_out}_out": str(folder / f"{extra_out}.safetensors")}
-        if "update_out" in elastic:
-            elastic = {**elastic, "update_out": str(folder / elastic["update_out"])}
-        request = request.elastic_task(task, elastic)
-        try:
-            result = await ctx.run_owner_task(request, task_id, job.max_hours, lambda e: None)
-        except UnitFailed as exc:
-            raise RuntimeError(f"{task} failed on the owner: {exc}") from None
-        return result, folder

@@ -356,7 +356,7 @@ def test_closed_rounds_are_evaluated_in_order_while_the_rounds_go_on(
 ) -> None:
     """The outer step only writes the weights; each closed round's validation comes
     after, in order, and fills the round's row and the job's progress; a job stopped
-    meanwhile is not evaluated further. (`_validate` is the runner task
+    meanwhile is not evaluated further. (`RoundTasks.validate` is the runner task
     `elastic_validate`, checked against the inline validation in test_elastic.py.)"""
     job = _job(owner, ELASTIC, running=True)
     elastic = owner.modes["elastic"]
@@ -373,7 +373,7 @@ def test_closed_rounds_are_evaluated_in_order_while_the_rounds_go_on(
             owner.ctx.jobs.transition(job.id, ("running",), "cancelled", state="cancelled")
         return {"val_loss": 3.0 - closed.round}
 
-    monkeypatch.setattr(elastic, "_validate", validate)
+    monkeypatch.setattr(elastic.tasks, "validate", validate)
 
     async def main() -> None:
         send, receive = trio.open_memory_channel[Round](3)
