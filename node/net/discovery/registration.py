@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 QUERY_DIRECTORIES = 3  # an owner asks this many at once and uses the first two answers
 QUERY_ANSWERS = 2  # one may hide peers, or be gone
-REQUEST_TIMEOUT_S = 2.0
+REQUEST_TIMEOUT_S = 3.0  # a dial (>= 250 ms in py-libp2p) and one request, on a busy machine
 RETRY_FIRST_S = 5.0  # a directory that did not answer is skipped this long, doubling
 FAILED_PAUSE_S = 120.0  # up to this
 TRIED_AT_ONCE = 8  # untried directories registered with at once while too few answer
