@@ -238,27 +238,33 @@ def _ids(ads: list[bytes]) -> list[str]:
 
 
 async def _lying_directory(key: Identity, registered: int, task_status: Any) -> None:
-    """A directory that takes every registration and says it holds `registered` peers."""
+    """A directory that says it holds `registered` peers and answers every search with
+    none of them; with `registered` 0 it takes every registration, else none (it hides
+    whoever registers elsewhere, and answers fast)."""
     async with MeshHost.start(key, f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
 
         async def answer(peer: str, request: bytes) -> bytes:
             return seal(DirectoryReply(registered, 90.0, []), key.signing_key)
 
-        host.serve(REGISTER_PROTOCOL, answer, max_request=8192)
+        if registered == 0:
+            host.serve(REGISTER_PROTOCOL, answer, max_request=8192)
         host.serve(QUERY_PROTOCOL, answer, max_request=1024)
         task_status.started(host)
         await trio.sleep_forever()
 
 
-@pytest.mark.parametrize(("hostile", "registered"), [("dead ads", None), ("zero counts", 0)])
+@pytest.mark.parametrize(
+    ("hostile", "registered"), [("dead ads", None), ("zero counts", 0), ("empty answers", 3)]
+)
 def test_hostile_directories_cannot_start_gossip_or_hide_a_joiner(
     localnet: LocalNetwork, hostile: str, registered: int | None
 ) -> None:
     """Beside one honest directory, hostile ones that a joiner hears of first: dead
-    ads (30 of them), or two directories that say they hold no one. The joiner never
-    gossips its ad to the network (it waits for directories to answer,
-    and the largest count decides), registers with the honest directory, and an owner
-    finds it there."""
+    ads (30 of them), or two directories that say they hold no one, or two that answer
+    every search at once with no one. The joiner never gossips its ad to the network
+    (it waits for directories to answer, and the largest count decides), registers
+    with the honest directory, and an owner finds it there (two empty answers do not
+    end its search)."""
     directory = localnet.add(["--directory"])
     owner = localnet.add(LARGE)
     wait_for(lambda: directory.peer_id in owner.peer_ids(), 20, "the owner to know the directory")

@@ -291,9 +291,10 @@ class Registration:
 
     async def query(self, requirements: dict, want: int) -> list[bytes]:
         """Signed ads of up to `want` peers fitting `requirements`: three directories
-        asked at once (those that answered before first), the first two answers used,
-        taken in turn from each so that no one directory fills the list; the caller
-        checks each ad (`check_ad`)."""
+        asked at once (those that answered before first), the first two answers used
+        (all three while those two hold fewer than `want` ads), taken in turn from each
+        so that no one directory fills the list; the caller checks each ad
+        (`check_ad`)."""
         usable = self.usable(time.monotonic())
         good = [d for d in usable if d in self._good]
         rest = [d for d in usable if d not in self._good]
@@ -331,7 +332,9 @@ class Registration:
             if reply.registered and not self.heard(directory, reply.registered):
                 return
             answers.append(list(reply.ads[:want]))
-            if len(answers) >= QUERY_ANSWERS:
+            # two answers are enough when they hold enough: a directory that hides
+            # everyone answers fastest, and must not end the search by it
+            if len(answers) >= QUERY_ANSWERS and sum(map(len, answers)) >= want:
                 enough.cancel()
 
         async with trio.open_nursery() as nursery:
