@@ -205,11 +205,13 @@ class Cluster:
         self.start_s = time.monotonic() - t0
         return self.nodes
 
-    def add(self, extra: Sequence[str] = ()) -> Node:
-        """Start one more node (bootstrapping from node 0 once there is one)."""
+    def add(self, extra: Sequence[str] = (), data_dir: Path | None = None) -> Node:
+        """Start one more node (bootstrapping from node 0 once there is one); with
+        `data_dir`, a node that ran before restarts from it (its identity, its node.db)."""
         index = len(self.nodes)
-        data_dir = self.root / f"n{index}"
-        data_dir.mkdir()
+        if data_dir is None:
+            data_dir = self.root / f"n{index}"
+            data_dir.mkdir()
         if self.nodes and (self.nodes[0].data_dir / "capacity.json").exists():
             # reuse node 0's cached TFLOP/s: N startup matmul benchmarks on 2 cores measure
             # nothing gossip-related and would delay and skew the start
