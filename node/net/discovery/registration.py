@@ -209,7 +209,7 @@ class Registration:
         self._good.add(directory)
         self.registered[directory] = count
         self._heard_at[directory] = time.monotonic()
-        self.peers.touch(directory, "directory")  # it answers: its ad stays fresh
+        self.peers.touch(directory)  # it answered itself: its ad stays fresh
         if self.gossip_own_ad() != before:
             self.on_change()
         return True
