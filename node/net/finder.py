@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 WANT = 8  # fitting candidates an owner wants in hand before it places work
 PROBE_TIMEOUT_S = 3.0
 QUERY_EVERY_S = 10.0  # directories are asked at most this often for one set of requirements
+MAX_VOUCHED = 4096  # peers whose directory is remembered until they are probed
 
 
 def parse_find_query(query: dict[str, str]) -> tuple[int, dict[str, Any]]:
@@ -103,6 +104,7 @@ class PeerFinder:
         self.peers = gossip.peers
         self.host = gossip.host
         self._asked: dict[str, float] = {}  # requirements key -> when directories were asked
+        self._vouched_by: dict[str, str] = {}  # peer -> the directory its ad came from
 
     def fitting(self, requirements: dict[str, Any], excluded: set[str]) -> list[PeerEntry]:
         return fitting(self.peers.entries(), requirements, excluded)
@@ -122,9 +124,13 @@ class PeerFinder:
             return 0
         self._asked[key] = now
         ads = await self.registration.query(requirements, 2 * want + len(excluded))
+        if len(self._vouched_by) > MAX_VOUCHED:
+            self._vouched_by.clear()
         with self.peers.batch():
-            for raw in ads:
-                self.gossip.ingest_checked(raw, None, "directory")
+            for directory, raw in ads:
+                peer = self.gossip.ingest_checked(raw, None, "directory")
+                if peer:
+                    self._vouched_by[peer] = directory
         return len(ads)
 
     def needs_probe(self, entry: PeerEntry) -> bool:
@@ -136,6 +142,13 @@ class PeerFinder:
     async def probe(self, peer_id: str) -> bool:
         """Ask `peer_id` for its current ad; True when it answered with a valid one.
         A peer that does not answer is dropped from the table."""
+        live = await self._probe(peer_id)
+        directory = self._vouched_by.pop(peer_id, None)
+        if directory is not None:  # the directory is rated by what its peers do
+            self.registration.vouched(directory, live)
+        return live
+
+    async def _probe(self, peer_id: str) -> bool:
         self.gossip.cost.sent(b"", "probe")
         try:
             raw = await self.host.request(

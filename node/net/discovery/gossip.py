@@ -60,6 +60,18 @@ class DuplicateAd(ProtocolError):
 
     reason = "duplicate"
 
+    def __init__(self, message: str, peer_id: str = "") -> None:
+        super().__init__(message)
+        self.peer_id = peer_id  # whose ad it is
+
+
+class OlderAd(ReplayedMessage):
+    """A genuine ad of a peer, older than the one in the table."""
+
+    def __init__(self, message: str, peer_id: str = "") -> None:
+        super().__init__(message)
+        self.peer_id = peer_id
+
 
 REJECT_REASONS = (
     "oversized",
@@ -89,9 +101,9 @@ def check_ad(
     current = peers.get(ad.peer_id)
     if current is not None and ad.seq <= current.ad.seq:
         if ad.seq == current.ad.seq and signed.raw == current.envelope:
-            raise DuplicateAd(f"ad {ad.seq} from {ad.peer_id} is already known")
-        raise ReplayedMessage(
-            f"ad from {ad.peer_id} has seq {ad.seq}, already saw {current.ad.seq}"
+            raise DuplicateAd(f"ad {ad.seq} from {ad.peer_id} is already known", ad.peer_id)
+        raise OlderAd(
+            f"ad from {ad.peer_id} has seq {ad.seq}, already saw {current.ad.seq}", ad.peer_id
         )
     return ad, signed.raw
 
@@ -199,23 +211,23 @@ class CapacityGossip:
                 ad.load_pct,
             )
 
-    def ingest_checked(self, data: bytes, sender: str | None, via: str) -> bool:
+    def ingest_checked(self, data: bytes, sender: str | None, via: str) -> str:
         """Check an ad that came by request (a probe's answer: `sender` is the peer
-        asked; a directory's copy: None) and take it if newer. True when the table
-        now holds this very ad or a newer one of the peer."""
+        asked; a directory's copy: None) and take it if newer. The ad's peer id when
+        the table now holds this very ad or a newer one of the peer, else ""."""
         with self.cost.checking():
             try:
                 ad, raw = check_ad(data, sender, self.peers, time.time())
-            except (DuplicateAd, ReplayedMessage):
+            except (DuplicateAd, OlderAd) as exc:
                 if sender is not None:
                     self.peers.touch(sender, via)
-                return True
+                return exc.peer_id
             except ProtocolError as exc:
                 self.metrics.ads_rejected.labels(exc.reason).inc()
                 log.info("ad rejected (%s): %s (%s)", via, exc.reason, exc)
-                return False
+                return ""
             self._ingest(ad, raw, via=via)
-            return True
+            return ad.peer_id
 
     async def _serve_probe(self, peer: str, request: bytes) -> bytes:
         """This node's current ad, for an owner about to offer work (late binding)."""

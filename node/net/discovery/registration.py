@@ -54,6 +54,8 @@ REQUEST_TIMEOUT_S = 3.0  # a dial (>= 250 ms in py-libp2p) and one request, on a
 RETRY_FIRST_S = 5.0  # a directory that did not answer is skipped this long, doubling
 FAILED_PAUSE_S = 120.0  # up to this
 TRIED_AT_ONCE = 8  # untried directories registered with at once while too few answer
+RATED_AFTER = 8  # peers a directory returned, probed, before its answers are judged
+MIN_LIVE_SHARE = 0.5  # of those, at least this share must answer
 COUNT_FRESH_S = 900.0  # a directory's count is used this long after it was heard
 REMEMBER_S = 24 * 3600.0  # a large network is remembered this long
 SIZE_KEY = "network_size"
@@ -102,6 +104,7 @@ class Registration:
         self._failures: dict[str, int] = {}  # directory -> failures in a row
         self._good: set[str] = set()  # directories that answered with a count they could hold
         self._in_flight: set[str] = set()
+        self._vouched: dict[str, tuple[int, int]] = {}  # directory -> (answered, probed)
         self._db = db
         self._remembered = _recall(db)  # (size, time.time() when heard) of a large network
 
@@ -289,12 +292,26 @@ class Registration:
 
     # -- asking --------------------------------------------------------------------
 
-    async def query(self, requirements: dict, want: int) -> list[bytes]:
+    def vouched(self, directory: str, live: bool) -> None:
+        """A peer `directory` returned was probed; `live`: it answered. A directory
+        whose peers mostly do not answer (dead or made-up ads) rests as one that
+        failed, after `RATED_AFTER` of them."""
+        answered, probed = self._vouched.get(directory, (0, 0))
+        answered, probed = answered + live, probed + 1
+        if probed >= RATED_AFTER and answered < MIN_LIVE_SHARE * probed:
+            del self._vouched[directory]
+            pause = self.failed(directory)
+            log.info("directory %s returned %d peers of which %d answered; skipped for %g s",
+                     directory, probed, answered, pause)  # fmt: skip
+        else:
+            self._vouched[directory] = (answered, probed)
+
+    async def query(self, requirements: dict, want: int) -> list[tuple[str, bytes]]:
         """Signed ads of up to `want` peers fitting `requirements`: three directories
         asked at once (those that answered before first), the first two answers used
         (all three while those two hold fewer than `want` ads), taken in turn from each
-        so that no one directory fills the list; the caller checks each ad
-        (`check_ad`)."""
+        so that no one directory fills the list; each with the directory it came
+        from. The caller checks each ad (`check_ad`)."""
         usable = self.usable(time.monotonic())
         good = [d for d in usable if d in self._good]
         rest = [d for d in usable if d not in self._good]
@@ -309,7 +326,7 @@ class Registration:
             timestamp=time.time(),
         )
         request = seal(query, self.identity.signing_key)
-        answers: list[list[bytes]] = []
+        answers: list[list[tuple[str, bytes]]] = []
 
         async def ask(directory: str, enough: trio.CancelScope) -> None:
             self.cost.sent(request, "query")
@@ -331,7 +348,7 @@ class Registration:
                 return
             if reply.registered and not self.heard(directory, reply.registered):
                 return
-            answers.append(list(reply.ads[:want]))
+            answers.append([(directory, ad) for ad in reply.ads[:want]])
             # two answers are enough when they hold enough: a directory that hides
             # everyone answers fastest, and must not end the search by it
             if len(answers) >= QUERY_ANSWERS and sum(map(len, answers)) >= want:
@@ -343,14 +360,14 @@ class Registration:
         return _in_turn(answers)[:want]
 
 
-def _in_turn(answers: list[list[bytes]]) -> list[bytes]:
-    """The answers' ads taken one from each in turn, each ad once."""
-    merged: dict[bytes, None] = {}
+def _in_turn(answers: list[list[tuple[str, bytes]]]) -> list[tuple[str, bytes]]:
+    """The answers' (directory, ad) taken one from each in turn, each ad once."""
+    merged: dict[bytes, str] = {}
     for row in itertools.zip_longest(*answers):
-        for ad in row:
-            if ad is not None:
-                merged.setdefault(ad, None)
-    return list(merged)
+        for item in row:
+            if item is not None:
+                merged.setdefault(item[1], item[0])
+    return [(directory, ad) for ad, directory in merged.items()]
 
 
 def _recall(db: Any) -> tuple[int, float]:

@@ -39,7 +39,7 @@ def _registration(
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
     reg.is_directory, reg.own_count = False, lambda: own
     reg.registered, reg._heard_at, reg._good = {}, {}, set()
-    reg._failed_until, reg._failures, reg._in_flight = {}, {}, set()
+    reg._failed_until, reg._failures, reg._in_flight, reg._vouched = {}, {}, set(), {}
     reg._db, reg._remembered, reg.on_change = db, _recall(db), lambda: None
     for directory, count in counts.items():
         reg.heard(directory, count)
@@ -113,8 +113,27 @@ def test_directories_that_answered_are_preferred_and_untried_ones_tried_together
 
 
 def test_answers_are_taken_in_turn_so_no_directory_fills_the_list() -> None:
-    assert _in_turn([[b"a", b"b", b"c"], [b"x", b"a"]]) == [b"a", b"x", b"b", b"c"]
+    first = [("d1", b"a"), ("d1", b"b"), ("d1", b"c")]
+    second = [("d2", b"x"), ("d2", b"a")]
+    assert _in_turn([first, second]) == [("d1", b"a"), ("d2", b"x"), ("d1", b"b"), ("d1", b"c")]
     assert _in_turn([]) == []
+
+
+def test_a_directory_whose_peers_do_not_answer_rests(tmp_path: Path) -> None:
+    """Rated by what its answers lead to: after 8 probed peers, fewer than half alive
+    and the directory rests as one that failed; an honest one's few dead peers (that
+    left since) do not."""
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
+    honest, liar = _directories(peers, 2)
+    reg = _registration(peers, {honest: 30, liar: 30})
+    for n in range(12):
+        reg.vouched(honest, live=n % 4 != 0)  # a quarter left since
+    for n in range(7):
+        reg.vouched(liar, live=n == 0)
+    now = time.monotonic()
+    assert set(reg.chosen(now)) == {honest, liar}
+    reg.vouched(liar, live=False)  # the eighth
+    assert reg.chosen(now) == [honest] and liar not in reg.registered
 
 
 def test_a_directorys_ad_lasts_longer_and_may_be_that_much_older(tmp_path: Path) -> None:
