@@ -120,9 +120,13 @@ def test_an_oversized_update_is_refused_before_it_is_read() -> None:
         (RoundShare(2, 0, AFTER, update_sha256="c" * 64), "comes with base_sha256"),
         (RoundShare(0, 0, AFTER, BASE, "c" * 64), "round 0 has no round before"),
         (RoundShare(2, 0, AFTER, "B" * 64, "c" * 64), "base_sha256"),
+        (RoundShare(0, 0, AFTER, start_delta_sha256="c" * 64), "share.start_delta_sha256"),
+        (RoundShare(2, 0, AFTER, start_delta_sha256="C" * 64), "share.start_delta_sha256"),
     ],
 )
 def test_a_share_names_an_update_only_with_its_base(share: RoundShare, message: str) -> None:
+    """... and an eager start's delta only from round 1 on, as a sha256."""
     with pytest.raises(DecodeError, match=message):
         share.check("share")
     RoundShare(2, 0, AFTER, BASE, "c" * 64).check("share")  # both: fine
+    RoundShare(2, 0, AFTER, BASE, "c" * 64, "d" * 64).check("share")  # eager: fine

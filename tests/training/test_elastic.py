@@ -229,6 +229,8 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     ("task", "fields", "message"),
     [
         ("elastic_outer", {"validate": "no"}, "request.elastic.validate must be"),
+        ("elastic_outer", {"bases": ["a" * 64] * 2}, "request.elastic.bases must name one"),
+        ("elastic_outer", {"bases": ["not a sha"]}, "request.elastic.bases must name one"),
         ("elastic_validate", {"slot": 0}, "request.elastic.slot is not a known key"),
         ("elastic_validate", {"weights": "f" * 64}, "which request.blobs lacks"),
     ],
@@ -236,8 +238,9 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
 def test_a_bad_outer_or_validation_request_is_refused_by_name(
     tmp_path: Path, task: str, fields: dict, message: str
 ) -> None:
-    """The owner's `validate` switch and its `elastic_validate` task: a wrong type, an
-    unknown key or weights it was not given are refused, and nothing is written."""
+    """The owner's `validate` switch and `bases`, and its `elastic_validate` task: a
+    wrong type, a base for each delta missing, an unknown key or weights it was not
+    given are refused, and nothing is written."""
     spec = spec_to_plain(parse_spec(_spec()))
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
     blobs = {init["weights_sha256"]: init["folder"] / "out.bin"}

@@ -259,14 +259,12 @@ class CapacityGossip:
                 log.debug("connection to %s closed", peer)
 
     async def _fetch_table(self, peer: str, publish_after: bool) -> None:
-        try:
-            await self._exchange_table(peer)
-        finally:
-            if publish_after:
-                # our first connection: publish so peers beyond this one learn of us
-                # now; after the table, which names the directories, so that in a
-                # large network the ad goes to them, not to everyone
-                self.changed()
+        await self._exchange_table(peer)
+        if publish_after:
+            # our first connection: publish so peers beyond this one learn of us now;
+            # after the table, which names the directories, so that in a large
+            # network the ad goes to them, not to everyone
+            self.changed()
 
     async def _exchange_table(self, peer: str) -> None:
         try:

@@ -120,13 +120,14 @@ class Replays:
             await self.steps(job, spec, False)
         return self._state_limits[job.id]
 
-    def share_table(self, unit: Unit, round_: int) -> dict[str, Any]:
-        """The replay's `share` table: which round and slot, from which weights (and
-        for an eager start, which delta)."""
-        started = RoundStore(self.ctx.jobs.db).share_weights(unit.job_id, round_, unit.start_delta)
+    def share_table(self, unit: Unit) -> dict[str, Any]:
+        """The replay's `share` table for an elastic `unit`: which round and slot, from
+        which weights (and for an eager start, which delta)."""
+        store = RoundStore(self.ctx.jobs.db)
+        started = store.share_weights(unit.job_id, unit.round, unit.start_delta)
         if not started:
-            raise RuntimeError(f"round {round_} of this job is unknown here")
-        table = {"job_id": unit.job_id, "round": round_, "slot": unit.slot, "weights": started}
+            raise RuntimeError(f"round {unit.round} of this job is unknown here")
+        table = {"job_id": unit.job_id, "round": unit.round, "slot": unit.slot, "weights": started}
         if unit.start_delta:
             table["start_delta"] = unit.start_delta
         return table

@@ -278,7 +278,7 @@ class SpotChecks:
 
     def _share(self, sub: Submitted) -> dict[str, Any]:
         assert sub.delta_round is not None
-        return self.replays.share_table(sub.unit, sub.delta_round)
+        return self.replays.share_table(sub.unit)
 
     async def _replay(
         self,
