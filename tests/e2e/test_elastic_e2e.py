@@ -174,10 +174,10 @@ def test_an_owner_killed_mid_round_makes_no_volunteer_train_twice(
     spec = elastic_toml("restart", workers=2, min_workers=2, inner_steps=600, rounds=4)
     job_id = _submit(owner, spec)
     before = _wait_closed(owner, job_id, 2, 180)
-    wait_for(
-        lambda: any(r == 2 and state == "running" for r, _, state, _ in _units(owner, job_id)),
+    wait_for(  # shares start eagerly: one of round 2 may be done and round 3's training
+        lambda: any(r >= 2 and state == "running" for r, _, state, _ in _units(owner, job_id)),
         60,
-        "round 2's shares to train",
+        "a share of round 2 or 3 to train",
     )
     assert owner.stop(signal.SIGKILL) == -signal.SIGKILL
     owner.start()
