@@ -91,21 +91,28 @@ async def _countersign(ctx: WorkContext, unit: Trained, result: Result, half: by
 
 
 async def with_retries(
-    ctx: WorkContext, call: Callable[[], Awaitable[T]], peer: str, what: str
+    ctx: WorkContext,
+    call: Callable[[], Awaitable[T]],
+    peer: str,
+    what: str,
+    *,
+    deadline_s: float = DELIVERY_DEADLINE_S,
+    retry_on: tuple[type[Exception], ...] = (Exception,),
 ) -> T | None:
-    """`await call()` until it answers, with backoff, for DELIVERY_DEADLINE_S; None
-    when it never did. An answer of any kind (a refusal too) ends the retries."""
+    """`await call()` until it answers, with backoff, for `deadline_s`; None when it
+    never did. An answer of any kind (a refusal too) ends the retries, and so does an
+    exception not in `retry_on` (it propagates)."""
     delay = RETRY_FIRST_S
-    with trio.move_on_after(DELIVERY_DEADLINE_S):
+    with trio.move_on_after(deadline_s):
         while True:
             try:
                 return await call()
-            except Exception as exc:
+            except retry_on as exc:
                 log.info("%s to %s failed (%s); again in %.0f s", what, peer, exc, delay)
             await trio.sleep(delay)
             delay = min(RETRY_MAX_S, delay * 2)
             ctx.host.allow_redial(peer)
-    log.warning("%s to %s: gave up after %.0f s", what, peer, DELIVERY_DEADLINE_S)
+    log.warning("%s to %s: gave up after %.0f s", what, peer, deadline_s)
     return None
 
 

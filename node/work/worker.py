@@ -17,15 +17,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
 from node.work import offers
-from node.work.blobs import fetch_granted, issue_grant
+from node.work.blobs import TransferUnreachable, fetch_granted, issue_grant
 from node.work.context import WorkContext
-from node.work.delivery import deliver
+from node.work.delivery import deliver, with_retries
 from node.work.held_weights import HeldWeights
 from node.work.offers import NO_ID, Declined
 from node.work.run import (
@@ -61,6 +62,7 @@ T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
 MIN_HEARTBEAT_S = 0.1  # heartbeats come at most this often, checkpoints or not
+OWNER_BACK_S = 60.0  # an owner unreachable while we fetch: the time a restart may take
 
 
 @dataclass
@@ -221,19 +223,31 @@ class WorkerRole:
         blobs = self._weights.to_fetch(pkg.blobs, share, rebuilds)
         await ctx.warm_runners()
         if unit.grant is not None:
-            try:
-                await fetch_granted(
+            fetch = partial(
+                fetch_granted,
+                ctx,
+                unit.owner,
+                unit.grant,
+                pkg.blob_grant,
+                pkg.job_key,
+                blobs,
+                unit.grant.max_bytes,
+                relay_blob_bytes(unit.spec),
+            )
+            try:  # an owner that restarts is waited for (its grant still holds after)
+                fetched = await with_retries(
                     ctx,
+                    fetch,
                     unit.owner,
-                    unit.grant,
-                    pkg.blob_grant,
-                    pkg.job_key,
-                    blobs,
-                    unit.grant.max_bytes,
-                    relay_blob_bytes(unit.spec),
+                    f"unit {pkg.unit_id}: fetch",
+                    deadline_s=OWNER_BACK_S,
+                    retry_on=(TransferUnreachable,),
                 )
             except Exception as exc:
                 return self._failure(pkg, f"could not fetch the data: {exc}", retryable=True)
+            if fetched is None:
+                why = f"could not fetch the data: {unit.owner} unreachable for {OWNER_BACK_S:.0f} s"
+                return self._failure(pkg, why, retryable=True)
         unit.phase = "training"
         out = ctx.unit_dir(pkg.unit_id) / "weights.safetensors"
         if rebuilds:
