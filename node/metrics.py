@@ -56,7 +56,8 @@ class NodeMetrics:
         self.discovery_messages = Counter(
             "meshminer_discovery_messages",
             "Discovery messages in and out by kind: ad (gossip), table (exchange on connect), "
-            "register (with a directory), query (of a directory), probe (before an offer)",
+            "register (with a directory), query (of a directory), probe (before an offer), "
+            "listing (asking a directory, as a stranger, whether it lists this node)",
             ["direction", "kind"],
             registry=self.registry,
         )

@@ -18,6 +18,7 @@ from protocol.checks import require
 from protocol.codec import Limits
 
 MAX_WANT = 64  # ads one query may ask for
+MAX_SEED = 32  # bytes of a query's seed
 GPU_WISHES = ("preferred", "required", "none")
 
 #: a reply holds up to MAX_WANT ads, each a nested envelope of <= AD_LIMITS.max_bytes
@@ -42,9 +43,13 @@ class DirectoryQuery:
     min_gpu_memory_gb: float = 0.0
     max_hours: float = 1.0
     timestamp: float = 0.0
+    # the answer's order: registrants by sha256(seed + peer id) (b"": the directory
+    # draws one); random from an owner, ground by a volunteer checking its listing
+    seed: bytes = b""
 
     def check(self, path: str) -> None:
         require(1 <= self.want <= MAX_WANT, f"{path}.want", f"must be 1..{MAX_WANT}")
+        require(len(self.seed) <= MAX_SEED, f"{path}.seed", f"has more than {MAX_SEED} bytes")
         require(self.gpu in GPU_WISHES, f"{path}.gpu", f"must be one of {GPU_WISHES}")
         require(
             0 <= self.min_gpu_memory_gb <= 10**6, f"{path}.min_gpu_memory_gb", "must be 0..10^6"

@@ -197,27 +197,26 @@ def _published(node: LocalNode) -> float:
     return 0.0
 
 
-async def _hostile_directories(
-    node: LocalNode, count: int, registered: int | None, task_status: Any
-) -> None:
-    """`count` hostile directories that `node` hears of in one peer's ad table: each a
-    fresh identity with a signed directory ad. With `registered`, each runs a host that
-    takes registrations and says it holds that many peers; without, their addresses
-    are closed ports (dead ads, which cost nothing to make)."""
+async def _hostile_directories(node: LocalNode, behaviours: list[str], task_status: Any) -> None:
+    """Hostile directories that `node` hears of in one peer's ad table, one per entry
+    of `behaviours` (`_lying_directory`'s, or "dead ads": its addresses are closed
+    ports, which cost nothing to make): each a fresh identity with a signed directory
+    ad."""
     me, my_id = _identity()
     async with trio.open_nursery() as nursery:
-        ads = []
-        for _ in range(count):
-            key, peer = _identity()
-            if registered is None:
-                addrs = [f"{CLOSED}/{free_port()}/p2p/{peer}"]
-            else:
-                host = await nursery.start(_lying_directory, key, registered)
-                addrs = host.addrs()
-            ads.append(seal(capacity_ad(peer, 1, addrs=addrs, directory=True), key.signing_key))
         listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
         async with MeshHost.start(me, listen) as host:
             own = seal(capacity_ad(my_id, 1, addrs=host.addrs()), me.signing_key)
+            ads = []
+            for behaviour in behaviours:
+                key, peer = _identity()
+                if behaviour == "dead ads":
+                    addrs = [f"{CLOSED}/{free_port()}/p2p/{peer}"]
+                else:
+                    lying = await nursery.start(_lying_directory, key, behaviour, own)
+                    addrs = lying.addrs()
+                ad = capacity_ad(peer, 1, addrs=addrs, directory=True)
+                ads.append(seal(ad, key.signing_key))
 
             async def table(peer: str, request: bytes) -> bytes:
                 return encode([own, *ads])
@@ -225,7 +224,7 @@ async def _hostile_directories(
             host.serve(ADS_PROTOCOL, table, max_request=64)
             await host.connect(node.multiaddr)
             await until(
-                lambda: sum(d in node.peer_ids() for d in _ids(ads)) == count,
+                lambda: all(d in node.peer_ids() for d in _ids(ads)),
                 20,
                 "the node to list the hostile directories",
             )
@@ -237,16 +236,20 @@ def _ids(ads: list[bytes]) -> list[str]:
     return [open_envelope(a, CapacityAd, limits=AD_LIMITS).signer for a in ads]
 
 
-async def _lying_directory(key: Identity, registered: int, task_status: Any) -> None:
-    """A directory that says it holds `registered` peers and answers every search with
-    none of them; with `registered` 0 it takes every registration, else none (it hides
-    whoever registers elsewhere, and answers fast)."""
+async def _lying_directory(key: Identity, behaviour: str, friend: bytes, task_status: Any) -> None:
+    """A directory that answers every search at once and lists none of the honest:
+    "zero counts" takes registrations and says it holds no one; "empty answers" takes
+    none and says it holds 3 (it hides whoever registers elsewhere); "silent drop"
+    takes them, says it holds 3 and returns no one; "friends only" the same, returning
+    only `friend`'s ad (the attacker's peer)."""
+    registered = 0 if behaviour == "zero counts" else 3
+    listed = [friend] if behaviour == "friends only" else []
     async with MeshHost.start(key, f"/ip4/127.0.0.1/tcp/{free_port()}") as host:
 
         async def answer(peer: str, request: bytes) -> bytes:
-            return seal(DirectoryReply(registered, 90.0, []), key.signing_key)
+            return seal(DirectoryReply(registered, 90.0, listed), key.signing_key)
 
-        if registered == 0:
+        if behaviour != "empty answers":
             host.serve(REGISTER_PROTOCOL, answer, max_request=8192)
         host.serve(QUERY_PROTOCOL, answer, max_request=1024)
         task_status.started(host)
@@ -254,30 +257,40 @@ async def _lying_directory(key: Identity, registered: int, task_status: Any) -> 
 
 
 @pytest.mark.parametrize(
-    ("hostile", "registered"), [("dead ads", None), ("zero counts", 0), ("empty answers", 3)]
+    "hostile",
+    [
+        ["dead ads"] * 30,
+        ["zero counts"] * 2,
+        ["empty answers"] * 2,
+        ["silent drop", "friends only"],
+    ],
+    ids=["dead ads", "zero counts", "empty answers", "silent drop, friends only"],
 )
 def test_hostile_directories_cannot_start_gossip_or_hide_a_joiner(
-    localnet: LocalNetwork, hostile: str, registered: int | None
+    localnet: LocalNetwork, hostile: list[str]
 ) -> None:
     """Beside one honest directory, hostile ones that a joiner hears of first: dead
     ads (30 of them), or two directories that say they hold no one, or two that answer
-    every search at once with no one. The joiner never gossips its ad to the network
-    (it waits for directories to answer, and the largest count decides), registers
-    with the honest directory, and an owner finds it there (two empty answers do not
-    end its search)."""
+    every search at once with no one, or two that take its registration and leave it
+    out of their answers. The joiner never gossips its ad to the network (it waits
+    for directories to answer, and the largest count decides), ends registered with
+    the honest directory alone (one that leaves it out of an answer to a stranger
+    hides it, and is left for hours), and an owner finds it there (two empty answers
+    do not end its search)."""
     directory = localnet.add(["--directory"])
     owner = localnet.add(LARGE)
     wait_for(lambda: directory.peer_id in owner.peer_ids(), 20, "the owner to know the directory")
-    count = 30 if registered is None else 2
 
     async def attack() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(_hostile_directories, owner, count, registered)
+            await nursery.start(_hostile_directories, owner, hostile)
             joiner = await trio.to_thread.run_sync(localnet.add, LARGE)
-            status = await until(
-                lambda: (d := _discovery(joiner))["registered_with"] and d, 60, "a registration"
+            honest = [directory.peer_id]
+            await until(
+                lambda: (d := _discovery(joiner))["registered_with"] == d["listed_by"] == honest,
+                60,
+                "the joiner to be registered with, and listed by, the honest directory alone",
             )
-            assert status["registered_with"] == [directory.peer_id], (hostile, status)
             found = await until(
                 lambda: joiner.peer_id in _found(owner), 30, "the owner to find the joiner"
             )

@@ -226,6 +226,7 @@ directory_queries = st.builds(
     min_gpu_memory_gb=st.floats(0, 10**6),
     max_hours=st.floats(0.001, 8760),
     timestamp=times,
+    seed=st.binary(max_size=32),
 )
 directory_replies = st.builds(
     DirectoryReply,

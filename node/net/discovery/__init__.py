@@ -21,6 +21,8 @@ never the face.
   owners (`Directory`).
 - `registration`: registering with directories, estimating the network's size,
   querying (`Registration`).
+- `listing`: both ends of a volunteer's check that a directory lists it: the seed's
+  order of an answer (`rank_key`) and the question asked as a stranger (`lists_me`).
 - `cost`: what finding peers costs this node, per minute (`DiscoveryCost`).
 """
 

@@ -30,6 +30,7 @@ KINDS = {
     "register": "registrations",
     "query": "queries",
     "probe": "probes",
+    "listing": "listing_checks",
 }
 
 

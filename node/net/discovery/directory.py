@@ -8,15 +8,17 @@ peers at scale".
 
 Registrations are checked exactly like gossiped ads (`check_ad`: size, signature,
 signer = registering peer, freshness, sequence), and kept in an in-memory `PeerTable`
-whose entries expire `ttl_s` after their last refresh. A query returns a random sample
-of the registered peers that fit the job, so that owners asking at once do not all
-crowd the same few peers; owners probe what they get before offering work.
+whose entries expire `ttl_s` after their last refresh. A query returns the registered
+peers that fit the job in the order of its seed (`listing.rank_key`): a random sample
+for an owner, so that owners asking at once do not all crowd the same few peers
+(owners probe what they get before offering work), and a check a volunteer can make
+of its own listing.
 """
 
 from __future__ import annotations
 
 import logging
-import random
+import os
 import time
 
 import sqlite_utils
@@ -26,6 +28,7 @@ from node.identity import Identity
 from node.metrics import NodeMetrics
 from node.net.discovery.cost import DiscoveryCost
 from node.net.discovery.gossip import DuplicateAd, check_ad
+from node.net.discovery.listing import SEED_BYTES, rank_key
 from node.net.host import MeshHost
 from node.net.peers import PeerTable, unfit_reason
 from protocol import AD_LIMITS, ProtocolError, open_envelope, seal
@@ -96,9 +99,16 @@ class Directory:
                 for entry in self.table.entries()
                 if entry.ad.peer_id != peer and unfit_reason(entry.ad, requirements) is None
             ]
-            random.shuffle(fitting)
-            if query.gpu == "preferred":  # GPUs first, each group still shuffled
-                fitting.sort(key=lambda e: not any(g.kind == "cuda" for g in e.ad.gpus))
+            seed = query.seed or os.urandom(SEED_BYTES)
+            if query.gpu == "preferred":  # GPUs first, each group in the seed's order
+                fitting.sort(
+                    key=lambda e: (
+                        not any(g.kind == "cuda" for g in e.ad.gpus),
+                        rank_key(seed, e.ad.peer_id),
+                    )
+                )
+            else:
+                fitting.sort(key=lambda e: rank_key(seed, e.ad.peer_id))
             reply = self._reply([e.envelope for e in fitting[: query.want]])
         self.cost.sent(reply, "query")
         return reply

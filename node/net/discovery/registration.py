@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -39,10 +40,12 @@ import trio
 from node.identity import Identity
 from node.net.discovery.cost import DiscoveryCost
 from node.net.discovery.directory import MAX_REGISTRATIONS
+from node.net.discovery.listing import SEED_BYTES, check_query, lists_me
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
 from node.store import read_meta, write_meta
-from protocol import ProtocolError, open_envelope, seal
+from protocol import AD_LIMITS, ProtocolError, open_envelope, seal
+from protocol.capacity import CapacityAd
 from protocol.directory import DIRECTORY_LIMITS, MAX_WANT, DirectoryQuery, DirectoryReply
 from protocol.names import QUERY_PROTOCOL, REGISTER_PROTOCOL
 
@@ -59,6 +62,8 @@ MIN_LIVE_SHARE = 0.5  # of those, at least this share must answer
 COUNT_FRESH_S = 900.0  # a directory's count is used this long after it was heard
 REMEMBER_S = 24 * 3600.0  # a large network is remembered this long
 SIZE_KEY = "network_size"
+CHECK_EVERY_S = 1800.0  # a directory's listing of this node is checked this often
+HIDING_REST_S = 6 * 3600.0  # a directory that hid this node is not used this long
 
 
 def rendezvous_order(own: str, candidates: list[str]) -> list[str]:
@@ -105,6 +110,8 @@ class Registration:
         self._good: set[str] = set()  # directories that answered with a count they could hold
         self._in_flight: set[str] = set()
         self._vouched: dict[str, tuple[int, int]] = {}  # directory -> (answered, probed)
+        self._checked_at: dict[str, float] = {}  # directory -> its last listing check
+        self.listed: set[str] = set()  # directories that listed this node to a stranger
         self._db = db
         self._remembered = _recall(db)  # (size, time.time() when heard) of a large network
 
@@ -186,6 +193,7 @@ class Registration:
         return {
             "directories": len(self.directories()),
             "registered_with": sorted(self._registered_at),
+            "listed_by": sorted(self.listed & set(self._registered_at)),
             "network_size": self.network_size(),
             "gossips_own_ad": self.gossip_own_ad(),
         }
@@ -284,6 +292,44 @@ class Registration:
         if directory not in self._registered_at:
             log.info("registered with directory %s (%d peers there)", directory, reply.registered)
         self._registered_at[directory] = sent_at
+        if time.monotonic() - self._checked_at.get(directory, -1e18) >= CHECK_EVERY_S:
+            await self._check_listing(directory, ad, reply.registered)
+
+    async def _check_listing(self, directory: str, ad: bytes, registered: int) -> None:
+        """Ask `directory`, as a stranger, whether it lists this node (`listing`); one
+        that does not is hiding it, and rests `HIDING_REST_S`."""
+        query = check_query(open_envelope(ad, CapacityAd, limits=AD_LIMITS).message, registered)
+        entry = self.peers.get(directory)
+        if query is None or entry is None:
+            return  # this node fits no job now; the next registration checks
+        self._checked_at[directory] = time.monotonic()
+        self.cost.sent(b"", "listing")
+        try:
+            listed = await lists_me(
+                directory, entry.ad.addrs, self.identity.peer_id, query, REQUEST_TIMEOUT_S
+            )
+        except HostError as exc:
+            self._checked_at.pop(directory, None)
+            pause = self.failed(directory)
+            log.info("listing check of directory %s failed (again in %g s): %s",
+                     directory, pause, exc)  # fmt: skip
+            return
+        if listed:
+            if directory not in self.listed:
+                log.info("directory %s lists this node to strangers", directory)
+            self.listed.add(directory)
+        else:
+            self.hiding(directory)
+
+    def hiding(self, directory: str) -> None:
+        """`directory` took this node's registration and left it out of an answer to a
+        stranger: neither registered with nor asked for `HIDING_REST_S`."""
+        self.failed(directory)
+        self._failed_until[directory] = time.monotonic() + HIDING_REST_S
+        self.listed.discard(directory)
+        self._registered_at.pop(directory, None)
+        log.warning("directory %s hides this node from owners (left out of an answer to a "
+                    "stranger); not used for %g h", directory, HIDING_REST_S / 3600)  # fmt: skip
 
     def _open_reply(self, raw: bytes, directory: str) -> DirectoryReply:
         return open_envelope(
@@ -306,24 +352,32 @@ class Registration:
         else:
             self._vouched[directory] = (answered, probed)
 
+    def ask_order(self, now: float) -> list[str]:
+        """The usable directories in the order an owner asks them: those that listed
+        this node to a stranger (honest, as far as this node can tell), then those
+        that answered, then the rest; random within each group."""
+        usable = self.usable(now)
+        groups = (
+            [d for d in usable if d in self.listed],
+            [d for d in usable if d in self._good and d not in self.listed],
+            [d for d in usable if d not in self._good and d not in self.listed],
+        )
+        return [d for group in groups for d in random.sample(group, len(group))]
+
     async def query(self, requirements: dict, want: int) -> list[tuple[str, bytes]]:
         """Signed ads of up to `want` peers fitting `requirements`: three directories
-        asked at once (those that answered before first), the first two answers used
+        asked at once (`ask_order`) under a random seed, the first two answers used
         (all three while those two hold fewer than `want` ads), taken in turn from each
         so that no one directory fills the list; each with the directory it came
         from. The caller checks each ad (`check_ad`)."""
-        usable = self.usable(time.monotonic())
-        good = [d for d in usable if d in self._good]
-        rest = [d for d in usable if d not in self._good]
-        random.shuffle(good)
-        random.shuffle(rest)
-        asked = (good + rest)[:QUERY_DIRECTORIES]
+        asked = self.ask_order(time.monotonic())[:QUERY_DIRECTORIES]
         query = DirectoryQuery(
             want=max(1, min(want, MAX_WANT)),
             gpu=str(requirements.get("gpu", "preferred")),
             min_gpu_memory_gb=float(requirements.get("min_gpu_memory_gb", 0.0)),
             max_hours=float(requirements.get("max_hours", 1.0)),
             timestamp=time.time(),
+            seed=os.urandom(SEED_BYTES),
         )
         request = seal(query, self.identity.signing_key)
         answers: list[list[tuple[str, bytes]]] = []

@@ -39,6 +39,7 @@ def _registration(
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
     reg.is_directory, reg.own_count = False, lambda: own
     reg.registered, reg._heard_at, reg._good = {}, {}, set()
+    reg._registered_at, reg._checked_at, reg.listed = {}, {}, set()
     reg._failed_until, reg._failures, reg._in_flight, reg._vouched = {}, {}, set(), {}
     reg._db, reg._remembered, reg.on_change = db, _recall(db), lambda: None
     for directory, count in counts.items():
@@ -134,6 +135,26 @@ def test_a_directory_whose_peers_do_not_answer_rests(tmp_path: Path) -> None:
     assert set(reg.chosen(now)) == {honest, liar}
     reg.vouched(liar, live=False)  # the eighth
     assert reg.chosen(now) == [honest] and liar not in reg.registered
+
+
+def test_a_directory_that_hides_this_node_is_left_for_hours_and_listing_ones_are_asked_first(
+    tmp_path: Path,
+) -> None:
+    peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
+    hider, lister, answered, untried = _directories(peers, 4)
+    reg = _registration(peers, {hider: 10, lister: 10, answered: 10})
+    reg.listed.add(lister)
+    now = time.monotonic()
+    for _ in range(20):  # random within a group, never across groups
+        assert reg.ask_order(now)[0] == lister
+        assert set(reg.ask_order(now)[1:3]) == {hider, answered}
+        assert reg.ask_order(now)[3] == untried
+    reg._registered_at[hider] = now
+    reg.hiding(hider)
+    assert hider not in reg._registered_at and hider not in reg.registered
+    assert hider not in reg.ask_order(now) and hider not in reg.chosen(now)
+    assert hider not in reg.chosen(now + 5 * 3600)  # a failure would rest 5 s; this, hours
+    assert hider in reg.usable(now + 6 * 3600 + 1)
 
 
 def test_a_directorys_ad_lasts_longer_and_may_be_that_much_older(tmp_path: Path) -> None:
