@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 P2P_PORT = 4470
 FAST = ["--publish-interval", "1", "--peer-ttl", "5", "--no-mdns"]
+LARGE = ["--gossip-max-peers", "2"]  # the directories count more: no ad is gossiped
 
 
 @contextmanager
@@ -58,11 +59,13 @@ def _wait_relays(node: LocalNode, count: int) -> dict:
 
 
 @contextmanager
-def _nodes(lab: Lab, root: Path, others: dict[str, list[str]]) -> Iterator[dict[str, LocalNode]]:
-    """A node in "pub" (the relay everyone joins through), then one in each of the
-    `others` namespaces (with their extra arguments), started side by side; their logs
-    printed on a failure, and every one stopped afterwards."""
-    relay = _node(lab, "pub", root, lab.publics["pub"], ["--not-accepting"])
+def _nodes(
+    lab: Lab, root: Path, others: dict[str, list[str]], pub: tuple[str, ...] = ()
+) -> Iterator[dict[str, LocalNode]]:
+    """A node in "pub" (the relay everyone joins through, with the extra arguments
+    `pub`), then one in each of the `others` namespaces (with theirs), started side by
+    side; their logs printed on a failure, and every one stopped afterwards."""
+    relay = _node(lab, "pub", root, lab.publics["pub"], ["--not-accepting", *pub])
     nodes = {"pub": relay}
     try:
         relay.start()
@@ -203,3 +206,58 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         assert job["weights_sha256"] == local["weights_sha256"]
         left = _reachability(symmetric)["relayed_through"]
         assert left == [second.peer_id], left  # the stopped relay's slot is gone
+
+
+def test_an_owner_finds_volunteers_behind_nats_through_a_directory_and_trains_on_them(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """A large network's way: the public node is a directory, and nobody gossips an
+    ad. Workers behind a symmetric (B) and a cone (C) NAT register their ads, relay
+    addresses included, and check as strangers that the directory lists them; the
+    owner, behind a NAT too, finds both through the directory, each answering a probe
+    through a relay, and a job trains on one of them bitwise equal to training here."""
+    others = {"pub2": ["--not-accepting", *LARGE], "a": ["--not-accepting", *LARGE]}
+    others |= {"b": LARGE, "c": LARGE}
+    with _nodes(lab, tmp_path, others, pub=("--directory",)) as nodes:
+        directory, owner = nodes["pub"], nodes["a"]
+        workers = {nodes["b"].peer_id, nodes["c"].peer_id}
+        for worker in (nodes["b"], nodes["c"]):
+            _wait_relays(worker, 1)  # the relay it joined through: no relay's ad is gossiped
+            wait_for(
+                lambda w=worker: _discovery(w)["listed_by"] == [directory.peer_id],
+                60,
+                f"{worker.name} to be listed by the directory",
+            )
+            assert not _discovery(worker)["gossips_own_ad"]
+        assert not workers & set(owner.peer_ids())  # no ad of theirs came by gossip
+
+        found = wait_for(
+            lambda: workers <= _ids(f := _find(owner)) and f,
+            60,
+            "the owner to find both NAT'd workers through the directory",
+        )
+        # a probe over a new connection dials the private addresses, then a relay
+        print(f"the owner found both NAT'd workers through the directory in "
+              f"{found['seconds']:.2f} s ({found['directories_s']:.2f} s waiting for its "
+              f"answer, {found['probed'] - found['connected']} of {found['probed']} probes "
+              "over new connections)")  # fmt: skip
+
+        unchecked = "\n[trust]\ncheckpoints = 0\nspot_check_budget = 0\n"
+        spec = digits_toml("found-behind-nats", steps=100, gpu="none", extra=unchecked)
+        job = owner.wait_job_end(owner.submit_spec(spec), 240)
+        assert job["state"] == "completed", job["reason"]
+        assert job["worker"] in workers
+        local = run_job(parse_spec(tomllib.loads(spec)), None, tmp_path / "here.safetensors")
+        assert job["weights_sha256"] == local["weights_sha256"]
+
+
+def _discovery(node: LocalNode) -> dict:
+    return node.get("/api/v1/status")["discovery"]
+
+
+def _find(owner: LocalNode) -> dict:
+    return owner.get("/api/v1/peers/find?k=8")
+
+
+def _ids(found: dict) -> set[str]:
+    return {p["peer_id"] for p in found["peers"]}
