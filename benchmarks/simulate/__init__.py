@@ -7,6 +7,14 @@ what a message costs comes from measurements on real nodes (costs.json). Run it 
     .venv/bin/python -m benchmarks.simulate --peers 1000 10000 --design gossip directory
 
 or call `simulate(Scenario(...), load_costs())`.
+
+The modules: `scenario` (what a run is asked and answers), `costs` (costs.json),
+`engine` (the event queue), `network` (nodes, churn, gossiped ads: what both designs
+share), `gossip` (design gossip), `directory` (design directory: the directories'
+side, joins), `registration` (a node's side of the directories: which it registers
+with, rests, the listing check, the fallback to gossip), `placement` (an owner's
+queries and probes), `hostile` (hostile directories and the attacker's peers),
+`report` (a run's figures).
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """Compare the designs at chosen network sizes and print one table.
 
     .venv/bin/python -m benchmarks.simulate --peers 1000 10000 --design gossip directory \
-        [--minutes 60] [--churn 0.05] [--burst 0.2] [--owners 10] [--seed 1] \
+        [--minutes 60] [--churn 0.05 ...] [--burst 0.2] [--owners 10] [--seed 1] \
+        [--hostile S ... --behaviour NAME ... --listing-check on off] \
         [--costs PATH] [--json OUT]
 
-Figures use the costs in costs.json (or --costs); a file still marked "placeholder"
-is said so in the output, since its numbers were not measured.
+Every combination of the listed values is one run. With hostile directories (design
+directory only) the figures are what honest nodes see; more than four runs are shown
+one per line, with the figures that the attacks move. Figures use the costs in
+costs.json (or --costs); a file still marked "placeholder" is said so in the output,
+since its numbers were not measured.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 from pathlib import Path
@@ -20,6 +25,7 @@ from typing import Any
 
 from benchmarks.simulate import Scenario, load_costs, simulate
 from benchmarks.simulate.costs import DEFAULT_PATH
+from benchmarks.simulate.scenario import BEHAVIOURS, FALLBACK_RULES
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "simulate.json"
 # rows of the table: (label, Result field); the JSON has every field
@@ -36,6 +42,7 @@ ROWS = [
     ("directory bytes/min", "directory_bytes_per_min_mean"),
     ("find K s p50", "find_k_s_p50"),
     ("find K s p95", "find_k_s_p95"),
+    ("find K s p99", "find_k_s_p99"),
     ("find K s max", "find_k_s_max"),
     ("query rounds mean", "query_rounds_mean"),
     ("placements (failed)", None),
@@ -45,6 +52,13 @@ ROWS = [
     ("drop dead s, node mean", "drop_dead_node_mean_s"),
     ("joiner found s p50", "join_found_s_p50"),
     ("joiner found s p95", "join_found_s_p95"),
+    ("joiner found s p99", "join_found_s_p99"),
+    ("findable share mean", "findable_share_mean"),
+    ("findable share min", "findable_share_min"),
+    ("to attacker: placements", "attacker_placement_share"),
+    ("to attacker: live capacity", "attacker_capacity_share"),
+    ("nodes that fell back to gossip", "fallback_nodes"),
+    ("listing checks (hiding found)", None),
     ("joiner first peer s p50", "first_peer_s_p50"),
     ("joins / deaths", None),
     ("offers to dead", "offers_to_dead"),
@@ -59,7 +73,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--peers", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--design", nargs="+", default=["gossip", "directory"])
     parser.add_argument("--minutes", type=float, default=60.0, help="simulated minutes")
-    parser.add_argument("--churn", type=float, default=0.05, help="share replaced per hour")
+    parser.add_argument(
+        "--churn", type=float, nargs="+", default=[0.05], help="share replaced per hour"
+    )
     parser.add_argument("--burst", type=float, default=0.2, help="share leaving midway (0: none)")
     parser.add_argument("--directory-churn", action="store_true", help="directories churn too")
     parser.add_argument("--owners", type=int, default=10)
@@ -82,6 +98,27 @@ def parse() -> argparse.Namespace:
         help="seconds a probe of a dead peer takes to fail: the node's probe timeout, as "
         "on the Internet (on loopback a dead port refuses at once: costs.json)",
     )
+    parser.add_argument(
+        "--hostile", type=int, nargs="+", default=[0], help="S: hostile directories beside M"
+    )
+    parser.add_argument("--behaviour", nargs="+", default=["silent_drop"], choices=BEHAVIOURS)
+    parser.add_argument(
+        "--listing-check", nargs="+", default=["on"], choices=["on", "off"],
+        help="whether nodes check that a directory lists them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--attacker-peers", type=float, default=None,
+        help="share of volunteers run by the attacker (default 0.05 with friends_only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hostile-count", type=int, default=None,
+        help="the count hostile directories report (default: what they hold)",
+    )  # fmt: skip
+    parser.add_argument("--fallback", default="every", choices=FALLBACK_RULES)
+    parser.add_argument(
+        "--ask-listed-only", default="on", choices=["on", "off"],
+        help="an owner listed by two or more directories asks only those",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
     return parser.parse_args()
 
@@ -93,41 +130,47 @@ def main() -> None:
     args = parse()
     costs = dataclasses.replace(load_costs(args.costs), dial_timeout_s=args.dial_timeout)
     runs: list[dict[str, Any]] = []
-    for peers in args.peers:
-        for design in args.design:
-            scenario = Scenario(
-                design=design,
-                peers=peers,
-                duration_s=args.minutes * 60,
-                seed=args.seed,
-                churn_per_hour=args.churn,
-                burst_fraction=args.burst,
-                directory_churn=args.directory_churn,
-                owners=args.owners,
-                k=args.k,
-                connections=args.connections,
-                directories=args.directories,
-            )
-            console.log(f"{design}, {peers} peers, {args.minutes:g} min ...")
-            result = simulate(scenario, costs)
-            runs.append({"scenario": scenario.to_dict(), "result": result.to_dict()})
-    title = f"simulate (costs: {costs.measured})"
-    table = Table(
-        title, ["figure", *(f"{r['result']['design']} {r['result']['peers']}" for r in runs)]
+    combos = itertools.product(
+        args.peers, args.design, args.churn, args.hostile, args.behaviour, args.listing_check
     )
-    for label, key in ROWS:
-        if key is not None:
-            table.add(label, *(r["result"][key] for r in runs))
-        elif label.startswith("placements"):
-            table.add(
-                label,
-                *(
-                    f"{r['result']['placements']} ({r['result']['placements_failed']})"
-                    for r in runs
-                ),
-            )
-        else:
-            table.add(label, *(f"{r['result']['joins']} / {r['result']['deaths']}" for r in runs))
+    for peers, design, churn, hostile, behaviour, check in combos:
+        if hostile and design != "directory":
+            continue
+        if not hostile and behaviour != args.behaviour[0]:
+            continue  # without hostile directories the behaviour changes nothing
+        scenario = Scenario(
+            design=design,
+            peers=peers,
+            duration_s=args.minutes * 60,
+            seed=args.seed,
+            churn_per_hour=churn,
+            burst_fraction=args.burst,
+            directory_churn=args.directory_churn,
+            owners=args.owners,
+            k=args.k,
+            connections=args.connections,
+            directories=args.directories,
+            hostile_directories=hostile,
+            hostile_behaviour=behaviour,
+            listing_check=check == "on",
+            attacker_peers=args.attacker_peers,
+            hostile_count=args.hostile_count,
+            gossip_fallback=args.fallback,
+            ask_listed_only=args.ask_listed_only == "on",
+        )
+        label = _label(scenario, args)
+        console.log(f"{label}, {args.minutes:g} min ...")
+        result = simulate(scenario, costs)
+        runs.append({"label": label, "scenario": scenario.to_dict(), "result": result.to_dict()})
+    title = f"simulate (costs: {costs.measured})"
+    if len(runs) > 4:
+        table = Table(title, ["run", *(label for label, _ in BRIEF)])
+        for run in runs:
+            table.add(run["label"], *(_figure(run, key) for _, key in BRIEF))
+    else:
+        table = Table(title, ["figure", *(r["label"] for r in runs)])
+        for label, key in ROWS:
+            table.add(label, *(_figure(r, key or label) for r in runs))
     table.show()
     if costs.measured == "placeholder":
         console.print("[yellow]costs.json holds placeholder figures, not measurements[/]")
@@ -141,13 +184,55 @@ def main() -> None:
     console.log(f"written {args.json}")
 
 
+# the columns when each run is a row: what hostile directories move
+BRIEF = [
+    ("vol CPU % mean", "volunteer_cpu_pct_mean"),
+    ("vol CPU % p95", "volunteer_cpu_pct_p95"),
+    ("dir CPU % max", "directory_cpu_pct_max"),
+    ("find K s p50", "find_k_s_p50"),
+    ("find K s p99", "find_k_s_p99"),
+    ("failed", "placements_failed"),
+    ("findable mean", "findable_share_mean"),
+    ("findable min", "findable_share_min"),
+    ("join→findable s p50", "join_found_s_p50"),
+    ("join→findable s p99", "join_found_s_p99"),
+    ("to attacker", "attacker_placement_share"),
+    ("attacker capacity", "attacker_capacity_share"),
+    ("fell back to gossip", "fallback_nodes"),
+]
+
+
+def _label(sc: Scenario, args: argparse.Namespace) -> str:
+    parts = [f"{sc.design} {sc.peers}"]
+    if len(args.churn) > 1:
+        parts.append(f"churn {sc.churn_per_hour:g}/h")
+    if sc.hostile_directories:
+        parts.append(f"S={sc.hostile_directories} {sc.hostile_behaviour}")
+    if len(args.listing_check) > 1 or not sc.listing_check:
+        parts.append("check" if sc.listing_check else "no check")
+    return ", ".join(parts)
+
+
+def _figure(run: dict[str, Any], key: str) -> Any:
+    r = run["result"]
+    if key.startswith("placements"):
+        return f"{r['placements']} ({r['placements_failed']})"
+    if key.startswith("joins"):
+        return f"{r['joins']} / {r['deaths']}"
+    if key.startswith("listing"):
+        return f"{r['listing_checks']} ({r['hiding_found']})"
+    return r[key]
+
+
 def _plain(value: Any) -> Any:
     """NaN (a figure that does not apply) as null: JSON has no NaN."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
-    return None if isinstance(value, float) and math.isnan(value) else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)  # "inf": never happened
+    return value
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ class Network:
         self.g_start: list[int] = []  # ads_published when the node's window began
         self.g_end: list[int] = []  # ... and when it ended (death or end of run)
         self.pub_time: list[float] = []  # when the node last published (its ad's timestamp)
+        self.attacker: list[bool] = []  # run by the attacker (hostile.py): not measured
         # numpy mirrors for the design-gossip table look-ups (vectorised over all nodes)
         self.last_ad = np.full(0, -INF)  # delivery time of the node's latest ad
         self.first_ad = np.full(0, INF)  # delivery time of its first ad
@@ -86,6 +87,7 @@ class Network:
         self.live = IndexedSet()
         self.churnable = IndexedSet()
         self.directory_ids: list[int] = []
+        self.hostile: dict[int, str] = {}  # hostile directory -> its behaviour (hostile.py)
         self.ads_published = 0
         # connection-seconds beyond `connections` (a directory's registrants), after warm-up
         self.conn_integral: dict[int, float] = {}
@@ -104,6 +106,13 @@ class Network:
         self.dead_candidates_probed = 0
         self.joins = 0
         self.deaths = 0
+        self.findable: list[tuple[float, float]] = []  # (s, share of honest volunteers)
+        self.attacker_capacity: list[float] = []  # attacker's share of live fitting peers
+        self.bound = 0  # peers placements were bound to
+        self.bound_to_attacker = 0
+        self.listing_checks = 0
+        self.hiding_found = 0  # listing checks that caught a directory hiding the node
+        self.fallback_nodes = 0  # honest nodes that fell back to gossiping their ad
 
     # -- hooks -----------------------------------------------------------------------
 
@@ -142,7 +151,7 @@ class Network:
 
     def run(self) -> None:
         sc, rng, engine = self.sc, self.rng, self.engine
-        m = sc.n_directories
+        m = sc.n_directories + sc.n_hostile
         roles = [DIRECTORY] * m + [OWNER] * sc.owners + [VOLUNTEER] * (sc.peers - m - sc.owners)
         interval = self.ad_interval_s
         for role in roles:
@@ -185,6 +194,7 @@ class Network:
             (self.g_start, self.ads_published),
             (self.g_end, self.ads_published),
             (self.pub_time, -INF),
+            (self.attacker, False),
         ):
             values.append(value)
         if node >= len(self.last_ad):

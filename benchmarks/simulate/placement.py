@@ -1,12 +1,18 @@
 """Design directory's placement: query, probe 2K candidates, offer to K that answered.
 
 Kept apart from the registrations (directory.py) because it is the owner's side: what
-a placement waits for and what it pays. As `node/net/finder.py` does it, a round asks
-Q directories at once and waits for every answer (or failure); the owner checks every
-ad it got, then probes up to 2K candidates it has not probed yet, all at once; the
-placement has its K peers when the K-th live probe answers. A round that ends (every
-probe answered or timed out) with fewer than K live peers starts another, up to
-`max_rounds`.
+a placement waits for and what it pays. As `node/net/finder.py` and
+`node/net/discovery/search.py` do it, a round asks Q = 3 directories at once: first
+those that listed the owner (passed its listing check; only those, when two or more
+did), then those that answered before, then untried ones, in random order within each
+group; it uses the first two answers, all
+three while those two hold fewer ads than wanted (a directory that hides everyone
+answers fastest), takes their ads one from each in turn, checks each ad, and probes up
+to 2K candidates it has not probed yet, in random order, all at once; the placement
+has its K peers when the K-th live probe answers. A round that ends (every probe
+answered or timed out) with fewer than K live peers starts another, up to
+`max_rounds`. A directory whose returned peers mostly fail their probes (after 8, fewer
+than half answered) rests like one that failed.
 
 What a probe waits for (measured on real owners, docs/performance.md): the owner is
 one thread, so it first sends every probe (`probe_client_ms` each, in turn), and it
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from benchmarks.simulate.registration import REQUEST_TIMEOUT_S
+
 if TYPE_CHECKING:
     from benchmarks.simulate.directory import DirectoryNetwork
 
@@ -33,7 +41,10 @@ PROBE_ROUND_TRIPS = 2
 class Placement:
     """One owner's search for K live peers."""
 
-    __slots__ = ("owner", "start", "round", "probed", "live", "outstanding", "got", "asked")
+    __slots__ = (
+        "owner", "start", "round", "probed", "live", "outstanding", "pool", "answers",
+        "asked", "pending", "closed", "want", "bound",
+    )  # fmt: skip
 
     def __init__(self, owner: int, start: float) -> None:
         self.owner = owner
@@ -41,9 +52,14 @@ class Placement:
         self.round = 0
         self.probed: set[int] = set()
         self.live = 0
-        self.outstanding = 0  # queries, then probes, not yet answered or timed out
-        self.got: list[int] = []  # this round's candidates, from every answer
-        self.asked = 0  # directories that answered this round
+        self.outstanding = 0  # probes not yet answered or timed out
+        self.pool: dict[int, int] = {}  # candidates from every answer -> their directory
+        self.answers: list[tuple[int, list[int]]] = []  # this round's, in arrival order
+        self.asked = 0  # directories asked this round
+        self.pending = 0  # ... not yet answered or failed
+        self.closed = False  # this round's answers are in (later ones are not read)
+        self.want = 0  # ads asked for
+        self.bound: list[int] = []  # the first K peers that answered
 
 
 class PlacementMixin:
@@ -54,49 +70,89 @@ class PlacementMixin:
 
     def _round(self: DirectoryNetwork, placement: Placement) -> None:
         placement.round += 1
-        placement.got, placement.asked = [], 0
-        dirs = self.ranked(placement.owner, self.sc.n_queries)
-        if not dirs:  # knows no live directory: nothing to ask
+        owner, now, c = placement.owner, self.engine.now, self.costs
+        st = self.regs[owner]
+        groups: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for d in self.order(owner):
+            if st.rest_until.get(d, 0.0) <= now:
+                groups[0 if d in st.listed else 1 if d in st.good else 2].append(d)
+        for group in groups:
+            self.probe_rng.shuffle(group)
+        # only directories that listed the owner, when enough did (the node's rule:
+        # a third one could answer first with its friends and take half the list)
+        listed_only = self.sc.ask_listed_only and len(groups[0]) >= self.sc.query_answers
+        order = groups[0] if listed_only else groups[0] + groups[1] + groups[2]
+        asked = order[: self.sc.n_queries]
+        if not asked:  # knows no usable directory: nothing to ask
             self._give_up(placement)
             return
-        query_s = self.rtt_s + self.costs.query_server_ms / 1000
-        for d in dirs:
-            placement.outstanding += 1
-            if self.alive[d]:
-                self.engine.after(query_s, self._answer, (placement, d))
-            else:
-                self.engine.after(self.costs.dial_timeout_s, self._query_failed, (placement, d))
+        placement.answers, placement.closed = [], False
+        placement.asked = placement.pending = len(asked)
+        placement.want = 2 * self.sc.k + len(placement.probed)
+        for d in asked:
+            key = (placement, d, placement.round)
+            if not self.alive[d]:
+                self.engine.after(c.dial_timeout_s, self._query_failed, key)
+                continue
+            if not self.reachable(d):
+                self.engine.after(REQUEST_TIMEOUT_S, self._query_failed, key)
+                continue
+            delay = self.rtt_s + (c.query_server_ms / 1000 if d not in self.hostile else 0.0)
+            if d not in self.open_to[owner] and d not in st.dialled:
+                st.dialled.add(d)  # kept open: an owner asks every minute
+                self.dial(owner, d)
+                delay += self.connect_s
+            self.engine.after(delay, self._answer, key)
 
-    def _answer(self: DirectoryNetwork, arg: tuple[Placement, int]) -> None:
-        placement, d = arg
-        got = self.candidates(placement, d)
-        if got is None:  # died while the query was on its way
-            self._query_failed(arg)
+    def _answer(self: DirectoryNetwork, key: tuple[Placement, int, int]) -> None:
+        placement, d, round_ = key
+        if not self.alive[d]:  # died while the query was on its way
+            self._query_failed(key)
             return
-        c = self.costs
+        got = self.answer(placement, d)
+        c, owner = self.costs, placement.owner
         self.charge(d, c.query_server_ms + c.query_per_ad_ms * len(got), c.ad_bytes * len(got))
-        self.charge(placement.owner, 0, c.ad_bytes * len(got))
-        placement.got += got
-        placement.asked += 1
-        self._query_done(placement)
+        if round_ != placement.round or placement.closed:
+            return  # the owner had enough answers: this one is not read
+        self.charge(owner, 0, c.ad_bytes * len(got))
+        count = self.reg_count(d)
+        if not count or self.heard(owner, d, count):  # a count it could not hold: dropped
+            placement.answers.append((d, got))
+        placement.pending -= 1
+        enough = len(placement.answers) >= self.sc.query_answers and (
+            sum(len(g) for _, g in placement.answers) >= placement.want
+        )
+        if enough or placement.pending == 0:
+            self._probe_candidates(placement)
 
-    def _query_failed(self: DirectoryNetwork, arg: tuple[Placement, int]) -> None:
-        placement, d = arg
-        self.failed.setdefault(placement.owner, set()).add(d)
-        self.choice_epoch[placement.owner] = -1
-        self._query_done(placement)
-
-    def _query_done(self: DirectoryNetwork, placement: Placement) -> None:
-        placement.outstanding -= 1
-        if placement.outstanding == 0:
+    def _query_failed(self: DirectoryNetwork, key: tuple[Placement, int, int]) -> None:
+        placement, d, round_ = key
+        if round_ != placement.round or placement.closed:
+            return
+        self.failed(placement.owner, d)
+        placement.pending -= 1
+        if placement.pending == 0:
             self._probe_candidates(placement)
 
     def _probe_candidates(self: DirectoryNetwork, placement: Placement) -> None:
-        """Every answer is in: check the ads, probe up to 2K new candidates at once."""
+        """The answers used are in: merge them one from each in turn, check the ads,
+        probe up to 2K new candidates at once, in random order."""
+        placement.closed = True
         c, owner = self.costs, placement.owner
-        new = list(dict.fromkeys(p for p in placement.got if p not in placement.probed))
+        merged: dict[int, int] = {}
+        rows = [got for _, got in placement.answers]
+        for i in range(max(map(len, rows), default=0)):
+            for (d, _), got in zip(placement.answers, rows, strict=True):
+                if i < len(got):
+                    merged.setdefault(got[i], d)
+        ads = list(merged.items())[: placement.want]
+        for peer, d in ads:
+            if peer not in placement.probed:
+                placement.pool.setdefault(peer, d)
+        new = [p for p in placement.pool if p not in placement.probed]
+        self.probe_rng.shuffle(new)
         chosen = new[: 2 * self.sc.k]
-        checking_ms = c.query_client_ms * placement.asked + c.ad_check_ms * len(placement.got)
+        checking_ms = c.query_client_ms * placement.asked + c.ad_check_ms * len(ads)
         sending_ms = checking_ms + c.probe_client_ms * len(chosen)
         self.charge(owner, sending_ms, c.probe_bytes * len(chosen))
         live = [p for p in chosen if self.alive[p]]
@@ -111,11 +167,11 @@ class PlacementMixin:
             placement.outstanding += 1
             if not self.alive[peer]:
                 self.dead_candidates_probed += 1
-                self.engine.after(c.dial_timeout_s, self._probe_done, placement)
+                self.engine.after(c.dial_timeout_s, self._probe_dead, (placement, peer))
                 continue
             self.charge(peer, c.probe_server_ms, c.probe_bytes)
             wait_s = answered_new_s if peer in dialled_set else answered_open_s
-            self.engine.after(wait_s, self._probe_live, placement)
+            self.engine.after(wait_s, self._probe_live, (placement, peer))
         if not chosen:  # nothing new to probe: this round is over
             placement.outstanding += 1
             self._probe_done(placement)
@@ -139,11 +195,21 @@ class PlacementMixin:
         n = len(live) / shared if shared else min(1, len(live))
         return self.costs.probe_server_ms * n
 
-    def _probe_live(self: DirectoryNetwork, placement: Placement) -> None:
+    def _probe_live(self: DirectoryNetwork, arg: tuple[Placement, int]) -> None:
+        placement, peer = arg
+        self.vouched(placement.owner, placement.pool[peer], True)
         placement.live += 1
+        if placement.live <= self.sc.k:
+            placement.bound.append(peer)
         if placement.live == self.sc.k:  # offers go to these K now
             self.find_k.append(self.engine.now - placement.start)
             self.rounds.append(placement.round)
+            self.placed(placement.bound)
+        self._probe_done(placement)
+
+    def _probe_dead(self: DirectoryNetwork, arg: tuple[Placement, int]) -> None:
+        placement, peer = arg
+        self.vouched(placement.owner, placement.pool[peer], False)
         self._probe_done(placement)
 
     def _probe_done(self: DirectoryNetwork, placement: Placement) -> None:

@@ -5,7 +5,8 @@ Per-node CPU = idle + per-connection cost x open connections + every message it
 handled (explicit charges, plus ad_ms for each gossiped ad received, counted
 arithmetically), over the node's time alive after warm-up. Nodes seen for less than
 `min_observed_s` are left out of the per-node figures: a joiner's table fetch spread
-over a few seconds would read as an enormous rate.
+over a few seconds would read as an enormous rate. So are the attacker's peers and
+hostile directories: the figures are what honest nodes pay.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ CORE_MS_PER_MIN = 60_000.0
 
 
 def pct(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile; NaN for no values."""
-    return float(np.percentile(values, q)) if values else math.nan
+    """Linear-interpolated percentile; NaN for no values. Among values that include
+    infinity (never happened) the value at that rank, infinite or not."""
+    if not values:
+        return math.nan
+    method = "linear" if math.isfinite(max(values)) else "inverted_cdf"
+    return float(np.percentile(values, q, method=method))
 
 
 def mean(values: list[float]) -> float:
@@ -34,6 +39,8 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
     cpu: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
     traffic: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
     for node in range(len(net.alive)):
+        if net.attacker[node] or node in net.hostile:
+            continue
         span = min(net.died[node], sc.duration_s) - max(net.born[node], sc.warmup_s)
         if span < sc.min_observed_s:
             continue
@@ -50,6 +57,8 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         cpu[role].append(ms / minutes)
         traffic[role].append((net.nbytes[node] + c.ad_bytes * received) / minutes)
     volunteer, directory = cpu[0], cpu[DIRECTORY]
+    findable = [(round(t, 3), share) for t, share in net.findable]
+    shares = [share for _, share in findable]
     return Result(
         design=net.design,
         peers=sc.peers,
@@ -70,6 +79,7 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         placements_failed=net.placements_failed,
         find_k_s_p50=pct(net.find_k, 50),
         find_k_s_p95=pct(net.find_k, 95),
+        find_k_s_p99=pct(net.find_k, 99),
         find_k_s_max=max(net.find_k, default=math.nan),
         query_rounds_mean=mean(net.rounds),
         drop_dead_s_p50=pct(net.drop_dead, 50),
@@ -79,11 +89,20 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         dead_measured=len(net.drop_dead),
         join_found_s_p50=pct(net.join_found, 50),
         join_found_s_p95=pct(net.join_found, 95),
+        join_found_s_p99=pct(net.join_found, 99),
         first_peer_s_p50=pct(net.first_peer, 50),
         joins=net.joins,
         deaths=net.deaths,
         offers_to_dead=net.offers_to_dead,
         dead_candidates_probed=net.dead_candidates_probed,
+        findable_share_mean=mean(shares),
+        findable_share_min=min(shares, default=math.nan),
+        findable_series=findable,
+        attacker_placement_share=net.bound_to_attacker / net.bound if net.bound else math.nan,
+        attacker_capacity_share=mean(net.attacker_capacity),
+        fallback_nodes=net.fallback_nodes,
+        listing_checks=net.listing_checks,
+        hiding_found=net.hiding_found,
         events=net.engine.events,
         wall_s=wall_s,
         cpu_s=cpu_s,

@@ -12,6 +12,12 @@ from typing import Any, Literal
 
 DESIGNS = ("gossip", "directory")
 MIDWAY: Literal["midway"] = "midway"
+# what a hostile directory does (benchmarks/simulate/hostile.py)
+BEHAVIOURS = ("silent_drop", "zero_counts", "friends_only", "dead_ads")
+# when a node falls back to gossiping its ad to every node: once "every" known
+# directory's fresh count says the network is small, or (`gossip_own_ad` in
+# node/net/discovery/registration.py on 2026-11-26) once "two" fresh counts do
+FALLBACK_RULES = ("every", "two")
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,22 @@ class Scenario:
     directory_ad_factor: float = 10.0  # directories gossip every publish_interval_s x this
     register_interval_s: float = 30.0
     registration_ttl_s: float = 90.0
-    queries: int | None = None  # Q: directories an owner queries; None: min(2, M)
+    queries: int | None = None  # Q: directories an owner asks at once; None: 3 (the node's)
+    query_answers: int = 2  # answers used, unless they hold fewer ads than wanted
+    ask_listed_only: bool = True  # an owner listed by 2+ directories asks only those
+    listing_check: bool = True  # a node asks each directory, as a stranger, whether it lists it
+    listing_check_every_s: float = 1800.0
+    hiding_rest_s: float = 6 * 3600.0  # a directory caught hiding is left alone this long
+    gossip_max_peers: int = 100  # a network counted smaller gossips every ad
+    gossip_fallback: str = "every"  # FALLBACK_RULES
+    # hostile directories, on top of the M honest ones
+    hostile_directories: int = 0  # S
+    hostile_behaviour: str = "silent_drop"  # BEHAVIOURS
+    # the count they report; None: what they hold (few, once honest nodes left them)
+    hostile_count: int | None = None
+    # share of volunteers run by the attacker; None: 0.05 with friends_only, else 0
+    attacker_peers: float | None = None
+    sample_s: float = 60.0  # how often the share of findable volunteers is sampled
     max_rounds: int = 5  # query rounds before a placement is given up
     # share of probed candidates the owner is already connected to (a probe then needs no
     # new connection); None: connections / peers, at most 1
@@ -59,12 +80,20 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {self.design!r}")
-        if self.peers < self.owners + self.n_directories + 2:
+        if self.peers < self.owners + self.n_directories + self.n_hostile + 2:
             raise ValueError(f"{self.peers} peers leave no volunteers beside owners/directories")
         if not 0 <= self.burst_fraction < 1 or not 0 < self.fit_fraction <= 1:
             raise ValueError("burst_fraction must be in [0, 1) and fit_fraction in (0, 1]")
         if self.duration_s <= self.warmup_s:
             raise ValueError("duration_s must be longer than warmup_s")
+        if self.hostile_behaviour not in BEHAVIOURS:
+            raise ValueError(f"hostile_behaviour must be one of {BEHAVIOURS}")
+        if self.gossip_fallback not in FALLBACK_RULES:
+            raise ValueError(f"gossip_fallback must be one of {FALLBACK_RULES}")
+        if self.hostile_directories and self.design != "directory":
+            raise ValueError("hostile directories need design directory")
+        if not 0 <= self.attacker_share < 1:
+            raise ValueError("attacker_peers must be in [0, 1)")
 
     @property
     def n_directories(self) -> int:
@@ -76,8 +105,19 @@ class Scenario:
         return max(1, min(16, self.peers // 1000))
 
     @property
+    def n_hostile(self) -> int:
+        """S: 0 in design gossip."""
+        return self.hostile_directories if self.design == "directory" else 0
+
+    @property
     def n_queries(self) -> int:
-        return self.queries if self.queries is not None else min(2, self.n_directories)
+        return self.queries if self.queries is not None else 3
+
+    @property
+    def attacker_share(self) -> float:
+        if self.attacker_peers is not None:
+            return self.attacker_peers
+        return 0.05 if self.hostile_behaviour == "friends_only" and self.n_hostile else 0.0
 
     @property
     def connected_share(self) -> float:
@@ -120,6 +160,7 @@ class Result:
     placements_failed: int  # fewer than K live peers after max_rounds
     find_k_s_p50: float  # from the first query (or the table look-up) to K live peers
     find_k_s_p95: float
+    find_k_s_p99: float
     find_k_s_max: float
     query_rounds_mean: float  # 0 in design gossip: nothing is queried
     drop_dead_s_p50: float  # death until the last holder forgets the peer
@@ -127,13 +168,24 @@ class Result:
     drop_dead_s_max: float
     drop_dead_node_mean_s: float  # death until forgotten, mean over every holder
     dead_measured: int  # dead peers whose drop completed within the run
-    join_found_s_p50: float  # join until owners can find the joiner
+    join_found_s_p50: float  # join until an honest directory holds the joiner
     join_found_s_p95: float
+    join_found_s_p99: float
     first_peer_s_p50: float  # join until the joiner itself is placed in the network
     joins: int
     deaths: int
     offers_to_dead: int  # offers sent to a dead peer (design gossip; 0 by construction else)
     dead_candidates_probed: int  # design directory: probes that timed out
+    # honest volunteers registered with an honest directory (which lists them), sampled
+    # every sample_s after warm-up
+    findable_share_mean: float
+    findable_share_min: float
+    findable_series: list[tuple[float, float]]  # (s, share)
+    attacker_placement_share: float  # of the peers placements were bound to
+    attacker_capacity_share: float  # of the live fitting volunteers, mean over samples
+    fallback_nodes: int  # honest nodes that gossiped their ad to every node after warm-up
+    listing_checks: int
+    hiding_found: int  # listing checks that caught a directory hiding the node
     events: int
     wall_s: float
     cpu_s: float  # process CPU time of the simulation

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from node.net.discovery import CapacityGossip, Registration
+from node.net.discovery import CapacityGossip, Registration, query_directories
 from node.net.host import HostError
 from node.net.peers import PeerEntry, fitting, free_tflops, unfit_reason
 from protocol import AD_LIMITS
@@ -123,7 +123,7 @@ class PeerFinder:
         if now - self._asked.get(key, -1e9) < QUERY_EVERY_S:
             return 0
         self._asked[key] = now
-        ads = await self.registration.query(requirements, 2 * want + len(excluded))
+        ads = await query_directories(self.registration, requirements, 2 * want + len(excluded))
         if len(self._vouched_by) > MAX_VOUCHED:
             self._vouched_by.clear()
         with self.peers.batch():

@@ -20,7 +20,9 @@ never the face.
 - `directory`: serving as a directory: keep the ads volunteers register, answer
   owners (`Directory`).
 - `registration`: registering with directories, estimating the network's size,
-  querying (`Registration`).
+  rating them (`Registration`).
+- `search`: an owner's query of directories, their answers merged
+  (`query_directories`).
 - `listing`: both ends of a volunteer's check that a directory lists it: the seed's
   order of an answer (`rank_key`) and the question asked as a stranger (`lists_me`).
 - `cost`: what finding peers costs this node, per minute (`DiscoveryCost`).
@@ -40,6 +42,7 @@ from node.net.discovery.gossip import (
     check_ad,
 )
 from node.net.discovery.registration import Registration, rendezvous_order
+from node.net.discovery.search import query_directories
 
 __all__ = [
     "MAX_REGISTRATIONS",
@@ -53,5 +56,6 @@ __all__ = [
     "Registration",
     "check_ad",
     "keep_connected",
+    "query_directories",
     "rendezvous_order",
 ]

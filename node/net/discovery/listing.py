@@ -39,6 +39,7 @@ from protocol.capacity import CapacityAd
 from protocol.directory import DIRECTORY_LIMITS, MAX_WANT, DirectoryQuery, DirectoryReply
 from protocol.names import QUERY_PROTOCOL
 
+REQUEST_TIMEOUT_S = 3.0  # a dial (>= 250 ms in py-libp2p) and one request, on a busy machine
 SEED_BYTES = 16
 EXPECTED_RANK = 8  # the ground seed puts this node about this far down the answer
 MAX_GRIND = 1 << 16  # seeds tried at most (a registrant count of 16,384 needs ~1,024)
@@ -98,12 +99,17 @@ async def lists_me(
     request = seal(query, stranger.signing_key)
     raw = await ask_as(stranger, directory, addrs, QUERY_PROTOCOL, request, timeout)
     try:
-        reply = open_envelope(
-            raw, DirectoryReply, expected_signer=directory, limits=DIRECTORY_LIMITS
-        ).message
+        reply = open_reply(raw, directory)
     except ProtocolError as exc:
         raise HostError(f"directory {directory} answered the listing check badly: {exc}") from exc
     return any(_signed_by(ad, own_peer_id) for ad in reply.ads)
+
+
+def open_reply(raw: bytes, directory: str) -> DirectoryReply:
+    """A directory's answer, signed by it; raises `ProtocolError`."""
+    return open_envelope(
+        raw, DirectoryReply, expected_signer=directory, limits=DIRECTORY_LIMITS
+    ).message
 
 
 def _signed_by(envelope: bytes, peer_id: str) -> bool:

@@ -1,4 +1,5 @@
-"""The volunteer's and the owner's side of directories: register, estimate, query.
+"""A node's standing with directories: which to register with, what their counts
+say of the network's size, which of them to trust (the owner's query is `search`).
 
 Each node registers its signed ad with `directory_peers` directories, chosen by
 rendezvous (highest-random-weight) hashing of its peer id with theirs, so that every
@@ -17,19 +18,21 @@ ad still goes to everyone (a small network: as before directories existed) or on
 to the directories (a large one). Gossip is what a hostile directory would like to
 start (every ad to every node: more than two cores each at 10,000 peers), so the
 rules lean the other way (docs/design/discovery.md, "Against strangers"):
-- no network-wide gossip while directories are known and fewer than two answered;
+- no network-wide gossip until every directory known (at most eight) answered;
 - the estimate is the largest of the directories' counts heard lately, so a directory
   can raise it (a count it could not hold is ignored) but never lower it;
 - a large verdict is remembered in node.db for a day, across restarts.
+
+A directory can also take a registration and leave the node out of its answers: after
+registering, the node checks as a stranger that it is listed (`listing`), and leaves a
+directory that hides it for hours; those that list it are the ones it asks first.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -40,20 +43,17 @@ import trio
 from node.identity import Identity
 from node.net.discovery.cost import DiscoveryCost
 from node.net.discovery.directory import MAX_REGISTRATIONS
-from node.net.discovery.listing import SEED_BYTES, check_query, lists_me
+from node.net.discovery.listing import REQUEST_TIMEOUT_S, check_query, lists_me, open_reply
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
 from node.store import read_meta, write_meta
-from protocol import AD_LIMITS, ProtocolError, open_envelope, seal
+from protocol import AD_LIMITS, ProtocolError, open_envelope
 from protocol.capacity import CapacityAd
-from protocol.directory import DIRECTORY_LIMITS, MAX_WANT, DirectoryQuery, DirectoryReply
-from protocol.names import QUERY_PROTOCOL, REGISTER_PROTOCOL
+from protocol.directory import DIRECTORY_LIMITS
+from protocol.names import REGISTER_PROTOCOL
 
 log = logging.getLogger(__name__)
 
-QUERY_DIRECTORIES = 3  # an owner asks this many at once and uses the first two answers
-QUERY_ANSWERS = 2  # one may hide peers, or be gone
-REQUEST_TIMEOUT_S = 3.0  # a dial (>= 250 ms in py-libp2p) and one request, on a busy machine
 RETRY_FIRST_S = 5.0  # a directory that did not answer is skipped this long, doubling
 FAILED_PAUSE_S = 120.0  # up to this
 TRIED_AT_ONCE = 8  # untried directories registered with at once while too few answer
@@ -132,8 +132,12 @@ class Registration:
     def chosen(self, now: float) -> list[str]:
         """The directories to register with: by rendezvous among those that answered
         before, then among those never heard from; while fewer than `directory_peers`
-        answered, up to `TRIED_AT_ONCE` untried ones at once."""
+        answered, up to `TRIED_AT_ONCE` untried ones at once. In a network not known
+        to be large with at most `TRIED_AT_ONCE` directories, all of them: each one's
+        count is heard before this node gossips its ad (`gossip_own_ad`)."""
         usable = self.usable(now)
+        if len(usable) <= TRIED_AT_ONCE and not self.large():
+            return rendezvous_order(self.identity.peer_id, usable)
         good = rendezvous_order(self.identity.peer_id, [d for d in usable if d in self._good])
         untried = [d for d in usable if d not in self._good]
         picked = good[: self.directory_peers]
@@ -176,14 +180,18 @@ class Registration:
 
     def gossip_own_ad(self) -> bool:
         """Whether this node's ad still goes to every node by gossip: in a network
-        without directories, or once two of them (one, when only one is known) said
-        the network is small; never while it is, or lately was, large."""
+        without directories, or once every known directory (at most `TRIED_AT_ONCE`)
+        said the network is small; never while it is, or lately was, large. Not when
+        some said so: two hostile directories that answer first with small counts
+        would turn gossip on for every joiner, and a directory that never answers
+        (dead, or resting after a bad answer) keeps it off, the safe way."""
         if self.is_directory or self.directory_peers == 0:
             return True
         if self.large():
             return False
         known = self.directories()
-        return not known or len(self._fresh_counts()) >= min(2, len(known))
+        fresh = self._fresh_counts()
+        return len(known) <= TRIED_AT_ONCE and all(d in fresh for d in known)
 
     def slow_refresh(self) -> bool:
         """A directory in a large network: the only gossip left, so it goes slowly."""
@@ -277,7 +285,7 @@ class Registration:
                 directory, REGISTER_PROTOCOL, ad, DIRECTORY_LIMITS.max_bytes, REQUEST_TIMEOUT_S
             )
             with self.cost.checking():
-                reply = self._open_reply(raw, directory)
+                reply = open_reply(raw, directory)
         except (HostError, ProtocolError) as exc:
             self._registered_at.pop(directory, None)
             pause = self.failed(directory)
@@ -331,11 +339,6 @@ class Registration:
         log.warning("directory %s hides this node from owners (left out of an answer to a "
                     "stranger); not used for %g h", directory, HIDING_REST_S / 3600)  # fmt: skip
 
-    def _open_reply(self, raw: bytes, directory: str) -> DirectoryReply:
-        return open_envelope(
-            raw, DirectoryReply, expected_signer=directory, limits=DIRECTORY_LIMITS
-        ).message
-
     # -- asking --------------------------------------------------------------------
 
     def vouched(self, directory: str, live: bool) -> None:
@@ -363,65 +366,6 @@ class Registration:
             [d for d in usable if d not in self._good and d not in self.listed],
         )
         return [d for group in groups for d in random.sample(group, len(group))]
-
-    async def query(self, requirements: dict, want: int) -> list[tuple[str, bytes]]:
-        """Signed ads of up to `want` peers fitting `requirements`: three directories
-        asked at once (`ask_order`) under a random seed, the first two answers used
-        (all three while those two hold fewer than `want` ads), taken in turn from each
-        so that no one directory fills the list; each with the directory it came
-        from. The caller checks each ad (`check_ad`)."""
-        asked = self.ask_order(time.monotonic())[:QUERY_DIRECTORIES]
-        query = DirectoryQuery(
-            want=max(1, min(want, MAX_WANT)),
-            gpu=str(requirements.get("gpu", "preferred")),
-            min_gpu_memory_gb=float(requirements.get("min_gpu_memory_gb", 0.0)),
-            max_hours=float(requirements.get("max_hours", 1.0)),
-            timestamp=time.time(),
-            seed=os.urandom(SEED_BYTES),
-        )
-        request = seal(query, self.identity.signing_key)
-        answers: list[list[tuple[str, bytes]]] = []
-
-        async def ask(directory: str, enough: trio.CancelScope) -> None:
-            self.cost.sent(request, "query")
-            try:
-                raw = await self.host.request(
-                    directory,
-                    QUERY_PROTOCOL,
-                    request,
-                    DIRECTORY_LIMITS.max_bytes,
-                    REQUEST_TIMEOUT_S,
-                )
-                self.cost.received(raw, "query")
-                with self.cost.checking():
-                    reply = self._open_reply(raw, directory)
-            except (HostError, ProtocolError) as exc:
-                pause = self.failed(directory)
-                log.info("query to directory %s failed (again in %g s): %s",
-                         directory, pause, exc)  # fmt: skip
-                return
-            if reply.registered and not self.heard(directory, reply.registered):
-                return
-            answers.append([(directory, ad) for ad in reply.ads[:want]])
-            # two answers are enough when they hold enough: a directory that hides
-            # everyone answers fastest, and must not end the search by it
-            if len(answers) >= QUERY_ANSWERS and sum(map(len, answers)) >= want:
-                enough.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for directory in asked:
-                nursery.start_soon(ask, directory, nursery.cancel_scope)
-        return _in_turn(answers)[:want]
-
-
-def _in_turn(answers: list[list[tuple[str, bytes]]]) -> list[tuple[str, bytes]]:
-    """The answers' (directory, ad) taken one from each in turn, each ad once."""
-    merged: dict[bytes, str] = {}
-    for row in itertools.zip_longest(*answers):
-        for item in row:
-            if item is not None:
-                merged.setdefault(item[1], item[0])
-    return [(directory, ad) for ad, directory in merged.items()]
 
 
 def _recall(db: Any) -> tuple[int, float]:

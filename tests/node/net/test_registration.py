@@ -13,7 +13,8 @@ from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
 from node.net.discovery.gossip import check_ad
-from node.net.discovery.registration import Registration, _in_turn, _recall, rendezvous_order
+from node.net.discovery.registration import Registration, _recall, rendezvous_order
+from node.net.discovery.search import _in_turn
 from node.net.finder import parse_find_query
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
 from node.store import open_node_db
@@ -74,17 +75,23 @@ def test_the_size_estimate_is_the_largest_count_so_no_directory_can_make_it_smal
 ) -> None:
     """Gossip to everyone is what a hostile directory would start: the estimate is the
     largest count heard, a count no directory could hold (or 0: it holds this node) is
-    not heard, and gossip waits for two answers."""
+    not heard, and gossip waits for every known directory's answer (two hostile ones
+    may answer first)."""
     db = open_node_db(tmp_path)
     peers = PeerTable(db, ttl_s=90)
     ids = _directories(peers, 3)
     reg = _registration(peers, {ids[0]: 40}, db=db)
-    assert not reg.gossip_own_ad()  # one of three answered: wait for a second
+    assert not reg.gossip_own_ad()  # one of three answered
     reg.heard(ids[1], 44)
     # each holds about N x 2 / 3: N is about 44 x 3 / 2
-    assert reg.network_size() == 66 and reg.gossip_own_ad()
+    assert reg.network_size() == 66 and not reg.gossip_own_ad()  # two of three
+    # a small network: all three are registered with, so that each one's count is heard
+    assert sorted(reg.chosen(time.monotonic())) == sorted(ids)
+    reg.heard(ids[2], 42)
+    assert reg.gossip_own_ad()
     assert not reg.heard(ids[2], 10**9) and reg.network_size() == 66  # more than it can hold
     assert ids[2] not in reg.chosen(time.monotonic())  # and it rests, as one that failed
+    assert not reg.gossip_own_ad()  # a known directory unheard: no gossip
     reg = _registration(peers, {ids[0]: 70, ids[1]: 80, ids[2]: 1}, db=db)  # one lies low
     assert reg.network_size() == 120 and not reg.gossip_own_ad()
     assert not reg.heard(ids[2], 0)  # it holds this node: 0 is a lie
@@ -102,7 +109,8 @@ def test_directories_that_answered_are_preferred_and_untried_ones_tried_together
     tmp_path: Path,
 ) -> None:
     """Signed directory ads are cheap to make: a node registers with those that answered
-    before, and while fewer than two did, tries up to eight unknown ones at once."""
+    before, and while fewer than two did, tries up to eight unknown ones at once (in
+    a network of more than eight directories, which is large whatever they say)."""
     peers = PeerTable(open_node_db(tmp_path), ttl_s=90)
     ids = _directories(peers, 12)
     reg = _registration(peers, {})
@@ -111,6 +119,7 @@ def test_directories_that_answered_are_preferred_and_untried_ones_tried_together
     reg.heard(ids[5], 30)
     reg.heard(ids[9], 30)
     assert sorted(reg.chosen(now)) == sorted([ids[5], ids[9]])
+    assert not reg.gossip_own_ad()  # twelve directories: never all heard
 
 
 def test_answers_are_taken_in_turn_so_no_directory_fills_the_list() -> None:
