@@ -26,6 +26,7 @@ from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
 from node.net.discovery import (
+    MAX_REGISTRATIONS,
     CapacityGossip,
     Directory,
     DiscoveryCost,
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 HAND_BACK_S = 3.0  # at shutdown, how long running units have to reach their owners
 HTTP_STOP_S = 3.0  # at shutdown, how long the HTTP thread has to end (its join waits 3 s)
+DIRECTORY_CONNECTIONS = MAX_REGISTRATIONS + 1024  # one per registrant, and its own peers
 
 
 class Stores(NamedTuple):
@@ -136,6 +138,7 @@ async def _serve(
         mdns=settings.mdns,
         relay=relay,
         reachability=settings.reachability,
+        max_connections=DIRECTORY_CONNECTIONS if settings.directory else None,
     ) as host:
         node = Node(settings, identity, data_dir, capacity, host, peers, db, metrics)
         node.sandbox = await probe_isolation()

@@ -37,6 +37,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 
 from node.identity import Identity
+from node.net import libp2p_fixes
 from node.net.inbound import InboundLimiter
 from node.net.reachability import ReachabilityProbe
 from node.net.relay import Relay, RelayOptions, is_circuit
@@ -106,12 +107,17 @@ class MeshHost:
         mdns: bool,
         relay: RelayOptions,
         reachability: str,
+        max_connections: int | None,
     ) -> None:
+        libp2p_fixes.apply()  # before the library builds anything
         self.identity = identity
         self._inbound = InboundLimiter()
         self._listen = multiaddr.Multiaddr(listen)
         key_pair = create_new_key_pair(identity.seed)
-        self._host = new_host(key_pair=key_pair, listen_addrs=[self._listen], enable_mDNS=mdns)
+        roomy = libp2p_fixes.connection_options(max_connections) if max_connections else {}
+        self._host = new_host(
+            key_pair=key_pair, listen_addrs=[self._listen], enable_mDNS=mdns, **roomy
+        )
         self._gossipsub = GossipSub(
             protocols=GOSSIPSUB_PROTOCOLS,
             degree=6,
@@ -146,9 +152,20 @@ class MeshHost:
         mdns: bool = False,
         relay: RelayOptions | None = None,
         reachability: str = "auto",
+        max_connections: int | None = None,
     ) -> AsyncIterator[MeshHost]:
+        """`max_connections`: above the library's 300 (a directory holds one to each
+        of its registrants)."""
         _refuse_port_in_use(listen)
-        mesh = cls(identity, listen, gossip_rate_limit, mdns, relay or RelayOptions(), reachability)
+        mesh = cls(
+            identity,
+            listen,
+            gossip_rate_limit,
+            mdns,
+            relay or RelayOptions(),
+            reachability,
+            max_connections,
+        )
         try:
             async with (
                 mesh._host.run(listen_addrs=[mesh._listen]),

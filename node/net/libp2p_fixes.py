@@ -15,6 +15,8 @@ import trio
 
 _APPLIED = False
 DIAL_BACK_TIMEOUT_S = 5.0
+PEERSTORE_PEERS = 1 << 16  # peers a node remembers (the library: 1,000)
+TASKS_PER_SERVICE = 1 << 16  # a service's child tasks, one per connected peer (1,000)
 
 
 def apply() -> None:
@@ -25,6 +27,7 @@ def apply() -> None:
     _autonat_dials_back_on_a_new_connection()
     _no_auto_connector_dials()
     _no_wait_after_the_last_address()
+    _room_for_many_peers()
     _APPLIED = True
 
 
@@ -98,3 +101,56 @@ def _no_wait_after_the_last_address() -> None:
     import libp2p.network.swarm as swarm
 
     swarm._HAPPY_EYEBALLS_DELAY = 0.0
+
+
+def _room_for_many_peers() -> None:
+    """Two caps that end the node itself at about 1,000 peers, where a directory of a
+    10,000-peer network holds 2,000 and an owner probes thousands over its life: the
+    peerstore keeps 1,000 peers (peerstore.py) and evicts those without addresses
+    first, this node's own entry among them, after which identify raises and the node
+    exits; and a service's manager (anyio_service) allows 1,000 child tasks, Pubsub
+    one per connected peer, beyond which the node exits with TooManyChildrenException.
+    Both become 65,536."""
+    from libp2p.peer.peerstore import PeerStore
+    from libp2p.tools.anyio_service.manager import AnyIOManager
+    from libp2p.tools.anyio_service.trio_manager import TrioManager
+
+    for manager in (AnyIOManager, TrioManager):  # (max_children_per_task, logger)
+        manager.__init__.__defaults__ = (TASKS_PER_SERVICE, None)
+    store_init = PeerStore.__init__
+
+    def roomy_store(self: Any, *args: Any, **kwargs: Any) -> None:
+        store_init(self, 2 * PEERSTORE_PEERS, PEERSTORE_PEERS)  # (max_records, max_peers)
+
+    PeerStore.__init__ = roomy_store  # type: ignore[method-assign]
+
+
+def connection_options(max_connections: int) -> dict[str, Any]:
+    """`new_host` options for a node that holds `max_connections` at once (a
+    directory: one to each registrant): the swarm's own cap is 300 connections, 250
+    of them inbound, and its resource manager's 256 established inbound ones.
+
+    Not fixed yet: `Swarm._do_handle_inbound_connection` (swarm.py:2044) keeps its
+    handler, and with it the inbound slot taken in `_handle_inbound_connection`
+    (swarm.py:1982), until the swarm stops, whether or not the connection is still
+    open, so a node takes `max_connections` - 50 inbound connections in its life:
+    250 on a volunteer, 17,358 on a directory. The fix is a handler that ends with
+    its connection; not done yet."""
+    import libp2p.rcmgr as rcmgr
+    from libp2p.network.config import ConnectionConfig
+    from libp2p.rcmgr.connection_limits import ConnectionLimits
+
+    config = ConnectionConfig(max_connections=max_connections, high_watermark=max_connections)
+    limits = ConnectionLimits(
+        max_pending_inbound=64,
+        max_pending_outbound=64,
+        max_established_inbound=max_connections,
+        max_established_outbound=max_connections,
+        max_established_per_peer=8,
+        max_established_total=max_connections,
+    )
+    manager = rcmgr.new_resource_manager(
+        limits=rcmgr.ResourceLimits(max_connections, 512, 4 * max_connections),
+        connection_limits=limits,
+    )
+    return {"connection_config": config, "resource_manager": manager}
