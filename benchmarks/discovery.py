@@ -1,30 +1,36 @@
 """Capacity discovery on real node processes, old design and new, beside the simulator.
 
     .venv/bin/python -m benchmarks.discovery [--nodes 10 25 50] [--design gossip directory]
+        [--directories M] [--window S] [--settle S] [--rev COMMIT]
 
 Why: the simulator (`benchmarks.simulate`) is what says how discovery behaves at 1,000
 and 10,000 peers; these runs are what it must agree with where this machine can hold
 the network. For each size and design a cluster of real `meshminer node run`
-processes on loopback is measured, and the simulator is run with the same parameters:
+processes on loopback is measured (with `--rev`, from an export of that commit, so
+that edits to the tree meanwhile are not measured), and the simulator is run with the
+same parameters:
 
 - *gossip* (the old all-ads design): every node publishes every P = max(5, N / 2) s
   (so the machine-wide load stays inside 2 cores) and drops a peer 3P after its last ad.
-- *directory* (the new one): node 0 serves as a directory; every other node registers
-  its ad with it every R = 5 s (the peer TTL 15 s, a third of it) and, the network being
-  "large" (`--gossip-max-peers 2`), gossips nothing; only the directory's own ad is
-  gossiped, every 5 s.
+- *directory* (the new one): nodes 0..M-1 serve as directories (`--directories M`, 1
+  by default); every other node registers its ad with min(2, M) of them (the node's
+  `directory_peers`, by rendezvous hashing) every R = 5 s (the peer TTL 15 s, a third
+  of it) and, the network being "large" (`--gossip-max-peers 2`), gossips nothing;
+  only the directories' own ads are gossiped (`benchmarks.discovery_directories`).
 
 Figures:
 - CPU per volunteer: process CPU (psutil) per minute over `--window` s in which
-  nothing polls the nodes, the mean over the volunteers (not the directory).
+  nothing polls the nodes, the mean over the volunteers (not the directories); and
+  each directory's, compared as the busiest and the mean over the directories.
 - time to find peers: *directory*: `GET /api/v1/peers/find?k=K` from several nodes in
   turn (the node's own timing: query the directory, probe 2K candidates, K answers);
   *gossip*: a node joins, and its log says how long after it started dialling ("up")
   it had taken in every peer (the first table it fetches holds them all).
 - time to drop a dead peer: volunteers are SIGKILLed, each at its own random moment
   within one refresh (they started together, so their refresh phases are alike);
-  until the directory no longer holds it (`/api/v1/directory`), or until 5 sampled
-  nodes no longer list it (*gossip*).
+  until each directory that held it no longer does (`/api/v1/directory`; the mean over
+  those, as the simulator's `drop_dead_node_mean_s`), or until 5 sampled nodes no
+  longer list it (*gossip*).
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import discovery_directories as dirs
 from benchmarks.gossip import cpu_window, settle
-from benchmarks.harness import Cluster, Node, Result, console, wait_for
+from benchmarks.harness import Cluster, Node, Result, console, snapshot, wait_for
 from benchmarks.simulate import Costs, Scenario, load_costs, simulate
 
 STATUS = "/api/v1/status"
@@ -60,6 +67,7 @@ class Setup:
     design: str  # "gossip" | "directory"
     nodes: int
     interval_s: float | None = None  # None: max(5, N / 2) for gossip, 5 for directory
+    directories: int = 1  # M (design directory): nodes 0..M-1
 
     @property
     def publish_interval_s(self) -> float:
@@ -74,6 +82,16 @@ class Setup:
     @property
     def register_interval_s(self) -> float:
         return self.ttl_s / 3
+
+    @property
+    def m(self) -> int:
+        """Directories: M in design directory, none in gossip."""
+        return self.directories if self.design == "directory" else 0
+
+    @property
+    def directory_peers(self) -> int:
+        """D: directories a volunteer registers with (the node's default, 2)."""
+        return min(2, self.directories)
 
     @property
     def k(self) -> int:
@@ -93,7 +111,7 @@ class Setup:
 class Measured:
     setup: Setup
     cpu_ms_per_min: float  # volunteers' mean
-    directory_cpu_ms_per_min: float
+    directory_cpu_ms_per_min: list[float]  # each directory's
     connections: float  # volunteers' mean open connections
     find_s: list[float] = field(default_factory=list)
     drop_s: list[float] = field(default_factory=list)
@@ -101,6 +119,7 @@ class Measured:
     probe_connected: float | None = None  # share of probes that found a connection open
     start_s: float = 0.0
     speed_ms: float = 0.0  # this machine's yardstick (`speed_ms`), before the network
+    per_volunteer: list[float] = field(default_factory=list)  # each one's CPU, ms/min
 
     def summary(self) -> dict[str, float]:
         return {
@@ -109,27 +128,31 @@ class Measured:
             "drop_s": statistics.median(self.drop_s) if self.drop_s else float("nan"),
         }
 
+    def figures(self) -> dict[str, float]:
+        """`summary` and, in design directory, the directories' CPU."""
+        return self.summary() | dirs.real_cpu(self.directory_cpu_ms_per_min)
+
 
 def _discovery(node: Node) -> dict[str, Any]:
     return node.get(STATUS)["discovery"]
 
 
-def _start_in_waves(
-    setup: Setup, cluster: Cluster, first: list[str], timeout: float, wave: int = WAVE
-) -> list[Node]:
+def _start_in_waves(setup: Setup, cluster: Cluster, timeout: float, wave: int = WAVE) -> list[Node]:
     """`wave` nodes at a time, each wave registered (directory) before the next: 50
     nodes started at once on 2 cores gossip their ads until they learn the network is
     large, and that start-up storm kept a 50-node network from settling in 180 s."""
-    nodes = cluster.start(min(wave, setup.nodes), timeout, first)
+    m = setup.m
+    if m > 1:  # the directories first, all known to node 0
+        nodes = dirs.start_directories(cluster, m, timeout)
+    else:
+        nodes = cluster.start(min(wave, setup.nodes), timeout, ["--directory"] if m else [])
     while len(nodes) < setup.nodes:
         for _ in range(min(wave, setup.nodes - len(nodes))):
             cluster.add()
         for node in nodes[-wave:]:
             node.peer_id = wait_for(lambda n=node: n.get(STATUS)["peer_id"], timeout, "APIs")
-        if setup.design == "directory":
-            want = len(nodes) - 1
-            wait_for(lambda w=want: _discovery(nodes[0]).get("directory_holds") == w, timeout,
-                     "a wave registered")  # fmt: skip
+        if m:
+            dirs.wait_registered(nodes[:m], nodes[m:], setup.directory_peers, timeout, False)
     return nodes
 
 
@@ -140,14 +163,13 @@ def _wait_steady(setup: Setup, nodes: list[Node], timeout: float) -> None:
         wait_for(lambda: all(len(n.get("/api/v1/peers")) >= want for n in nodes), timeout,
                  "all listed")  # fmt: skip
     else:
-        directory, volunteers = nodes[0], nodes[1:]
-        want = setup.nodes - 1
-        wait_for(lambda: _discovery(directory).get("directory_holds") == want, timeout,
-                 "registered")  # fmt: skip
+        m = setup.m
+        volunteers = nodes[m:]
+        dirs.wait_registered(nodes[:m], volunteers, setup.directory_peers, timeout, True)
         wait_for(lambda: all(not _discovery(n)["gossips_own_ad"] for n in volunteers), 120, "quiet")
-        # the ads gossiped before the switch expire from every table
+        # the ads gossiped before the switch expire from every table (the directories' stay)
         wait_for(
-            lambda: all(len(n.get("/api/v1/peers")) <= 1 for n in volunteers[:DROP_SAMPLE]),
+            lambda: all(len(n.get("/api/v1/peers")) <= m for n in volunteers[:DROP_SAMPLE]),
             setup.ttl_s + 60,
             "gossiped ads to expire",
         )
@@ -163,7 +185,7 @@ def _find(
     times = []
     if setup.design == "directory":
         probed = connected = 0
-        for owner in nodes[1 : 1 + count]:
+        for owner in nodes[setup.m : setup.m + count]:
             found = owner.get(f"/api/v1/peers/find?k={setup.k}")
             if len(found["peers"]) < setup.k:
                 raise RuntimeError(f"found {len(found['peers'])} of {setup.k}: {found}")
@@ -208,9 +230,19 @@ def _stamp(line: str) -> datetime.datetime:
 
 def _drop(setup: Setup, nodes: list[Node], victims: list[Node]) -> list[float]:
     """Kill each victim at its own random moment within one refresh; seconds from each
-    death until the directory (or 5 sampled nodes) forgot that victim."""
+    death until the directories that held it forgot it (the mean over them), or until
+    5 sampled nodes did (the last of them)."""
     rng = random.Random(7)
     alive = [n for n in nodes if n not in victims]
+    watchers = nodes[: setup.m] or alive[:DROP_SAMPLE]
+    path = "/api/v1/directory" if setup.m else "/api/v1/peers"
+
+    def holders() -> list[set[str]]:
+        return [{e["peer_id"] for e in n.get(path)} for n in watchers]
+
+    pending = {
+        (v.peer_id, i) for i, ids in enumerate(holders()) for v in victims if v.peer_id in ids
+    }
     offsets = sorted(rng.uniform(0, setup.register_interval_s) for _ in victims)
     t0, died, gone = time.monotonic(), {}, {}
     for victim, offset in zip(victims, offsets, strict=True):
@@ -218,21 +250,18 @@ def _drop(setup: Setup, nodes: list[Node], victims: list[Node]) -> list[float]:
         victim.proc.send_signal(signal.SIGKILL)
         died[victim.peer_id] = time.monotonic()
 
-    def holders() -> list[set[str]]:
-        if setup.design == "directory":
-            return [{e["peer_id"] for e in nodes[0].get("/api/v1/directory")}]
-        return [{e["peer_id"] for e in n.get("/api/v1/peers")} for n in alive[:DROP_SAMPLE]]
-
     def forgotten() -> bool:
         held = holders()
         now = time.monotonic()
-        for peer in died.keys() - gone.keys():
-            if all(peer not in ids for ids in held):
-                gone[peer] = now - died[peer]
-        return len(gone) == len(died)
+        for peer, i in pending - gone.keys():
+            if peer not in held[i]:
+                gone[peer, i] = now - died[peer]
+        return len(gone) == len(pending)
 
     wait_for(forgotten, setup.ttl_s + 30, "every dead peer to be forgotten", 0.1)
-    return sorted(gone.values())
+    per_victim = [[s for (p, _), s in gone.items() if p == peer] for peer in died]
+    combine = statistics.mean if setup.m else max
+    return sorted(combine(times) for times in per_victim if times)
 
 
 def measure(
@@ -241,28 +270,32 @@ def measure(
     finds: int = 3,
     kills: int = 5,
     settle_s: float = 180.0,
+    src: Path | None = None,
 ) -> Measured:
-    """Start the network, let it settle, measure CPU, then finds, then deaths."""
-    first = ["--directory"] if setup.design == "directory" else []
-    speed = speed_ms()
-    with Cluster(setup.args()) as cluster:
-        nodes = _start_in_waves(setup, cluster, first, settle_s)
+    """Start the network (from the code in `src`, if given), let it settle, measure
+    CPU, then finds, then deaths."""
+    speed, m = speed_ms(), setup.m
+    with Cluster(setup.args(), src=src) as cluster:
+        t0 = time.monotonic()
+        nodes = _start_in_waves(setup, cluster, settle_s)
+        start_s = time.monotonic() - t0
         _wait_steady(setup, nodes, settle_s)
-        volunteers = nodes[1:] if setup.design == "directory" else nodes
+        volunteers = nodes[m:]
         connections = statistics.mean(n.get(STATUS)["connections"] for n in volunteers)
         window = cpu_window(nodes, window_s)
         per_min = [c * 60 / window["wall_s"] * 1000 for c in window["cpu_s"]]
         measured = Measured(
             setup,
-            cpu_ms_per_min=statistics.mean(per_min[1:] if setup.design == "directory" else per_min),
-            directory_cpu_ms_per_min=per_min[0] if setup.design == "directory" else 0.0,
+            cpu_ms_per_min=statistics.mean(per_min[m:]),
+            directory_cpu_ms_per_min=per_min[:m],
             connections=connections,
             others_cores=window["others_cores"],
-            start_s=cluster.start_s,
+            start_s=start_s,
             speed_ms=speed,
+            per_volunteer=per_min[m:],
         )
         measured.find_s, measured.probe_connected = _find(setup, cluster, nodes, finds)
-        measured.drop_s = _drop(setup, nodes, nodes[setup.nodes - kills : setup.nodes])
+        measured.drop_s = _drop(setup, nodes, nodes[max(m, setup.nodes - kills) :])
         return measured
 
 
@@ -281,8 +314,8 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
         peer_ttl_s=setup.ttl_s,
         connections=max(1, round(measured.connections)),
         probe_connected=measured.probe_connected,
-        directories=1,
-        directory_peers=1,
+        directories=setup.directories,
+        directory_peers=setup.directory_peers,
         register_interval_s=setup.register_interval_s,
         registration_ttl_s=setup.ttl_s,
         k=setup.k,
@@ -304,6 +337,8 @@ def simulated(measured: Measured, costs: Costs, seeds: int = 3) -> dict[str, flo
         "find_s": statistics.median(getattr(r, find) for r in runs),
         # per holder, as the real run times it (no joiner copies a dead peer's entry there)
         "drop_s": statistics.median(r.drop_dead_node_mean_s for r in runs),
+        "directory_cpu_max": statistics.median(r.directory_cpu_ms_per_min_max for r in runs),
+        "directory_cpu_mean": statistics.median(r.directory_cpu_ms_per_min_mean for r in runs),
     }
 
 
@@ -354,9 +389,10 @@ def _signed_ad() -> bytes:
     return seal(ad, key)
 
 
-def compare(measured: Measured, sim: dict[str, float]) -> dict[str, float]:
-    """sim / real for each figure: 1.0 is perfect agreement."""
-    real = measured.summary()
+def compare(measured: Measured, sim: dict[str, float], every: bool = False) -> dict[str, float]:
+    """sim / real for each figure of `summary` (`every`: of `figures`): 1.0 is perfect
+    agreement."""
+    real = measured.figures() if every else measured.summary()
     return {key: sim[key] / real[key] if real[key] else float("nan") for key in real}
 
 
@@ -370,24 +406,31 @@ def main() -> None:
         "--interval", type=float, default=None, help="publish (gossip) or register interval, s"
     )
     parser.add_argument("--settle", type=float, default=180.0, help="s for a network to settle")
+    parser.add_argument("--directories", type=int, default=1, help="M, in design directory")
+    parser.add_argument("--rev", default=None, help="run the nodes from this commit's export")
     args = parser.parse_args()
+    src, sha = snapshot(args.rev) if args.rev else (None, "working tree")
     result = Result(
         "discovery",
         ["design", "nodes", "figure", "real", "simulated", "sim / real"],
-        meta={"date": datetime.datetime.now(datetime.UTC).isoformat(), "runs": []},
+        meta={
+            "date": datetime.datetime.now(datetime.UTC).isoformat(),
+            "nodes_from": sha,
+            "runs": [],
+        },
     )
     for design in args.design:
         for n in args.nodes:
             try:
-                setup = Setup(design, n, args.interval)
-                measured = measure(setup, args.window, settle_s=args.settle)
+                setup = Setup(design, n, args.interval, args.directories)
+                measured = measure(setup, args.window, settle_s=args.settle, src=src)
             except TimeoutError as exc:  # a network this machine cannot hold: say so, go on
                 result.add(design, n, "did not settle", str(exc), "", "")
                 result.show()
                 continue
             sim = simulated(measured, load_costs(args.costs))
-            ratios = compare(measured, sim)
-            for key, real in measured.summary().items():
+            ratios = compare(measured, sim, every=True)
+            for key, real in measured.figures().items():
                 result.add(
                     design, n, key, round(real, 3), round(sim[key], 3), round(ratios[key], 2)
                 )
