@@ -23,6 +23,9 @@ from training.spec.examples import char_lm_elastic_toml
 
 WORKERS = 3
 ROUNDS = 6
+# a round of a few seconds: a worker starts its next share the moment its delta is in,
+# so with rounds under a second the leaver had trained them all before it was stopped
+INNER_STEPS = 150
 CORPUS_CHARS = 40_000
 PACKAGES = ("protocol", "node", "training", "ledger")
 
@@ -51,7 +54,9 @@ def run_elastic(
     short of a worker closes as soon as the others are done)."""
     owner, leaver = net.nodes[0], net.nodes[-1]
     corpus = write_corpus(root / "corpus.txt")
-    spec = char_lm_elastic_toml(str(corpus), workers=WORKERS, rounds=rounds)
+    spec = char_lm_elastic_toml(
+        str(corpus), workers=WORKERS, rounds=rounds, inner_steps=INNER_STEPS
+    )
     (root / "char-lm-elastic.toml").write_text(spec)
     job = submit_job(owner.api, spec, corpus)  # the corpus is uploaded with the spec
     console.print(
