@@ -249,9 +249,8 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
         assert _tree(worker.data_dir.parent) - outside <= _tree(worker.data_dir)
 
         # control: the same offer, unbroken, is taken (so the refusals above were
-        # about what was broken, not about how this test builds offers); it trains
-        # long enough to be still running when its duplicate comes
-        good = _work_offer(key, wid, _digits_plain("attack", steps=1_000_000))
+        # about what was broken, not about how this test builds offers)
+        good = _work_offer(key, wid, spec)
         accepted, reason = await _send_offer(host, worker, seal(good, key))
         assert accepted, reason
         await until(lambda: worker.get("/api/v1/status")["load"] == 100, 10, "load 100%")
@@ -260,7 +259,8 @@ async def _rogue_owner(worker: LocalNode) -> dict[str, str]:
         accepted, reason = await _send_offer(host, worker, seal(again, key))
         observed["8 duplicate unit id"] = reason
         assert not accepted and f"unit {good.unit_id} is already known here" in reason
-        assert _units(worker) == [good.unit_id]
+        # no second unit (the first may be over already: its owner here serves nothing)
+        assert set(_units(worker)) <= {good.unit_id}
     return observed
 
 
