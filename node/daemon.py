@@ -170,6 +170,7 @@ async def _serve(
             cost,
             gossip_own_ad=registration.gossip_own_ad,
             slow_refresh=registration.slow_refresh,
+            shares_all_ads=registration.shares_all_ads,
         )
         registration.on_change = gossip.changed  # two directories said "small": publish
         receipts = ReceiptGossip(host, audit, metrics)

@@ -69,11 +69,8 @@ def _nodes(
     nodes = {"pub": relay}
     try:
         relay.start()
-        join = ["--bootstrap", relay.multiaddr]
         for ns, args in others.items():
-            ip = lab.publics.get(ns) or lab.homes[ns]
-            nodes[ns] = _node(lab, ns, root, ip, [*join, *args])
-            nodes[ns].launch()
+            _joining(lab, root, nodes, ns, args).launch()
         for ns in others:
             nodes[ns].wait_ready(90)
         yield nodes
@@ -84,6 +81,16 @@ def _nodes(
     finally:
         for node in nodes.values():
             node.stop()
+
+
+def _joining(
+    lab: Lab, root: Path, nodes: dict[str, LocalNode], ns: str, args: list[str]
+) -> LocalNode:
+    """A node in namespace `ns` that joins through the relay in "pub"; in `nodes`, so
+    that `_nodes` prints its log on a failure and stops it."""
+    ip = lab.publics.get(ns) or lab.homes[ns]
+    nodes[ns] = _node(lab, ns, root, ip, ["--bootstrap", nodes["pub"].multiaddr, *args])
+    return nodes[ns]
 
 
 def _node(lab: Lab, where: str, root: Path, ip: str, args: list[str]) -> LocalNode:
@@ -216,10 +223,9 @@ def test_an_owner_finds_volunteers_behind_nats_through_a_directory_and_trains_on
     addresses included, and check as strangers that the directory lists them; the
     owner, behind a NAT too, finds both through the directory, each answering a probe
     through a relay, and a job trains on one of them bitwise equal to training here."""
-    others = {"pub2": ["--not-accepting", *LARGE], "a": ["--not-accepting", *LARGE]}
-    others |= {"b": LARGE, "c": LARGE}
-    with _nodes(lab, tmp_path, others, pub=("--directory",)) as nodes:
-        directory, owner = nodes["pub"], nodes["a"]
+    others = {"pub2": ["--not-accepting", *LARGE], "b": LARGE, "c": LARGE}
+    with _nodes(lab, tmp_path, others, pub=("--directory", *LARGE)) as nodes:
+        directory = nodes["pub"]
         workers = {nodes["b"].peer_id, nodes["c"].peer_id}
         for worker in (nodes["b"], nodes["c"]):
             _wait_relays(worker, 1)  # the relay it joined through: no relay's ad is gossiped
@@ -229,6 +235,9 @@ def test_an_owner_finds_volunteers_behind_nats_through_a_directory_and_trains_on
                 f"{worker.name} to be listed by the directory",
             )
             assert not _discovery(worker)["gossips_own_ad"]
+        # the owner joins a large network: the directory hands it no volunteer's ad
+        owner = _joining(lab, tmp_path, nodes, "a", ["--not-accepting", *LARGE]).start(90)
+        wait_for(lambda: directory.peer_id in owner.peer_ids(), 30, "the owner's first table")
         assert not workers & set(owner.peer_ids())  # no ad of theirs came by gossip
 
         found = wait_for(

@@ -119,6 +119,7 @@ class CapacityGossip:
         cost: DiscoveryCost,
         gossip_own_ad: Callable[[], bool] = lambda: True,
         slow_refresh: Callable[[], bool] = lambda: False,
+        shares_all_ads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.host = host
         self.peers = peers
@@ -133,6 +134,8 @@ class CapacityGossip:
         self.gossip_own_ad = gossip_own_ad
         # True for a directory in a large network: it refreshes its ad more slowly
         self.slow_refresh = slow_refresh
+        # False in a large network: new connections get directories' ads only
+        self.shares_all_ads = shares_all_ads
         for reason in REJECT_REASONS:  # export every series from the start, at 0
             metrics.ads_rejected.labels(reason)
 
@@ -243,9 +246,9 @@ class CapacityGossip:
     # -- ad exchange on connect ----------------------------------------------------
 
     async def _serve_table(self, peer: str, request: bytes) -> bytes:
-        # in a large network (our ad is not gossiped) ads reach owners through
-        # directories: hand on only theirs, all a joiner needs (PeerTable.envelopes)
-        shared = self.peers.envelopes(directories_only=not self.gossip_own_ad())
+        # in a large network ads reach owners through directories: hand on only
+        # theirs, all a joiner needs (PeerTable.envelopes)
+        shared = self.peers.envelopes(directories_only=not self.shares_all_ads())
         return encode([self._own_ad, *shared[: MAX_TABLE_ADS - 1]])
 
     async def _connection_loop(self, nursery: trio.Nursery) -> None:

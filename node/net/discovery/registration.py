@@ -197,6 +197,13 @@ class Registration:
         """A directory in a large network: the only gossip left, so it goes slowly."""
         return self.is_directory and self.large()
 
+    def shares_all_ads(self) -> bool:
+        """Whether a new connection gets every ad this node holds, or only directories':
+        every ad only where ads are still gossiped. A directory of a large network
+        hands on none of the volunteers' ads it got by exchange on connect; owners
+        find volunteers through its answers."""
+        return self.gossip_own_ad() and not self.slow_refresh()
+
     def status(self) -> dict[str, object]:
         return {
             "directories": len(self.directories()),

@@ -100,9 +100,12 @@ def test_the_size_estimate_is_the_largest_count_so_no_directory_can_make_it_smal
     assert later.network_size() == 2 and not later.gossip_own_ad()
     reg.is_directory = True  # a directory always gossips, slowly once the network is large
     assert reg.gossip_own_ad() and reg.slow_refresh()
+    assert not reg.shares_all_ads()  # but hands on no volunteer's ad it was given
+    assert not later.shares_all_ads()
     (tmp_path / "other").mkdir()
     fresh = _registration(PeerTable(open_node_db(tmp_path / "other"), ttl_s=90), {})
     assert fresh.gossip_own_ad()  # no directory known: a small network gossips
+    assert fresh.shares_all_ads()
 
 
 def test_directories_that_answered_are_preferred_and_untried_ones_tried_together(
