@@ -26,7 +26,15 @@ messages counted on the nodes' own `/metrics` (`meshminer_discovery_messages_tot
    the work an owner does in turn when it probes many peers it is not connected to),
    `rtt_ms` (a probe on an open one), `dial_timeout_s` (a dial to a port nobody
    listens on), and `ad_check_ms` (checking one signed ad and storing it in a peer
-   table on disk).
+   table on disk);
+6. in this process too, `receipt_ms`: `ad_ms` plus what a receipt's checks and audit
+   insert take beyond an ad's (`receipt_costs`), and `receipt_bytes`.
+
+Two figures come from the NAT lab, not from here, and are kept as found in the file:
+`relayed_probe_ms` (an owner's probe to a peer behind a NAT over a new connection,
+which goes through a relay: `tests/netlab/test_nat.py` prints it) and
+`relay_circuit_ms` (a relay's CPU per circuit, estimated as two new connections'
+`dial_ms`: the HOP and STOP streams and the piping of the handshakes through it).
 
 It also records the machine's yardstick, `speed_ms` (`benchmarks.discovery.speed_ms`),
 so that a real network measured on a faster or slower machine is compared with these
@@ -242,6 +250,50 @@ def host_costs() -> dict[str, float]:
     return out
 
 
+def receipt_costs(ad_ms: float) -> dict[str, float]:
+    """A receipt travels the GossipSub path an ad does, so it costs `ad_ms` plus what
+    its own checks take beyond an ad's: two signatures, checked twice (the validator,
+    then the audit table), and the audit table's insert. Timed here, both on disk."""
+    extra = statistics.median(receipt_check_ms() - check_and_store_ms() for _ in range(5))
+    return {"receipt_ms": ad_ms + extra, "receipt_bytes": len(_cosigned_receipts(1)[0][0])}
+
+
+def receipt_check_ms(count: int = 200) -> float:
+    """A node taking one gossiped receipt: `check_receipt`, then `AuditLog.add`."""
+    import tempfile
+
+    from ledger.audit import AuditLog
+    from node.net.receipts_gossip import check_receipt
+
+    receipts = _cosigned_receipts(count)
+    with tempfile.TemporaryDirectory() as tmp, AuditLog.open(Path(tmp)) as audit:
+        t0 = time.perf_counter()
+        for raw, publisher in receipts:
+            check_receipt(raw, publisher)
+            audit.add(raw)
+        return (time.perf_counter() - t0) / count * 1000
+
+
+def _cosigned_receipts(count: int) -> list[tuple[bytes, str]]:
+    """`count` receipts of one owner and worker, co-signed, each with its owner's id."""
+    from nacl.signing import SigningKey
+
+    from protocol import peer_id_from_public_key, seal
+    from protocol.receipts import countersign, issue
+    from protocol.work import Receipt
+
+    owner, worker = SigningKey.generate(), SigningKey.generate()
+    ids = [peer_id_from_public_key(bytes(k.verify_key)) for k in (owner, worker)]
+    out = []
+    for i in range(count):
+        receipt = Receipt(
+            f"{i:016x}", f"{i:016x}", ids[0], ids[1], "ab" * 32, 500, 32_000,
+            {"val_loss": 0.12}, time.time(),
+        )  # fmt: skip
+        out.append((countersign(issue(seal(receipt, owner), 1.0, owner), worker, 1.0), ids[0]))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=45.0)
@@ -257,6 +309,7 @@ def main() -> None:
     first_check = gossip["table_ad_check_ms"] / 1000
     costs["join_connect_ms"] = max(0.0, join_s - costs["rtt_ms"] / 1000 - first_check) * 1000
     costs.update(gossip)
+    costs.update(receipt_costs(costs["ad_ms"]))
     console.print(costs)
     costs.update(directory_costs(args.window, idle, costs["conn_ms_per_min"], costs["ad_ms"]))
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)

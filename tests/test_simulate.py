@@ -26,10 +26,13 @@ COSTS = costs_from_dict(
         "query_per_ad_ms": 0.05, "ad_check_ms": 1.0, "probe_client_ms": 2.0,
         "probe_server_ms": 2.0, "probe_bytes": 1000, "rtt_ms": 3.0, "connect_ms": 280,
         "dial_ms": 30, "join_connect_ms": 60, "dial_timeout_s": 2.0, "gossip_hop_ms": 5.0,
-        "sweep_s": 1.0,
+        "sweep_s": 1.0, "receipt_ms": 12, "receipt_bytes": 1500, "relayed_probe_ms": 700,
+        "relay_circuit_ms": 20,
     }
 )  # fmt: skip
-QUIET = {"churn_per_hour": 0.0, "burst_at_s": None}  # no one leaves
+QUIET = {"churn_per_hour": 0.0, "burst_at_s": None, "receipt_gossip": False}  # no one leaves
+# every node asks three peers to dial it back every 5 minutes, and is asked as often
+DIAL_BACKS = 3 * (COSTS.probe_client_ms + COSTS.probe_server_ms + 2 * COSTS.dial_ms) / 5
 
 
 def per_min(ms_per_interval: float, interval_s: float) -> float:
@@ -84,7 +87,7 @@ def test_engine_runs_in_time_order_and_ties_in_schedule_order() -> None:
 
 def test_gossip_cpu_is_every_other_nodes_ad() -> None:
     """(N-1) ads per interval at ad_ms each, on top of idle and connections: linear in N."""
-    base = COSTS.idle_ms_per_min + 8 * COSTS.conn_ms_per_min
+    base = COSTS.idle_ms_per_min + 8 * COSTS.conn_ms_per_min + DIAL_BACKS
     for peers in (100, 400):
         sc = Scenario(design="gossip", peers=peers, duration_s=600, **QUIET)
         result = simulate(sc, COSTS)
@@ -130,12 +133,13 @@ def test_find_k_without_dead_peers_is_one_query_and_one_probe() -> None:
     # the query's round trip; checking its 2K ads and sending 2K probes, in turn; every
     # probe needs a new connection, whose handshakes the owner does in turn (the peer's
     # side at once, on its own machine): each answer comes when the last is done
-    query = c.rtt_ms + c.query_server_ms
+    query = c.rtt_ms + c.query_server_ms + n * c.query_per_ad_ms  # (the directory is idle)
     sending = c.query_client_ms + n * c.ad_check_ms + n * c.probe_client_ms
     dialling = n * c.dial_ms + c.dial_ms + c.connect_ms
     expected = (query + sending + c.rtt_ms + c.probe_server_ms + dialling) / 1000
-    assert result.find_k_s_p50 == pytest.approx(expected)
-    assert result.find_k_s_max == pytest.approx(expected)
+    # (its idling and connections take 2.5% of its core: each request 2.5% slower)
+    assert result.find_k_s_p50 == pytest.approx(expected, rel=2e-4)
+    assert result.find_k_s_max == pytest.approx(expected, rel=2e-4)
     assert result.query_rounds_mean == 1 and result.dead_candidates_probed == 0
     assert result.placements == 10 * 8 and result.placements_failed == 0
 

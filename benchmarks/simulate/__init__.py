@@ -14,7 +14,9 @@ share), `gossip` (design gossip), `directory` (design directory: the directories
 side, joins), `registration` (a node's side of the directories: which it registers
 with, rests, the listing check, the fallback to gossip), `placement` (an owner's
 queries and probes), `hostile` (hostile directories and the attacker's peers),
-`report` (a run's figures).
+`upkeep` (receipt gossip, reachability dial-backs, relay slots for NAT'd volunteers),
+`report` (a run's figures). A directory answers in turn on one thread, so past its
+core its answers come too late (`DirectoryNetwork.served_in`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.simulate --peers 1000 10000 --design gossip directory \
         [--minutes 60] [--churn 0.05 ...] [--burst 0.2] [--owners 10] [--seed 1] \
         [--hostile S ... --behaviour NAME ... --listing-check on off] \
+        [--nat-share F ... --unit-minutes 30 --no-receipts --no-saturation] \
         [--costs PATH] [--json OUT]
 
 Every combination of the listed values is one run. With hostile directories (design
@@ -34,12 +35,18 @@ ROWS = [
     ("volunteer CPU ms/min mean", "volunteer_cpu_ms_per_min_mean"),
     ("volunteer CPU ms/min p95", "volunteer_cpu_ms_per_min_p95"),
     ("volunteer CPU % core mean", "volunteer_cpu_pct_mean"),
+    ("  of it receipts", "volunteer_receipts_pct_mean"),
+    ("  of it dial-backs, relays", "volunteer_upkeep_pct_mean"),
     ("directory CPU ms/min mean", "directory_cpu_ms_per_min_mean"),
     ("directory CPU ms/min max", "directory_cpu_ms_per_min_max"),
     ("directory CPU % core max", "directory_cpu_pct_max"),
     ("owner CPU ms/min mean", "owner_cpu_ms_per_min_mean"),
     ("volunteer bytes/min", "volunteer_bytes_per_min_mean"),
     ("directory bytes/min", "directory_bytes_per_min_mean"),
+    ("directory answer s p50", "directory_wait_s_p50"),
+    ("directory answer s p99", "directory_wait_s_p99"),
+    ("directory answers too late", "directory_timeouts"),
+    ("relay slots, busiest relay", "relay_slots_max"),
     ("find K s p50", "find_k_s_p50"),
     ("find K s p95", "find_k_s_p95"),
     ("find K s p99", "find_k_s_p99"),
@@ -119,6 +126,19 @@ def parse() -> argparse.Namespace:
         "--ask-listed-only", default="on", choices=["on", "off"],
         help="an owner listed by two or more directories asks only those",
     )  # fmt: skip
+    parser.add_argument(
+        "--nat-share", type=float, nargs="+", default=[0.0],
+        help="share of volunteers behind NATs (relay slots, probes through relays)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--unit-minutes", type=float, default=30.0,
+        help="a unit's length; each ends in a receipt gossiped to every node",
+    )  # fmt: skip
+    parser.add_argument("--no-receipts", action="store_true", help="leave receipt gossip out")
+    parser.add_argument(
+        "--no-saturation", action="store_true",
+        help="directories answer at once, however loaded (the simulator before 2026-11-26)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
     return parser.parse_args()
 
@@ -131,9 +151,15 @@ def main() -> None:
     costs = dataclasses.replace(load_costs(args.costs), dial_timeout_s=args.dial_timeout)
     runs: list[dict[str, Any]] = []
     combos = itertools.product(
-        args.peers, args.design, args.churn, args.hostile, args.behaviour, args.listing_check
+        args.peers,
+        args.design,
+        args.churn,
+        args.hostile,
+        args.behaviour,
+        args.listing_check,
+        args.nat_share,
     )
-    for peers, design, churn, hostile, behaviour, check in combos:
+    for peers, design, churn, hostile, behaviour, check, nat_share in combos:
         if hostile and design != "directory":
             continue
         if not hostile and behaviour != args.behaviour[0]:
@@ -157,6 +183,10 @@ def main() -> None:
             hostile_count=args.hostile_count,
             gossip_fallback=args.fallback,
             ask_listed_only=args.ask_listed_only == "on",
+            nat_share=nat_share,
+            unit_minutes=args.unit_minutes,
+            receipt_gossip=not args.no_receipts,
+            saturation=not args.no_saturation,
         )
         label = _label(scenario, args)
         console.log(f"{label}, {args.minutes:g} min ...")
@@ -208,6 +238,8 @@ def _label(sc: Scenario, args: argparse.Namespace) -> str:
         parts.append(f"churn {sc.churn_per_hour:g}/h")
     if sc.hostile_directories:
         parts.append(f"S={sc.hostile_directories} {sc.hostile_behaviour}")
+    if len(args.nat_share) > 1 or sc.nat_share:
+        parts.append(f"{sc.nat_share:.0%} NAT'd")
     if len(args.listing_check) > 1 or not sc.listing_check:
         parts.append("check" if sc.listing_check else "no check")
     return ", ".join(parts)

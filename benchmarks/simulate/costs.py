@@ -23,7 +23,8 @@ SPEED_BOUND = frozenset(
         "idle_ms_per_min", "conn_ms_per_min", "ad_ms", "table_ad_check_ms",
         "register_client_ms", "register_server_ms", "query_client_ms", "query_server_ms",
         "query_per_ad_ms", "ad_check_ms", "probe_client_ms", "probe_server_ms", "rtt_ms",
-        "connect_ms", "dial_ms", "join_connect_ms", "gossip_hop_ms",
+        "connect_ms", "dial_ms", "join_connect_ms", "gossip_hop_ms", "receipt_ms",
+        "relay_circuit_ms",
     }
 )  # fmt: skip
 
@@ -53,6 +54,10 @@ class Costs:
     join_connect_ms: float  # dial start until the new connection carries streams
     dial_timeout_s: float  # how long a request to a dead peer takes to fail
     gossip_hop_ms: float  # latency of one gossip hop
+    receipt_ms: float  # CPU per delivered receipt (meshminer/receipts/1): as an ad, and its audit
+    receipt_bytes: float  # bytes per delivered receipt
+    relayed_probe_ms: float  # how much longer a probe over a new connection takes via a relay
+    relay_circuit_ms: float  # a relay's CPU per circuit it carries (both streams, the piping)
     sweep_s: float  # period of the expiry sweeps (peer table, registrations)
     measured: str = "unknown"  # what the figures were measured on ("placeholder" until then)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

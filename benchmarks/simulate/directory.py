@@ -24,10 +24,8 @@ from collections import deque
 from benchmarks.simulate.engine import sweep_after
 from benchmarks.simulate.hostile import HostileMixin
 from benchmarks.simulate.network import DIRECTORY, INF, Network
-from benchmarks.simulate.placement import Placement, PlacementMixin
-from benchmarks.simulate.registration import NodeState, RegistrationMixin
-
-MAX_ANSWER = 64  # peers a directory returns at most
+from benchmarks.simulate.placement import MAX_ANSWER, Placement, PlacementMixin
+from benchmarks.simulate.registration import REQUEST_TIMEOUT_S, NodeState, RegistrationMixin
 
 
 class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network):
@@ -59,6 +57,7 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
             # its own stream for whom a joiner dials and what a directory answers, so
             # that churn is the same whether nodes check their directories or not
             self.pick_rng = random.Random(self.sc.seed + 2 * 10**6)
+            self.busy_until: dict[int, float] = {}  # a directory's queue empties then
         self.choice.append(())
         self.open_to.append(set())
         self.held_by.append(set())
@@ -228,6 +227,34 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
         joined, counts as never found (infinite), so the percentiles say so."""
         end = self.sc.duration_s - 60.0
         self.join_found += [INF for v in self.joining if self.alive[v] and self.born[v] <= end]
+
+    def served_in(self, d: int, ms: float) -> float:
+        """Seconds from now until directory `d` has answered a request that costs it
+        `ms` of CPU. A node is one thread: a request waits for those before it, and
+        what its connections and its idling take (`background_share`) slows each one;
+        a directory whose background alone fills its core never answers. At once
+        without `saturation`, and from a hostile directory (which does no work)."""
+        if d in self.hostile:
+            return 0.0
+        now, busy = self.engine.now, self.background_share(d)
+        if not self.sc.saturation:
+            wait = ms / 1000
+        elif busy >= 1:
+            wait = INF
+        else:
+            start = max(now, self.busy_until.get(d, 0.0))
+            self.busy_until[d] = start + ms / 1000 / (1 - busy)
+            wait = self.busy_until[d] - now
+        if now >= self.warmup_s:
+            self.directory_waits.append(wait)
+            self.directory_timeouts += wait + self.rtt_s > REQUEST_TIMEOUT_S
+        return wait
+
+    def background_share(self, d: int) -> float:
+        """The share of `d`'s core its idling and open connections take."""
+        c = self.costs
+        conns = self.sc.connections + self._conn_count.get(d, 0)
+        return (c.idle_ms_per_min + c.conn_ms_per_min * conns) / 60_000
 
     def candidates(self, placement: Placement, d: int) -> list[int]:
         """An honest answer: up to `want` (at most 64) random fitting registrations."""

@@ -122,6 +122,7 @@ class GossipNetwork(Network):
         self.offers_to_dead += sum(1 for peer in chosen.tolist() if not self.alive[peer])
         self.find_k.append(0.0)
         self.rounds.append(0)
+        self.units_started(chosen.tolist())
 
     def finish(self) -> None:
         """Drop times from each dead peer's last ad, and the joiners' copies of it."""

@@ -18,9 +18,11 @@ import numpy as np
 
 from benchmarks.simulate.costs import Costs
 from benchmarks.simulate.engine import Engine
-from benchmarks.simulate.scenario import Scenario
+from benchmarks.simulate.scenario import DIRECTORY, OWNER, VOLUNTEER, Scenario
+from benchmarks.simulate.upkeep import UpkeepMixin
 
-VOLUNTEER, OWNER, DIRECTORY = 0, 1, 2
+__all__ = ["DIRECTORY", "INF", "OWNER", "VOLUNTEER", "IndexedSet", "Network"]
+
 INF = math.inf
 
 
@@ -48,7 +50,7 @@ class IndexedSet:
         return len(self.items)
 
 
-class Network:
+class Network(UpkeepMixin):
     """The shared machinery; a design subclass decides who publishes and how work is
     placed. Call `run()` once, then read the lists of observations."""
 
@@ -113,6 +115,9 @@ class Network:
         self.listing_checks = 0
         self.hiding_found = 0  # listing checks that caught a directory hiding the node
         self.fallback_nodes = 0  # honest nodes that fell back to gossiping their ad
+        self.directory_waits: list[float] = []  # a request's queue and service, after warm-up
+        self.directory_timeouts = 0
+        self.init_upkeep()
 
     # -- hooks -----------------------------------------------------------------------
 
@@ -163,6 +168,8 @@ class Network:
                 self.first_ad[node] = -interval
                 engine.at(phase, self._publish, node)
         self.on_start()
+        for node in range(len(self.alive)):  # behind a NAT: slots within its first seconds
+            engine.at(rng.uniform(0, 10), self.reserve, node)
         period = 60.0 / sc.placements_per_owner_per_min
         for owner in range(m, m + sc.owners):
             engine.at(rng.uniform(0, period), self._place_tick, owner)
@@ -175,6 +182,7 @@ class Network:
         engine.run(sc.duration_s)
         for node in self.live.items:
             self.g_end[node] = self.ads_published
+            self.r_end[node] = self.receipts_published
         for node in self._conn_count:
             self.conn_change(node, 0)
         self.finish()
@@ -203,6 +211,7 @@ class Network:
             self.first_ad = np.concatenate([self.first_ad, np.full(grow, INF)])
             self.fits_np = np.concatenate([self.fits_np, np.zeros(grow, dtype=bool)])
         self.fits_np[node] = fits
+        self.add_upkeep(node)
         self.live.add(node)
         if role == VOLUNTEER or (role == DIRECTORY and self.sc.directory_churn):
             self.churnable.add(node)
@@ -215,6 +224,8 @@ class Network:
         self.alive[node] = False
         self.died[node] = self.engine.now
         self.g_end[node] = self.ads_published
+        self.r_end[node] = self.receipts_published
+        self.release(node)
         self.live.remove(node)
         self.churnable.remove(node)
         if node in self._conn_count:  # its connections close with it
@@ -228,6 +239,7 @@ class Network:
         if self.publishes(role):  # on its first connection, so peers beyond it learn of it
             self.engine.after(self.connect_s, self._publish, node)
         self.on_join(node)
+        self.engine.after(self.join_connect_s + 1.0, self.reserve, node)
 
     def _churn(self, rate: float) -> None:
         """One Poisson departure, replaced at once by a newcomer of the same role."""
@@ -245,6 +257,7 @@ class Network:
     def _warmup(self, _: object) -> None:
         for node in self.live.items:
             self.g_start[node] = self.ads_published
+            self.r_start[node] = self.receipts_published
 
     def _publish(self, node: int) -> None:
         if not self.alive[node]:

@@ -34,6 +34,8 @@ from benchmarks.simulate.registration import REQUEST_TIMEOUT_S
 if TYPE_CHECKING:
     from benchmarks.simulate.directory import DirectoryNetwork
 
+MAX_ANSWER = 64  # peers a directory returns at most
+PROBE_TIMEOUT_S = 3.0  # node.net.finder: a probe's budget
 DIAL_ROUND_TRIPS = 6
 PROBE_ROUND_TRIPS = 2
 
@@ -97,11 +99,16 @@ class PlacementMixin:
             if not self.reachable(d):
                 self.engine.after(REQUEST_TIMEOUT_S, self._query_failed, key)
                 continue
-            delay = self.rtt_s + (c.query_server_ms / 1000 if d not in self.hostile else 0.0)
+            server_ms = c.query_server_ms + c.query_per_ad_ms * min(placement.want, MAX_ANSWER)
+            delay = self.rtt_s + self.served_in(d, server_ms)
             if d not in self.open_to[owner] and d not in st.dialled:
                 st.dialled.add(d)  # kept open: an owner asks every minute
                 self.dial(owner, d)
                 delay += self.connect_s
+            if delay > REQUEST_TIMEOUT_S:  # answered after the owner gave up
+                self.charge(d, server_ms, 0)
+                self.engine.after(REQUEST_TIMEOUT_S, self._query_failed, key)
+                continue
             self.engine.after(delay, self._answer, key)
 
     def _answer(self: DirectoryNetwork, key: tuple[Placement, int, int]) -> None:
@@ -170,7 +177,12 @@ class PlacementMixin:
                 self.engine.after(c.dial_timeout_s, self._probe_dead, (placement, peer))
                 continue
             self.charge(peer, c.probe_server_ms, c.probe_bytes)
-            wait_s = answered_new_s if peer in dialled_set else answered_open_s
+            wait_s = answered_open_s
+            if peer in dialled_set:
+                wait_s = self.probe_path_s(peer, answered_new_s)
+            if wait_s > PROBE_TIMEOUT_S:  # behind a NAT with no relay slot: unreachable
+                self.engine.after(PROBE_TIMEOUT_S, self._probe_dead, (placement, peer))
+                continue
             self.engine.after(wait_s, self._probe_live, (placement, peer))
         if not chosen:  # nothing new to probe: this round is over
             placement.outstanding += 1
@@ -205,6 +217,7 @@ class PlacementMixin:
             self.find_k.append(self.engine.now - placement.start)
             self.rounds.append(placement.round)
             self.placed(placement.bound)
+            self.units_started(placement.bound)
         self._probe_done(placement)
 
     def _probe_dead(self: DirectoryNetwork, arg: tuple[Placement, int]) -> None:

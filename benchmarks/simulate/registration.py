@@ -170,7 +170,12 @@ class RegistrationMixin:
         st, c, now = self.regs[node], self.costs, self.engine.now
         self.charge(node, c.register_client_ms, c.register_bytes)
         connected = d in self.open_to[node]
-        if connected and d in st.good and self.alive[d]:  # a refresh: at once
+        if connected and d in st.good and self.alive[d]:  # a refresh: at once, if in time
+            if self.served_in(d, c.register_server_ms) + self.rtt_s > REQUEST_TIMEOUT_S:
+                self.charge(d, c.register_server_ms, c.register_bytes)  # done too late
+                st.in_flight.add(d)
+                self.engine.after(REQUEST_TIMEOUT_S, self._reg_failed, (node, d))
+                return
             self.store(node, d)
             if self.heard(node, d, self.reg_count(d)):
                 st.registered_at[d] = now
@@ -194,8 +199,13 @@ class RegistrationMixin:
             self.open_to[node].add(d)
             self.conn_change(d, 1)
             self.dial(node, d)
+        server_s = self.served_in(d, self.costs.register_server_ms)
+        timeout_at = sent + REQUEST_TIMEOUT_S
+        if self.engine.now + server_s + self.rtt_s / 2 > timeout_at:
+            self.charge(d, self.costs.register_server_ms, self.costs.register_bytes)
+            self.engine.at(timeout_at, self._reg_failed, (node, d))  # done too late
+            return
         self.store(node, d)
-        server_s = self.costs.register_server_ms / 1000 if d not in self.hostile else 0.0
         answer = (node, d, sent, self.reg_count(d))
         self.engine.after(self.rtt_s / 2 + server_s, self._reg_answered, answer)
 
@@ -270,17 +280,26 @@ class RegistrationMixin:
         ads = min(CHECK_WANT, len(self.reg[d])) if d not in self.hostile else 0
         nbytes = c.register_bytes + c.ad_bytes * ads
         self.charge(node, c.dial_ms + c.query_client_ms + c.ad_check_ms * CHECK_RANK, nbytes)
-        self.charge(d, c.dial_ms + c.query_server_ms + c.query_per_ad_ms * ads, nbytes)
-        server_s = c.query_server_ms / 1000 if d not in self.hostile else 0.0
-        self.engine.after(self.connect_s + self.rtt_s + server_s, self._checked, (node, d))
+        server_ms = c.query_server_ms + c.query_per_ad_ms * ads
+        self.charge(d, c.dial_ms + server_ms, nbytes)
+        wait_s = self.connect_s + self.rtt_s + self.served_in(d, server_ms)
+        if wait_s > REQUEST_TIMEOUT_S:  # no answer in time: a check that failed
+            self.engine.after(REQUEST_TIMEOUT_S, self._check_failed, (node, d))
+            return
+        self.engine.after(wait_s, self._checked, (node, d))
+
+    def _check_failed(self: DirectoryNetwork, arg: tuple[int, int]) -> None:
+        node, d = arg
+        if self.alive[node]:
+            self.regs[node].checked_at.pop(d, None)
+            self.failed(node, d)
 
     def _checked(self: DirectoryNetwork, arg: tuple[int, int]) -> None:
         node, d = arg
         if not self.alive[node]:
             return
         if not self.alive[d]:  # died meanwhile: a check that failed
-            self.regs[node].checked_at.pop(d, None)
-            self.failed(node, d)
+            self._check_failed(arg)
             return
         st = self.regs[node]
         if self.lists(d, node):

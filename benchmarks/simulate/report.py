@@ -37,6 +37,8 @@ def mean(values: list[float]) -> float:
 def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
     sc, c = net.sc, net.costs
     cpu: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
+    receipts_ms: list[float] = []  # volunteers'
+    upkeep_ms: list[float] = []
     traffic: dict[int, list[float]] = {0: [], OWNER: [], DIRECTORY: []}
     for node in range(len(net.alive)):
         if net.attacker[node] or node in net.hostile:
@@ -47,15 +49,23 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         minutes = span / 60
         received = net.g_end[node] - net.g_start[node] - net.own_ads[node]
         conn_minutes = sc.connections * minutes + net.conn_integral.get(node, 0.0) / 60
+        receipts = net.receipts_received(node)
+        upkeep = net.upkeep_ms_per_min(node)
         ms = (
             c.idle_ms_per_min * minutes
             + c.conn_ms_per_min * conn_minutes
             + net.cpu[node]
             + c.ad_ms * received
+            + c.receipt_ms * receipts
+            + upkeep * minutes
         )
         role = net.role[node]
         cpu[role].append(ms / minutes)
-        traffic[role].append((net.nbytes[node] + c.ad_bytes * received) / minutes)
+        nbytes = net.nbytes[node] + c.ad_bytes * received + c.receipt_bytes * receipts
+        traffic[role].append(nbytes / minutes)
+        if role == 0:
+            receipts_ms.append(c.receipt_ms * receipts / minutes)
+            upkeep_ms.append(upkeep)
     volunteer, directory = cpu[0], cpu[DIRECTORY]
     findable = [(round(t, 3), share) for t, share in net.findable]
     shares = [share for _, share in findable]
@@ -103,6 +113,13 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         fallback_nodes=net.fallback_nodes,
         listing_checks=net.listing_checks,
         hiding_found=net.hiding_found,
+        volunteer_receipts_pct_mean=mean(receipts_ms) / CORE_MS_PER_MIN * 100,
+        volunteer_upkeep_pct_mean=mean(upkeep_ms) / CORE_MS_PER_MIN * 100,
+        relay_slots_max=max(map(len, net.reserved_on.values()), default=0),
+        relay_refused=net.relay_refused,
+        directory_wait_s_p50=pct(net.directory_waits, 50),
+        directory_wait_s_p99=pct(net.directory_waits, 99),
+        directory_timeouts=net.directory_timeouts,
         events=net.engine.events,
         wall_s=wall_s,
         cpu_s=cpu_s,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+VOLUNTEER, OWNER, DIRECTORY = 0, 1, 2  # a node's role
 DESIGNS = ("gossip", "directory")
 MIDWAY: Literal["midway"] = "midway"
 # what a hostile directory does (benchmarks/simulate/hostile.py)
@@ -70,6 +71,10 @@ class Scenario:
     fit_fraction: float = 1.0  # share of peers that fit the job
     owners: int = 10
     placements_per_owner_per_min: float = 1.0
+    unit_minutes: float = 30.0  # a bound unit trains this long; then its receipt is gossiped
+    receipt_gossip: bool = True  # receipts go to every node (meshminer/receipts/1)
+    nat_share: float = 0.0  # share of volunteers behind NATs: relay slots, relayed probes
+    saturation: bool = True  # a directory answers in turn, on one thread (a queue)
     # churn
     churn_per_hour: float = 0.05  # share of volunteers replaced per hour (Poisson)
     directory_churn: bool = False  # directories churn (and can be hit by the burst) too
@@ -94,6 +99,8 @@ class Scenario:
             raise ValueError("hostile directories need design directory")
         if not 0 <= self.attacker_share < 1:
             raise ValueError("attacker_peers must be in [0, 1)")
+        if not 0 <= self.nat_share < 1 or self.unit_minutes <= 0:
+            raise ValueError("nat_share must be in [0, 1) and unit_minutes > 0")
 
     @property
     def n_directories(self) -> int:
@@ -186,6 +193,15 @@ class Result:
     fallback_nodes: int  # honest nodes that gossiped their ad to every node after warm-up
     listing_checks: int
     hiding_found: int  # listing checks that caught a directory hiding the node
+    # of the volunteers' mean CPU: receipt gossip, and dial-backs and relay slots
+    volunteer_receipts_pct_mean: float
+    volunteer_upkeep_pct_mean: float
+    relay_slots_max: int  # reservations held on the busiest relay
+    relay_refused: int  # reservations wanted when no public peer tried had room
+    # a directory's answer: waiting in its queue and being served (saturation)
+    directory_wait_s_p50: float
+    directory_wait_s_p99: float
+    directory_timeouts: int  # requests it answered after the asker gave up
     events: int
     wall_s: float
     cpu_s: float  # process CPU time of the simulation
