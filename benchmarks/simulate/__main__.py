@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.simulate --peers 1000 10000 --design gossip directory \
         [--minutes 60] [--churn 0.05 ...] [--burst 0.2] [--owners 10] [--seed 1] \
         [--hostile S ... --behaviour NAME ... --listing-check on off] \
-        [--nat-share F ... --unit-minutes 30 --no-receipts --no-saturation] \
+        [--nat-share F ... --unit-minutes 30 --no-receipts --no-saturation --cold-start] \
         [--costs PATH] [--json OUT]
 
 Every combination of the listed values is one run. With hostile directories (design
@@ -139,6 +139,10 @@ def parse() -> argparse.Namespace:
         "--no-saturation", action="store_true",
         help="directories answer at once, however loaded (the simulator before 2026-11-26)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cold-start", action="store_true",
+        help="nodes start remembering no directory that answered them (each tries eight)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"default {RESULTS}")
     return parser.parse_args()
 
@@ -187,6 +191,7 @@ def main() -> None:
             unit_minutes=args.unit_minutes,
             receipt_gossip=not args.no_receipts,
             saturation=not args.no_saturation,
+            cold_start=args.cold_start,
         )
         label = _label(scenario, args)
         console.log(f"{label}, {args.minutes:g} min ...")

@@ -10,10 +10,12 @@ evenly and a directory's death moves only its own volunteers. A registration is 
 owners probe every candidate, and offer only to those that answered (late binding),
 which is why offers never reach a dead peer here.
 
-The run starts cold: every node has just started and knows every directory, so it
-registers with up to eight at once and keeps two (the warm-up leaves that out of the
-figures). A joiner connects to `connections` peers, takes its first peer's ad table
-(its own ad and the directories'), and registers the same way; it gossips nothing.
+The run starts warm: every node has just started, knows every directory and remembers
+the two that answered it before (node.db), so it registers with those; with
+`cold_start` it remembers none and registers with up to eight at once, as every node
+did before 2026-11-26 (the warm-up leaves either out of the figures). A joiner
+connects to `connections` peers, takes its first peer's ad table (its own ad and the
+directories'), and registers the same way; it gossips nothing.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
 
     def on_start(self) -> None:
         """Every node starts now, knowing the directories, at a random phase. They ran
-        before, so in a large network they remember it (node.db keeps that a day);
-        joiners are new and do not."""
+        before, so they remember a large network (node.db keeps that a day) and the
+        directories that answered them (their first D by rendezvous among those that
+        answer at all), unless the run starts `cold`; joiners are new and remember
+        nothing."""
         self._set_known(list(self.directory_ids))
         self.start_hostile()
         interval = self.sc.register_interval_s
@@ -82,6 +86,9 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
             start = self.rng.uniform(0, interval)
             st = self.regs[node]
             st.ready, st.phase, st.large = True, start % 1.0, large
+            if not self.sc.cold_start:
+                answering = [d for d in self.order(node) if self.reachable(d)]
+                st.good = set(answering[: self.sc.directory_peers])
             self.wake_at(node, start)
         self.engine.at(self.costs.sweep_s, self._sweep)
 

@@ -75,6 +75,7 @@ class Scenario:
     receipt_gossip: bool = True  # receipts go to every node (meshminer/receipts/1)
     nat_share: float = 0.0  # share of volunteers behind NATs: relay slots, relayed probes
     saturation: bool = True  # a directory answers in turn, on one thread (a queue)
+    cold_start: bool = False  # nodes start remembering no directory that answered them
     # churn
     churn_per_hour: float = 0.05  # share of volunteers replaced per hour (Poisson)
     directory_churn: bool = False  # directories churn (and can be hit by the burst) too

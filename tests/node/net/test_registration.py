@@ -13,7 +13,12 @@ from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
 from node.net.discovery.gossip import check_ad
-from node.net.discovery.registration import Registration, _recall, rendezvous_order
+from node.net.discovery.registration import (
+    Registration,
+    _recall,
+    _recall_good,
+    rendezvous_order,
+)
 from node.net.discovery.search import _in_turn
 from node.net.finder import parse_find_query
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
@@ -39,7 +44,7 @@ def _registration(
     reg.identity = type("I", (), {"peer_id": "me"})()
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
     reg.is_directory, reg.own_count = False, lambda: own
-    reg.registered, reg._heard_at, reg._good = {}, {}, set()
+    reg.registered, reg._heard_at, reg._good = {}, {}, _recall_good(db)
     reg._registered_at, reg._checked_at, reg.listed = {}, {}, set()
     reg._failed_until, reg._failures, reg._in_flight, reg._vouched = {}, {}, set(), {}
     reg._db, reg._remembered, reg.on_change = db, _recall(db), lambda: None
@@ -123,6 +128,21 @@ def test_directories_that_answered_are_preferred_and_untried_ones_tried_together
     reg.heard(ids[9], 30)
     assert sorted(reg.chosen(now)) == sorted([ids[5], ids[9]])
     assert not reg.gossip_own_ad()  # twelve directories: never all heard
+
+
+def test_a_restarted_node_registers_with_the_directories_that_answered_before(
+    tmp_path: Path,
+) -> None:
+    """Not eight untried ones at once: after a network-wide restart that would load
+    every directory fourfold. One that fails is forgotten as answering, also on disk."""
+    db = open_node_db(tmp_path)
+    peers = PeerTable(db, ttl_s=90)
+    ids = _directories(peers, 12)
+    _registration(peers, {ids[5]: 30, ids[9]: 30}, db=db)
+    restarted = _registration(peers, {}, db=db)
+    assert sorted(restarted.chosen(time.monotonic())) == sorted([ids[5], ids[9]])
+    restarted.failed(ids[9])
+    assert _recall_good(db) == {ids[5]}
 
 
 def test_answers_are_taken_in_turn_so_no_directory_fills_the_list() -> None:
