@@ -173,7 +173,7 @@ async def _serve(
             shares_all_ads=registration.shares_all_ads,
         )
         registration.on_change = gossip.changed  # two directories said "small": publish
-        receipts = ReceiptGossip(host, audit, metrics)
+        receipts = ReceiptGossip(host, audit, metrics, registration.audits_receipts)
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)
         )

@@ -372,11 +372,21 @@ class MeshHost:
         self._pubsub.set_topic_validator(topic, _validate, False)
         self._subscriptions[topic] = await self._pubsub.subscribe(topic)
 
+    async def unsubscribe(self, topic: str) -> None:
+        """Leave `topic`: its messages are no longer delivered, forwarded or paid for,
+        and `messages(topic)` ends. Peers are told, so they stop sending them."""
+        if self._subscriptions.pop(topic, None) is not None:
+            await self._pubsub.unsubscribe(topic)
+
     async def messages(self, topic: str) -> AsyncIterator[tuple[str, bytes]]:
-        """Validated messages on `topic` from other peers: (sender peer id, data)."""
+        """Validated messages on `topic` from other peers: (sender peer id, data),
+        until `unsubscribe(topic)`."""
         subscription = self._subscriptions[topic]
         while True:
-            msg = await subscription.get()  # type: ignore[attr-defined]
+            try:
+                msg = await subscription.get()  # type: ignore[attr-defined]
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return
             sender = ID(msg.from_id).to_base58()
             if sender != self.peer_id:
                 yield sender, msg.data

@@ -199,6 +199,11 @@ class Registration:
         """A directory in a large network: the only gossip left, so it goes slowly."""
         return self.is_directory and self.large()
 
+    def audits_receipts(self) -> bool:
+        """Whether this node takes every node's receipts (`ReceiptGossip`): a directory
+        always; another node while the network is not large."""
+        return self.is_directory or self.directory_peers == 0 or not self.large()
+
     def shares_all_ads(self) -> bool:
         """Whether a new connection gets every ad this node holds, or only directories':
         every ad only where ads are still gossiped. A directory of a large network
@@ -213,6 +218,7 @@ class Registration:
             "listed_by": sorted(self.listed & set(self._registered_at)),
             "network_size": self.network_size(),
             "gossips_own_ad": self.gossip_own_ad(),
+            "audits_receipts": self.audits_receipts(),
         }
 
     def _remember_good(self) -> None:

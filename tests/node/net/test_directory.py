@@ -107,3 +107,14 @@ def test_volunteers_register_with_a_directory_and_owners_find_probe_and_place_th
     job = owner.wait_job_end(job_id, timeout=120)
     assert job["state"] == "completed", job
     assert job["worker"] in ids - {victim.peer_id} | {newcomer.peer_id, directory.peer_id}
+
+    # receipts, like ads, go to directories only: the directory audits the job's, a
+    # volunteer that took no part keeps none (each would cost it an ad's 9 ms)
+    wait_for(
+        lambda: owner.peer_id in directory.get("/api/v1/ledger/balances")["network"],
+        20,
+        "the directory to audit the job's receipt",
+    )
+    bystander = next(v for v in volunteers[:-1] if v.peer_id != job["worker"])
+    assert not _discovery(bystander)["audits_receipts"] and _discovery(directory)["audits_receipts"]
+    assert bystander.get("/api/v1/ledger/balances")["network"] == {}
