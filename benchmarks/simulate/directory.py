@@ -235,6 +235,11 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
         end = self.sc.duration_s - 60.0
         self.join_found += [INF for v in self.joining if self.alive[v] and self.born[v] <= end]
 
+    def audits(self, node: int) -> bool:
+        """A directory takes every receipt; another node only while it has not heard
+        that the network is large."""
+        return self.role[node] == DIRECTORY or not self.regs[node].large
+
     def served_in(self, d: int, ms: float) -> float:
         """Seconds from now until directory `d` has answered a request that costs it
         `ms` of CPU. A node is one thread: a request waits for those before it, and

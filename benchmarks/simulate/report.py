@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from benchmarks.simulate.network import DIRECTORY, OWNER, Network
+from benchmarks.simulate.network import DIRECTORY, OWNER, VOLUNTEER, Network
 from benchmarks.simulate.scenario import Result
 
 CORE_MS_PER_MIN = 60_000.0
@@ -63,7 +63,7 @@ def summarize(net: Network, wall_s: float, cpu_s: float) -> Result:
         cpu[role].append(ms / minutes)
         nbytes = net.nbytes[node] + c.ad_bytes * received + c.receipt_bytes * receipts
         traffic[role].append(nbytes / minutes)
-        if role == 0:
+        if role == VOLUNTEER:
             receipts_ms.append(c.receipt_ms * receipts / minutes)
             upkeep_ms.append(upkeep)
     volunteer, directory = cpu[0], cpu[DIRECTORY]

@@ -4,7 +4,8 @@ receipt gossip, reachability dial-backs, and relays for volunteers behind NATs, 
 
 Receipts: each unit a placement binds ends `unit_minutes` later (if its worker is
 still there) with one co-signed receipt published on `meshminer/receipts/1`, which
-every node validates, forwards and keeps in its audit table (`receipt_ms`). They are
+every subscriber validates, forwards and keeps in its audit table (`receipt_ms`):
+every node in a small network, only directories in a large one (`audits`). They are
 counted as gossiped ads are: a node's receipts received are the count's growth while
 it was alive.
 
@@ -74,8 +75,15 @@ class UpkeepMixin:
             self.receipts_published += 1
 
     def receipts_received(self: Network, node: int) -> int:
+        """Receipts `node` took while it was alive after warm-up, if it audits them."""
+        if not self.audits(node):
+            return 0
         end = self.receipts_published if self.alive[node] else self.r_end[node]
         return end - self.r_start[node]
+
+    def audits(self: Network, node: int) -> bool:
+        """Whether `node` takes every receipt (`Registration.audits_receipts`)."""
+        return True
 
     # -- dial-backs and relays -----------------------------------------------------------
 
