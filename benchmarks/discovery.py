@@ -323,6 +323,8 @@ def scenario_for(measured: Measured, seed: int) -> Scenario:
         churn_per_hour=5 / setup.nodes,  # about five joins (and deaths) an hour
         shared_cores=len(os.sched_getaffinity(0)),  # every node runs on this machine
         burst_fraction=kills / setup.nodes,
+        cold_start=True,  # fresh data dirs: no node remembers a directory
+        receipt_gossip=False,  # searches only: no unit ends, no receipt
     )
 
 
