@@ -104,6 +104,7 @@ class Node:
             out.update(self.registration.status())
         if self.directory is not None:
             out["directory_holds"] = len(self.directory.table)
+            out["directory_crowded"] = self.directory.crowded()
         return out
 
     def paused_because(self) -> str:

@@ -125,6 +125,8 @@ def show_status(s: dict[str, Any]) -> None:
     if d.get("directories") or "directory_holds" in d:
         mode = "its ad gossiped" if d.get("gossips_own_ad", True) else "its ad to directories only"
         held = f"; a directory holding {d['directory_holds']}" if "directory_holds" in d else ""
+        if d.get("directory_crowded"):
+            held += " (crowded: the network needs another directory)"
         table.add_row(
             "directories",
             f"{d.get('directories', 0)} known, registered with {len(d.get('registered_with', []))}"

@@ -38,6 +38,9 @@ from protocol.names import QUERY_PROTOCOL, REGISTER_PROTOCOL
 log = logging.getLogger(__name__)
 
 MAX_REGISTRATIONS = 16384  # a 10,000-peer network with two directories per volunteer: 4+ of these
+# about a quarter of a core: one real directory took 15% at 500, 33% at 1,000, 49% at
+# 2,000 (benchmarks/directory_load.py), and its answers' p99 grew past 0.7 s
+COMFORTABLE_REGISTRATIONS = 900
 
 
 class Directory:
@@ -62,12 +65,27 @@ class Directory:
         self.host.serve(REGISTER_PROTOCOL, self._register, max_request=AD_LIMITS.max_bytes)
         self.host.serve(QUERY_PROTOCOL, self._query, max_request=1024)
 
+    def crowded(self) -> bool:
+        """More registrations than a directory serves within a quarter of a core: the
+        network needs another directory, and nothing but an operator makes one."""
+        return len(self.table) > COMFORTABLE_REGISTRATIONS
+
     async def run(self) -> None:
+        was_crowded = False
         while True:
             await trio.sleep(1.0)
             gone = self.table.expire()
             if gone:
                 log.debug("directory: %d registrations expired", len(gone))
+            if self.crowded() and not was_crowded:
+                log.warning(
+                    "directory: %d registrations, more than the %d one serves within a "
+                    "quarter of a core; the network needs another directory (any public "
+                    "node started with --directory)",
+                    len(self.table),
+                    COMFORTABLE_REGISTRATIONS,
+                )
+            was_crowded = self.crowded()
 
     def _reply(self, ads: list[bytes] | None = None) -> bytes:
         reply = DirectoryReply(len(self.table), self.table.ttl_s, ads or [])
