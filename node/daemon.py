@@ -21,7 +21,7 @@ import trio
 from ledger.audit import AuditLog
 from ledger.chain import Ledger
 from node.identity import Identity, load_or_create_api_token
-from node.machine import IdleSensor, LocalCapacity, local_capacity, process_cpu_s
+from node.machine import IdleSensor, LocalCapacity, Sensors, local_capacity, process_cpu_s
 from node.metrics import NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
@@ -218,7 +218,16 @@ async def _serve(
                 lambda: node.preferences.idle_load_pct,
             )
             node.idle_how = lambda: idle.how
-            node.availability = Availability(lambda: node.preferences, TrainingDays(db), idle)
+            sensors = Sensors()
+            node.sensors_missing = sensors.missing()
+            for gap in node.sensors_missing:
+                log.info("machine guards: %s", gap)
+            node.availability = Availability(
+                lambda: node.preferences,
+                TrainingDays(db),
+                idle,
+                sensors=lambda programs: sensors.read(ctx.unit_pids | ctx.runner_pids, programs),
+            )
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)
             guard = WriteGuard(token, http_host)
             routes = job_routes(

@@ -2,7 +2,9 @@
 
 BOINC's users keep a client for years because it trains when they are away and not
 when they are not. Here: time-of-day windows (`hours`), only after the machine has
-been idle for `idle_minutes`, at most `daily_gpu_hours` a day, on chosen `gpus`.
+been idle for `idle_minutes`, at most `daily_gpu_hours` a day, on chosen `gpus`; and
+the machine guards (`max_cpu_temp_c`, `max_gpu_temp_c`, `pause_on_battery`,
+`exclusive_apps`, `min_free_memory_gb`: `node.work.run.guards`).
 Each is a setting (`node.settings`), where its type, default and range are declared;
 what the windows, GPUs and peer ids must look like is checked here, for the config
 file, the CLI and the API alike; what they mean for a running unit is
@@ -23,6 +25,8 @@ from protocol.peer_id import public_key_from_peer_id
 _WINDOW = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 MAX_WINDOWS = 24
 MAX_GPUS = 64
+MAX_APPS = 32
+_APP = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")  # an executable's file name, no path
 
 
 class PreferenceError(ValueError):
@@ -83,12 +87,26 @@ class Preferences:
     gpus: list[int] = field(default_factory=list)  # CUDA device indexes to use; [] = all
     allow_owners: list[str] = field(default_factory=list)  # if any: take work only from these
     deny_owners: list[str] = field(default_factory=list)  # never take work from these
+    # machine guards (node.work.run.guards): 0 or [] = off
+    max_cpu_temp_c: float = 0.0  # pause at this CPU temperature
+    max_gpu_temp_c: float = 0.0  # pause at this temperature of a GPU in use
+    pause_on_battery: bool = True  # pause while the machine runs on battery
+    exclusive_apps: list[str] = field(default_factory=list)  # pause while one of these runs
+    min_free_memory_gb: float = 0.0  # pause while other programs are left less than this
 
     def check(self) -> None:
         """Raise `PreferenceError` naming the first bad key. What a value of each key
         must be (its type, its range) is declared with the setting (`node.settings`) and
         checked there; here: what the hours, GPUs and peer ids must look like."""
         parse_hours(self.hours)
+        if len(self.exclusive_apps) > MAX_APPS:
+            raise PreferenceError(f"exclusive_apps: at most {MAX_APPS} programs")
+        for app in self.exclusive_apps:
+            if not _APP.match(app):
+                raise PreferenceError(
+                    f"exclusive_apps: {app[:80]!r} is not a program's file name, like "
+                    '"steam" or "zoom" (letters, digits, . _ + -; at most 64)'
+                )
         if len(set(self.gpus)) != len(self.gpus):
             raise PreferenceError("gpus lists a device twice")
         for key in ("allow_owners", "deny_owners"):

@@ -66,6 +66,7 @@ class Node:
         self.timeline = NodeTimeline(db)
         self.availability: Availability | None = None  # set once the node runs
         self.idle_how: Callable[[], str] = lambda: ""  # what "idle" is read from (node.machine)
+        self.sensors_missing: list[str] = []  # what the machine guards cannot read here
         self.load_pct = 0
         self.started = time.time()
         self.sandbox: dict[str, str] = {}  # isolation mechanism -> "on ..." or why not
@@ -150,6 +151,7 @@ class Node:
             if availability is not None
             else 0.0,
             "idle_from": self.idle_how() if self.preferences.idle_minutes else "",
+            "sensors_missing": self.sensors_missing,
         }
 
     def reachability(self) -> dict[str, Any]:

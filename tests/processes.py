@@ -36,3 +36,8 @@ def training_processes(folder: Path, module: str = "training.") -> list[int]:
 def training_process_in(folder: Path) -> int | None:
     """A live training process (a runner, or the fork server) working in `folder`."""
     return next(iter(training_processes(folder)), None)
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat: "T" while stopped (SIGSTOP)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

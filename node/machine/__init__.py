@@ -12,6 +12,8 @@ service's verbs (`install`, `uninstall`, `state`), which are imported from
 - `capacity`: devices, the measured TFLOP/s, the determinism class; `capacity.json`.
 - `idle`: how long since the volunteer last used the machine (`idle_minutes`), and the
   load of everything but our own training.
+- `sensors`: what the machine guards read: temperatures, the power supply, memory,
+  running programs.
 - `service_unit`: the node as a systemd user service: the unit file, installing it,
   asking systemd about it.
 - `doctor`: what stands between this node and useful work, each with its fix: plain
@@ -40,6 +42,7 @@ from node.machine.doctor import (
     worst,
 )
 from node.machine.idle import IdleSensor, InputWatch, OtherLoad, process_cpu_s
+from node.machine.sensors import Readings, Sensors
 from node.machine.service_unit import UNIT_NAME, ServiceError, unit_path, unit_text
 
 __all__ = [
@@ -54,6 +57,8 @@ __all__ = [
     "InputWatch",
     "LocalCapacity",
     "OtherLoad",
+    "Readings",
+    "Sensors",
     "ServiceError",
     "data_dir_findings",
     "determinism_class",

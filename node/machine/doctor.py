@@ -38,7 +38,20 @@ def node_findings(status: dict[str, Any], peers: list[dict[str, Any]], now: floa
         _clock(peers, now),
         _ports(status),
         *_isolation(status),
+        _guards(status),
     ]
+
+
+def _guards(status: dict[str, Any]) -> Finding:
+    """A machine guard set where its sensor cannot be read never pauses: say so."""
+    missing = status.get("availability", {}).get("sensors_missing", [])
+    prefs = status.get("preferences", {})
+    blind = [gap for gap in missing if prefs.get(gap.rsplit(": ", 1)[-1])]
+    if blind:
+        fix = "docs/volunteer.md (Machine guards) says what each guard reads"
+        return Finding("machine guards", WARN, "; ".join(blind) + " (set, never pauses)", fix)
+    unread = ", ".join(gap.rsplit(": ", 1)[-1] for gap in missing)
+    return Finding("machine guards", OK, f"unread here: {unread}" if unread else "all read")
 
 
 def _reachability(status: dict[str, Any]) -> Finding:

@@ -295,6 +295,49 @@ class Settings:
         flag="--deny-owner",
         value_name="PEER_ID",
     )
+    max_cpu_temp_c: float = setting(
+        0.0,
+        "pause training at this CPU temperature, and go on 5 °C below it (0 = no cap)",
+        unit="°C",
+        section=POLICY,
+        api=True,
+        flag="--max-cpu-temp",
+        bounds=Bounds(0, 120),
+    )
+    max_gpu_temp_c: float = setting(
+        0.0,
+        "pause training at this temperature of a GPU it uses, go on 5 °C below (0 = no cap)",
+        unit="°C",
+        section=POLICY,
+        api=True,
+        flag="--max-gpu-temp",
+        bounds=Bounds(0, 120),
+    )
+    pause_on_battery: bool = setting(
+        True,
+        "pause training while the machine runs on battery",
+        section=POLICY,
+        api=True,
+        flag="--pause-on-battery/--train-on-battery",
+    )
+    exclusive_apps: list[str] = setting(
+        [],
+        'pause training while one of these programs runs, by file name (e.g. "steam"); '
+        "the flag is repeatable and replaces the file's list",
+        section=POLICY,
+        api=True,
+        flag="--exclusive-app",
+        value_name="NAME",
+    )
+    min_free_memory_gb: float = setting(
+        0.0,
+        "pause training while other programs are left less memory than this (0 = off)",
+        unit="GB",
+        section=POLICY,
+        api=True,
+        flag="--min-free-memory",
+        bounds=Bounds(0, 4096),
+    )
 
     @property
     def register_every_s(self) -> float:

@@ -42,6 +42,22 @@ def test_a_nated_node_without_a_relay_slot_is_a_problem_with_its_fix() -> None:
     assert alone["isolation: tcp"].state == "warn" and alone["isolation: tcp"].fix
 
 
+def test_a_machine_guard_set_where_its_sensor_is_missing_is_a_warning() -> None:
+    missing = [
+        "no CPU temperature (no readable /sys/class/thermal zone): max_cpu_temp_c",
+        "no GPU temperature (no NVML, or no NVIDIA driver): max_gpu_temp_c",
+    ]
+    status = {**_status(state="public"), "availability": {"sensors_missing": missing}}
+    unset = _by_name(node_findings({**status, "preferences": {}}, [], time.time()))
+    assert unset["machine guards"].state == "ok"
+    assert unset["machine guards"].detail == "unread here: max_cpu_temp_c, max_gpu_temp_c"
+    set_ = {**status, "preferences": {"max_cpu_temp_c": 85, "max_gpu_temp_c": 0}}
+    guards = _by_name(node_findings(set_, [], time.time()))["machine guards"]
+    assert guards.state == "warn" and guards.detail.startswith("no CPU temperature")
+    assert "never pauses" in guards.detail and "GPU" not in guards.detail
+    assert "volunteer.md" in guards.fix
+
+
 def test_a_clock_far_from_the_peers_is_a_problem() -> None:
     now = time.time()
     peers = [{"ad_timestamp": now + 120, "last_seen": now, "path": "direct"} for _ in range(3)]

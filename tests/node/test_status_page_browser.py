@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -368,11 +370,12 @@ def _window_excluding_now() -> str:
 
 
 def test_the_preferences_panel_steers_the_node_and_its_peers_see_it(
-    browser: Any, network: list[LocalNode], shots: Path
+    browser: Any, network: list[LocalNode], shots: Path, tmp_path: Path
 ) -> None:
     """On node2's overview the volunteer sets a load limit and hours that exclude now,
     then pauses: each applies live, node2's timeline says so, and node1's peer table
-    shows it from node2's next ad. A bad value is refused with the key, nothing kept."""
+    shows it from node2's next ad. A bad value is refused with the key, nothing kept.
+    Then a program it names as exclusive runs, and training pauses until it ends."""
     from playwright.sync_api import expect
 
     owner, volunteer = network[0], network[1]
@@ -422,6 +425,28 @@ def test_the_preferences_panel_steers_the_node_and_its_peers_see_it(
     expect(page.locator("#node-timeline")).to_contain_text("training allowed again")
     saved = json.loads((volunteer.data_dir / "preferences.json").read_text())
     assert saved["hours"] == "" and saved["accepting"] is True  # kept for the next start
+
+    # a machine guard: a program the volunteer named starts, and training pauses
+    game = tmp_path / "supertuxkart"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", game)
+    child = subprocess.Popen([game, "300"])
+    try:
+        form.locator("textarea[name=exclusive_apps]").fill("supertuxkart")
+        form.locator("input[name=pause_on_battery]").uncheck()
+        form.locator("button[type=submit]").click()
+        expect(result).to_contain_text("saved: pause_on_battery, exclusive_apps")
+        expect(page.locator("#paused-because")).to_contain_text("supertuxkart is running")
+        expect(row).to_contain_text("supertuxkart is running", timeout=20_000)
+    finally:
+        child.kill()
+        child.wait()
+    wait_for(  # the program ended: training goes on
+        lambda: volunteer.get("/api/v1/status")["availability"]["paused"] == "",
+        20,
+        "training to be allowed again",
+    )
+    saved = json.loads((volunteer.data_dir / "preferences.json").read_text())
+    assert saved["exclusive_apps"] == ["supertuxkart"] and saved["pause_on_battery"] is False
     assert not errors, errors
     for tab in (page, peers):
         tab.close()

@@ -224,6 +224,10 @@
       e.preventDefault();
       const body = {};
       for (const field of form.querySelectorAll("input[name], textarea[name]")) {
+        if (field.type === "checkbox") {
+          if (field.checked !== field.defaultChecked) body[field.name] = field.checked;
+          continue;
+        }
         if (field.value === field.defaultValue) continue;
         body[field.name] = field.type === "number" ? Number(field.value) : field.value;
       }
@@ -235,6 +239,7 @@
       if (await putPolicy(body, result)) {
         for (const field of form.querySelectorAll("input[name], textarea[name]")) {
           field.defaultValue = field.value;
+          field.defaultChecked = field.checked;
         }
       }
     });

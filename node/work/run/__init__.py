@@ -11,6 +11,8 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
   warm server (`warm_runners`).
 - `forks`: the node's side of `training.run.forkserver`, a warm parent that forks runners.
 - `availability`: whether this node may train now, by its volunteer's preferences.
+- `guards`: the machine guards among them: hot, on battery, short of memory, a named
+  program running; each with a margin before it lets training go on.
 - `unit_folders`: a unit's folder, an elastic slot's kept inner state, and the removal
   of finished units' folders after a while.
 """

@@ -1,7 +1,9 @@
 """Whether this node may train now, by its volunteer's preferences (`node.preferences`).
 
 Checked every `TICK_S`: outside the `hours` windows, while the user is at the machine
-(`idle_minutes`), or once today's `daily_gpu_hours` are used, `reason` says why not.
+(`idle_minutes`), once today's `daily_gpu_hours` are used, or while a machine guard
+holds (hot, on battery, short of memory, a named program running: `guards`), `reason`
+says why not.
 A runner already training is then stopped where it stands (SIGSTOP, see
 `executor._duty_cycle`) and continued when the reason clears: its unit is paused, not
 failed, and its time limit does not run while it waits. New offers are declined for
@@ -16,7 +18,9 @@ from collections.abc import Callable
 import sqlite_utils
 import trio
 
+from node.machine.sensors import Readings
 from node.preferences import Preferences
+from node.work.run.guards import Guards
 
 TICK_S = 1.0
 MAX_TICK_S = 10.0  # a longer gap (a suspended laptop) is not counted as training
@@ -61,11 +65,15 @@ class Availability:
         days: TrainingDays,
         idle_s: Callable[[float], float | None],
         clock: Callable[[], float] = time.time,
+        sensors: Callable[[bool], Readings] | None = None,
     ) -> None:
         self._preferences = preferences
         self._days = days
         self._idle_s = idle_s  # seconds since the user was last active, or None: unknown
         self._clock = clock
+        # the machine now (`Sensors.read`; True: with the running programs), or None
+        self._sensors = sensors
+        self.guards = Guards()
         self._last = clock()
         self.reason = ""
 
@@ -92,6 +100,9 @@ class Availability:
             idle = self._idle_s(now)
             if idle is not None and idle < prefs.idle_minutes * 60:
                 return f"its user is active (it trains after {prefs.idle_minutes:g} min idle)"
+        if self._sensors is not None:
+            readings = self._sensors(bool(prefs.exclusive_apps))
+            return self.guards.reason(prefs, readings, prefs.gpus)
         return ""
 
     def used_today_s(self, now: float | None = None) -> float:

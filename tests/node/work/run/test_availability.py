@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 import trio
+from processes import process_state
 
 from node.machine.idle import IdleSensor, InputWatch
 from node.preferences import (
@@ -154,10 +155,6 @@ def test_without_input_idleness_is_others_cpu_load_below_the_threshold() -> None
     assert sensor(start + 61) == 0.0
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 @pytest.mark.slow
 def test_a_closing_window_pauses_a_running_unit_and_the_opening_one_resumes_it(
     tmp_path: Path,
@@ -185,7 +182,7 @@ def test_a_closing_window_pauses_a_running_unit_and_the_opening_one_resumes_it(
         availability.tick(1.0)
         moved = trio.current_time()
         (pid,) = pids
-        while _state(pid) != "T":
+        while process_state(pid) != "T":
             assert trio.current_time() - moved < 5, "the runner was not stopped within 5 s"
             await trio.sleep(0.05)
         seen["stopped_after"] = trio.current_time() - moved
@@ -195,7 +192,7 @@ def test_a_closing_window_pauses_a_running_unit_and_the_opening_one_resumes_it(
         clock.now = _at(22, 0, 5)
         availability.tick(0)
         moved = trio.current_time()
-        while _state(pid) == "T":
+        while process_state(pid) == "T":
             assert trio.current_time() - moved < 5, "the runner did not go on within 5 s"
             await trio.sleep(0.05)
         seen["resumed_after"] = trio.current_time() - moved
