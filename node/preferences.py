@@ -93,6 +93,8 @@ class Preferences:
     pause_on_battery: bool = True  # pause while the machine runs on battery
     exclusive_apps: list[str] = field(default_factory=list)  # pause while one of these runs
     min_free_memory_gb: float = 0.0  # pause while other programs are left less than this
+    max_units_disk_gb: float = 0.0  # decline offers past this much in all units' folders
+    min_free_disk_gb: float = 0.0  # decline offers that would leave less disk free
 
     def check(self) -> None:
         """Raise `PreferenceError` naming the first bad key. What a value of each key

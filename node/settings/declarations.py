@@ -338,6 +338,25 @@ class Settings:
         flag="--min-free-memory",
         bounds=Bounds(0, 4096),
     )
+    max_units_disk_gb: float = setting(
+        0.0,
+        "decline offers while all units' folders, with the offered unit's data, would "
+        "hold more than this (0 = no cap)",
+        unit="GB",
+        section=POLICY,
+        api=True,
+        flag="--max-units-disk",
+        bounds=Bounds(0, 2**20),
+    )
+    min_free_disk_gb: float = setting(
+        0.0,
+        "decline offers whose data would leave less disk free than this (0 = off)",
+        unit="GB",
+        section=POLICY,
+        api=True,
+        flag="--min-free-disk",
+        bounds=Bounds(0, 2**20),
+    )
 
     @property
     def register_every_s(self) -> float:

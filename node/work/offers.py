@@ -14,14 +14,17 @@ The owner's end builds, sends and reads (what an answer means is placement's:
 for this node and its package opens and matches it; the owner's policy (accepting,
 deny and allow lists, the volunteer's pauses, room, max hours); the spec validates;
 the job's requirements fit this machine; the blob grant is this node's and its
-download fits the per-unit cap and the free disk. Each refusal is a `Declined`.
+download fits the per-unit cap and the free disk; the volunteer's disk guards hold
+(`check_disk`). Each refusal is a `Declined`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from node.work.blobs import issue_grant
@@ -202,6 +205,7 @@ def check_offer(
         if grant.grantee != ctx.peer_id or sorted(grant.blobs) != sorted(package.blobs):
             raise Declined("the blob grant does not match the package")
         check_download(ctx, grant.max_bytes * len(package.blobs))
+    check_disk(ctx, grant.max_bytes * len(package.blobs) if grant else 0)
     return spec, grant
 
 
@@ -257,6 +261,41 @@ def check_download(ctx: WorkContext, total: int) -> None:
             f"{free / 2**20:.0f} MiB of disk free",
             transient=True,
         )
+
+
+def check_disk(ctx: WorkContext, incoming: int) -> None:
+    """The volunteer's disk guards: all units' folders together stay within
+    `max_units_disk_gb`, and `min_free_disk_gb` stays free, counting what this unit
+    would fetch. For now: a unit that ends frees its folder."""
+    prefs = ctx.preferences()
+    gib = 2**30
+    if prefs.max_units_disk_gb:
+        used = folder_bytes(ctx.data_dir / "units")
+        if used + incoming > prefs.max_units_disk_gb * gib:
+            raise Declined(
+                f"its units' folders hold {used / gib:.1f} GB (with this unit's data "
+                f"{(used + incoming) / gib:.1f} GB); this node keeps them within "
+                f"{prefs.max_units_disk_gb:g} GB",
+                transient=True,
+            )
+    if prefs.min_free_disk_gb:
+        free = shutil.disk_usage(ctx.data_dir).free
+        if free - incoming < prefs.min_free_disk_gb * gib:
+            raise Declined(
+                f"{free / gib:.1f} GB of disk free; this node keeps "
+                f"{prefs.min_free_disk_gb:g} GB free",
+                transient=True,
+            )
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` (0 when it does not exist)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):  # removed while we looked
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+    return total
 
 
 def reply(

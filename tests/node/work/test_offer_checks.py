@@ -349,3 +349,27 @@ def test_data_larger_than_half_the_free_disk_is_declined_for_now(
     assert reply.reason == ("the unit's data may be 60 MiB; this node has 100 MiB of disk free"), (
         reply.reason
     )
+
+
+def test_the_disk_guards_decline_what_would_fill_the_units_folders_or_the_disk(
+    tmp_path: Path, node_db: Any
+) -> None:
+    """A real folder of 3 MiB in units/: a cap of 4 MiB takes a unit bringing 1 MiB of
+    data and declines one bringing 2 MiB, for now (the folders empty as units end); a
+    free-space floor past what the disk has declines too."""
+    units = tmp_path / "units" / "1111111111111111"
+    units.mkdir(parents=True)
+    (units / "checkpoint.safetensors").write_bytes(b"\0" * 3 * MIB)
+    cap = 4 * MIB / 2**30
+    worker = _worker(tmp_path, node_db, Volunteer(preferences=Preferences(max_units_disk_gb=cap)))
+    offer = open_envelope(_offer(grant=_grant(max_bytes=MIB)), WorkOffer)
+    assert isinstance(worker._check_offer(OWNER.peer_id, offer.message), RunningUnit)
+    reply = _answer(worker, _offer(grant=_grant(max_bytes=2 * MIB)))
+    assert not reply.accepted and reply.transient
+    assert reply.reason.startswith("its units' folders hold 0.0 GB"), reply.reason
+    assert reply.reason.endswith(f"within {cap:g} GB")
+    free_gb = shutil.disk_usage(tmp_path).free / 2**30
+    floor = Volunteer(preferences=Preferences(min_free_disk_gb=round(free_gb + 10)))
+    reply = _answer(_worker(tmp_path, node_db, floor), _offer())
+    assert not reply.accepted and reply.transient
+    assert f"GB of disk free; this node keeps {round(free_gb + 10):g} GB free" in reply.reason
