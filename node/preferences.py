@@ -95,6 +95,8 @@ class Preferences:
     min_free_memory_gb: float = 0.0  # pause while other programs are left less than this
     max_units_disk_gb: float = 0.0  # decline offers past this much in all units' folders
     min_free_disk_gb: float = 0.0  # decline offers that would leave less disk free
+    max_upload_mbit_s: float = 0.0  # blob transfers out, all together
+    max_download_mbit_s: float = 0.0  # blob transfers in, all together
 
     def check(self) -> None:
         """Raise `PreferenceError` naming the first bad key. What a value of each key

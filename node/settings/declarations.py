@@ -357,6 +357,24 @@ class Settings:
         flag="--min-free-disk",
         bounds=Bounds(0, 2**20),
     )
+    max_upload_mbit_s: float = setting(
+        0.0,
+        "cap on the rate of blob transfers out of this node, all together (0 = no cap)",
+        unit="Mbit/s",
+        section=POLICY,
+        api=True,
+        flag="--max-upload",
+        bounds=Bounds(0, 10**6),
+    )
+    max_download_mbit_s: float = setting(
+        0.0,
+        "cap on the rate of blob transfers into this node, all together (0 = no cap)",
+        unit="Mbit/s",
+        section=POLICY,
+        api=True,
+        flag="--max-download",
+        bounds=Bounds(0, 10**6),
+    )
 
     @property
     def register_every_s(self) -> float:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from node.net.finder import PeerFinder
 from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
-from node.work.blobs import BlobStore
+from node.work.blobs import BlobStore, RateCap, mbit_s
 from node.work.jobs import JobStore, UnitKeys
 from node.work.run import RunnerRequest, run_training, warm_runners
 from protocol import CapacityAd, Policy
@@ -68,6 +68,14 @@ class WorkContext:
     runner_pids: set[int] = field(default_factory=set)  # the other runners (checks, outer steps)
     # units training on this machine (a peer's, or the owner's own): one at a time
     units_here: set[str] = field(default_factory=set)
+    # the volunteer's caps on blob transfer rates, each shared by every transfer at once
+    download_cap: RateCap = field(init=False)
+    upload_cap: RateCap = field(init=False)
+
+    def __post_init__(self) -> None:
+        prefs = self.preferences
+        self.download_cap = RateCap(lambda: mbit_s(prefs().max_download_mbit_s))
+        self.upload_cap = RateCap(lambda: mbit_s(prefs().max_upload_mbit_s))
 
     def claim(self, unit_id: str) -> None:
         self.units_here.add(unit_id)

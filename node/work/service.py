@@ -101,6 +101,7 @@ class WorkService:
             0,
             lambda job, unit: ctx.grant_keys.get((job, unit)),
             on_served=self._served,
+            rate=ctx.upload_cap,
         )
         self._token: trio.lowlevel.TrioToken | None = None
         ctx.credit_for = credit_for
@@ -141,6 +142,7 @@ class WorkService:
                     self.ctx.blobs,
                     lambda job, unit: self.ctx.grant_keys.get((job, unit)),
                     on_served=self._served,
+                    rate=self.ctx.upload_cap,
                 )
                 log.info("blob data channel on port %d", self.ctx.data_port)
                 nursery.start_soon(self.owner.run)

@@ -16,6 +16,7 @@ code in one module per idea:
     server    `BlobServer`, the direct channel's server
     fetch     `fetch_blob_direct`, the direct channel's client
     libp2p    `serve_blobs_libp2p` and `fetch_blob_libp2p`, the fallback
+    rate      `RateCap`: the volunteer's caps on transfer rates, one per direction
 
 py-libp2p streams move bulk bytes at about 0.1 of raw TCP and burn a core doing it
 (the project notes), so blobs go over a **direct data channel** where the serving
@@ -87,6 +88,7 @@ from node.work.blobs.grants import (
     issue_grant,
 )
 from node.work.blobs.libp2p import fetch_blob_libp2p, serve_blobs_libp2p
+from node.work.blobs.rate import RateCap, mbit_s
 from node.work.blobs.server import MAX_CONNECTIONS, BlobServer
 from node.work.blobs.sockets import PIPELINE_DEPTH
 from node.work.blobs.store import BlobNotFound, BlobStore, BlobStoreError, size_text
@@ -98,6 +100,7 @@ __all__ = [
     "BlobStore",
     "BlobStoreError",
     "GrantParty",
+    "RateCap",
     "fetch_granted",
     "fetch_slots",
     "issue_grant",
@@ -127,5 +130,6 @@ __all__ = [
     "fetch_blob_direct",
     "fetch_blob_libp2p",
     "make_request",
+    "mbit_s",
     "serve_blobs_libp2p",
 ]

@@ -23,6 +23,7 @@ from node.work.blobs.frames import (
     MAX_HEADER_FRAME,
     _Receiver,
 )
+from node.work.blobs.rate import RateCap
 from node.work.blobs.sockets import (
     PIPELINE_DEPTH,
     _Ahead,
@@ -35,9 +36,12 @@ from protocol import TooLarge
 CONNECT_TIMEOUT_S = 5.0
 
 
-def _chunk_frames(rfile: BinaryIO) -> Iterator[bytes]:
-    """The chunk frames of a response, until the connection ends."""
+def _chunk_frames(rfile: BinaryIO, rate: RateCap | None) -> Iterator[bytes]:
+    """The chunk frames of a response, until the connection ends, each read once the
+    download cap allows it (the kernel's buffers then hold the sender back)."""
     while (frame := _read_sock_frame(rfile, MAX_CHUNK_FRAME, "chunk")) is not None:
+        if rate is not None:
+            rate.take(len(frame))
         yield frame
 
 
@@ -89,6 +93,7 @@ def fetch_blob_direct(
     timeout: float = IO_TIMEOUT_S,
     pipeline: bool = True,
     cutoff: Cutoff | None = None,
+    rate: RateCap | None = None,
 ) -> Path:
     """Fetch one blob over a peer's direct data channel into `store`; returns its path.
 
@@ -115,7 +120,7 @@ def fetch_blob_direct(
         if header is None:
             raise TransferCorrupt(f"{peer} closed the connection without answering", "truncated")
         receiver.start(header)
-        frames: Iterator[bytes] = _chunk_frames(rfile)
+        frames: Iterator[bytes] = _chunk_frames(rfile, rate)
         if pipeline:
             # three stages in three threads: receive | decrypt | hash and write
             ahead = _Ahead(frames, PIPELINE_DEPTH, "blob-receive")

@@ -23,6 +23,7 @@ import trio
 from node.work.blobs.auth import TransferError, make_request
 from node.work.blobs.fetch import Cutoff, fetch_blob_direct
 from node.work.blobs.libp2p import fetch_blob_libp2p
+from node.work.blobs.rate import RateCap
 from node.work.blobs.store import BlobStore, size_text
 from protocol import seal
 from protocol.blobs import BlobGrant
@@ -38,6 +39,7 @@ class GrantParty(Protocol):
     identity: Any
     blobs: BlobStore
     host: Any
+    download_cap: RateCap | None
 
     def path_to(self, peer_id: str) -> str: ...
 
@@ -171,7 +173,9 @@ async def _fetch_one(
     path = ctx.path_to(peer_id)
     left = deadline_s - (trio.current_time() - started)
     with trio.move_on_after(max(left, 1.0)) as scope:
-        await fetch_blob_libp2p(ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes)
+        await fetch_blob_libp2p(
+            ctx.host, peer_id, request, job_key, ctx.blobs, sha, max_bytes, rate=ctx.download_cap
+        )
     if scope.cancelled_caught:
         raise TransferError(too_slow, "cut_off")
     return path
@@ -225,8 +229,9 @@ async def _direct(
     caller is cancelled."""
     cutoff = Cutoff()
     fetch = functools.partial(
-        fetch_blob_direct, ip, port, request, job_key, ctx.blobs, sha, max_bytes, cutoff=cutoff
-    )
+        fetch_blob_direct, ip, port, request, job_key, ctx.blobs, sha, max_bytes,
+        cutoff=cutoff, rate=ctx.download_cap,
+    )  # fmt: skip
     async with trio.open_nursery() as watch:
 
         async def watchdog() -> None:

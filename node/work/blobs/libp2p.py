@@ -35,6 +35,7 @@ from node.work.blobs.frames import (
     _header_frame,
     _Receiver,
 )
+from node.work.blobs.rate import RateCap
 from node.work.blobs.store import BlobStore, BlobStoreError
 from protocol import TooLarge
 from protocol.blobs import REQUEST_LIMITS
@@ -52,6 +53,7 @@ def serve_blobs_libp2p(
     chunk_size: int = CHUNK_SIZE,
     io_timeout: float = IO_TIMEOUT_S,
     on_served: OnServed | None = None,
+    rate: RateCap | None = None,
 ) -> None:
     """Serve blobs on `/meshminer/blob/1` of `mesh`; the request must be signed by the
     stream's authenticated remote peer. Reading and encryption run in worker threads."""
@@ -81,6 +83,8 @@ def serve_blobs_libp2p(
             with trio.fail_after(io_timeout):
                 await write_frame(stream, _header_frame(auth.size, source.header))
             while (ciphertext := await trio.to_thread.run_sync(next, chunks, None)) is not None:
+                if rate is not None:
+                    await rate.take_async(len(ciphertext))
                 with trio.fail_after(io_timeout):
                     await write_frame(stream, ciphertext)
         finally:
@@ -102,6 +106,7 @@ async def fetch_blob_libp2p(
     max_bytes: int,
     *,
     timeout: float = IO_TIMEOUT_S,
+    rate: RateCap | None = None,
 ) -> Path:
     """Fetch one blob from `peer_id` over a `/meshminer/blob/1` stream into `store`.
 
@@ -124,6 +129,8 @@ async def fetch_blob_libp2p(
         while True:
             with trio.fail_after(timeout):
                 ciphertext = await read_frame(stream, MAX_CHUNK_FRAME)
+            if rate is not None:
+                await rate.take_async(len(ciphertext))
             if await trio.to_thread.run_sync(receiver.chunk, ciphertext):
                 break
         path = await trio.to_thread.run_sync(receiver.commit)

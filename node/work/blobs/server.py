@@ -34,6 +34,7 @@ from node.work.blobs.frames import (
     _error_frame,
     _header_frame,
 )
+from node.work.blobs.rate import RateCap
 from node.work.blobs.sockets import PIPELINE_DEPTH, _Ahead, _send_frame, _send_parts
 from node.work.blobs.store import BlobStore
 from protocol import TooLarge
@@ -109,6 +110,7 @@ class BlobServer:
         io_timeout: float = IO_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         on_served: OnServed | None = None,
+        rate: RateCap | None = None,
     ) -> None:
         if not 0 < chunk_size <= CHUNK_SIZE:
             raise ValueError(f"chunk_size must be 1..{CHUNK_SIZE} (the fetcher's frame bound)")
@@ -123,6 +125,7 @@ class BlobServer:
         self._io_timeout = io_timeout
         self._max_connections = max_connections
         self._on_served = on_served
+        self._rate = rate  # the volunteer's upload cap, shared with every other serve
         self._replay = ReplayGuard()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -238,6 +241,8 @@ class BlobServer:
         ahead = _Ahead(chunks, PIPELINE_DEPTH, "blob-encrypt") if self._pipeline else None
         try:
             for ciphertext in ahead if ahead is not None else chunks:
+                if self._rate is not None:
+                    self._rate.take(len(ciphertext))
                 _send_parts(conn, _LEN.pack(len(ciphertext)), ciphertext)
         finally:
             if ahead is not None:

@@ -30,6 +30,7 @@ from node.work.blobs import (
     MAX_CHUNK_FRAME,
     BlobServer,
     BlobStore,
+    RateCap,
     TransferCorrupt,
     TransferError,
     TransferRefused,
@@ -37,6 +38,7 @@ from node.work.blobs import (
     fetch_blob_direct,
     fetch_blob_libp2p,
     make_request,
+    mbit_s,
     serve_blobs_libp2p,
 )
 from node.work.blobs import server as blob_server
@@ -590,3 +592,44 @@ def test_fetch_slots_cap_fetches_per_peer_and_in_all() -> None:
 
     trio.run(main)
     assert peak["hog"] == MAX_FETCHES_PER_PEER and peak["all"] == MAX_FETCHES
+
+
+# -- the volunteer's rate caps ------------------------------------------------------------
+
+
+def test_a_rate_cap_books_bytes_at_its_rate_after_a_quarter_second_burst() -> None:
+    clock = [100.0]
+    rate = [1000.0]
+    cap = RateCap(lambda: rate[0], clock=lambda: clock[0])
+    assert cap._wait_s(250) == 0  # a quarter second's bytes pass at once
+    assert cap._wait_s(500) == pytest.approx(0.5)  # then at the rate
+    clock[0] += 10  # idle: no credit beyond the burst piles up
+    assert cap._wait_s(1250) == pytest.approx(1.0)
+    rate[0] = 0  # the volunteer lifted the cap: applies at once
+    assert cap._wait_s(10**9) == 0
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_a_real_transfer_keeps_to_the_cap(tmp_path: Path, direction: str) -> None:
+    """2 MiB over real TCP at a 4 Mbit/s cap, on the server's side (upload) or the
+    fetcher's (download): within 10% of the cap above (a quarter second's burst is 6%
+    of this blob), and not far below it."""
+    cap_bytes = mbit_s(4)
+    owner, worker = identity(), identity()
+    owner_store = BlobStore(tmp_path / "owner", durable=False)
+    worker_store = BlobStore(tmp_path / "worker", durable=False)
+    data = os.urandom(2 * 2**20)
+    sha = owner_store.put_bytes(data)
+    up = RateCap(lambda: cap_bytes) if direction == "upload" else None
+    down = RateCap(lambda: cap_bytes) if direction == "download" else None
+    server = BlobServer(owner_store, owner, "127.0.0.1", 0, lambda j, u: KEY, rate=up)
+    with server:
+        request = make_request(worker, grant(owner, worker, [sha]), sha)
+        started = time.monotonic()
+        path = fetch_blob_direct(
+            "127.0.0.1", server.port, request, KEY, worker_store, sha, BIG, rate=down
+        )
+        rate = len(data) / (time.monotonic() - started)
+    assert path.read_bytes() == data
+    print(f"{direction}: {rate / cap_bytes:.3f} of the cap")
+    assert 0.75 * cap_bytes <= rate <= 1.1 * cap_bytes
