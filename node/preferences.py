@@ -97,6 +97,7 @@ class Preferences:
     min_free_disk_gb: float = 0.0  # decline offers that would leave less disk free
     max_upload_mbit_s: float = 0.0  # blob transfers out, all together
     max_download_mbit_s: float = 0.0  # blob transfers in, all together
+    daily_transfer_gb: float = 0.0  # job data moved a day, both ways: then no more work
 
     def check(self) -> None:
         """Raise `PreferenceError` naming the first bad key. What a value of each key

@@ -375,6 +375,16 @@ class Settings:
         flag="--max-download",
         bounds=Bounds(0, 10**6),
     )
+    daily_transfer_gb: float = setting(
+        0.0,
+        "job data moved a local day, both ways; past it offers are declined and own jobs "
+        "wait for the next day (0 = no cap)",
+        unit="GB",
+        section=POLICY,
+        api=True,
+        flag="--daily-transfer",
+        bounds=Bounds(0, 2**20),
+    )
 
     @property
     def register_every_s(self) -> float:

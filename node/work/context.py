@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from node.net.finder import PeerFinder
 from node.net.relay import PATH_WORDS
 from node.preferences import Preferences
-from node.work.blobs import BlobStore, RateCap, mbit_s
+from node.work.blobs import BlobStore, DailyBytes, RateCap, mbit_s
 from node.work.jobs import JobStore, UnitKeys
 from node.work.run import RunnerRequest, run_training, warm_runners
 from protocol import CapacityAd, Policy
@@ -71,11 +71,23 @@ class WorkContext:
     # the volunteer's caps on blob transfer rates, each shared by every transfer at once
     download_cap: RateCap = field(init=False)
     upload_cap: RateCap = field(init=False)
+    transferred: DailyBytes = field(init=False)  # both ways, per day: daily_transfer_gb
 
     def __post_init__(self) -> None:
-        prefs = self.preferences
-        self.download_cap = RateCap(lambda: mbit_s(prefs().max_download_mbit_s))
-        self.upload_cap = RateCap(lambda: mbit_s(prefs().max_upload_mbit_s))
+        self.transferred = DailyBytes(self.jobs.db)
+        self.download_cap = RateCap(
+            lambda: mbit_s(self.preferences().max_download_mbit_s), meter=self.transferred
+        )
+        self.upload_cap = RateCap(
+            lambda: mbit_s(self.preferences().max_upload_mbit_s), meter=self.transferred
+        )
+
+    def transfer_cap_used(self) -> str:
+        """Why this node moves no more job data today ("" while it may)."""
+        cap_gb = self.preferences().daily_transfer_gb
+        if cap_gb and self.transferred.today() >= cap_gb * 2**30:
+            return f"today's {cap_gb:g} GB of job data transfer are used"
+        return ""
 
     def claim(self, unit_id: str) -> None:
         self.units_here.add(unit_id)

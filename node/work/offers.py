@@ -224,6 +224,9 @@ def check_policy(ctx: WorkContext, owner: str, package: WorkPackage) -> None:
         raise Declined(f"this node does not train now: {why}", transient=True)
     if not ctx.has_room():
         raise Declined(f"busy: {len(ctx.units_here)} unit(s) training here", transient=True)
+    used = ctx.transfer_cap_used()
+    if used:
+        raise Declined(f"this node moves no more data today: {used}", transient=True)
     if package.max_hours > policy.max_job_hours:
         raise Declined(
             f"job may run {package.max_hours:g} h; this node takes up to {policy.max_job_hours:g} h"

@@ -16,7 +16,8 @@ code in one module per idea:
     server    `BlobServer`, the direct channel's server
     fetch     `fetch_blob_direct`, the direct channel's client
     libp2p    `serve_blobs_libp2p` and `fetch_blob_libp2p`, the fallback
-    rate      `RateCap`: the volunteer's caps on transfer rates, one per direction
+    rate      `RateCap`: the volunteer's caps on transfer rates, one per direction;
+              `DailyBytes`: what was moved today, for the daily cap
 
 py-libp2p streams move bulk bytes at about 0.1 of raw TCP and burn a core doing it
 (the project notes), so blobs go over a **direct data channel** where the serving
@@ -88,7 +89,7 @@ from node.work.blobs.grants import (
     issue_grant,
 )
 from node.work.blobs.libp2p import fetch_blob_libp2p, serve_blobs_libp2p
-from node.work.blobs.rate import RateCap, mbit_s
+from node.work.blobs.rate import DailyBytes, RateCap, mbit_s
 from node.work.blobs.server import MAX_CONNECTIONS, BlobServer
 from node.work.blobs.sockets import PIPELINE_DEPTH
 from node.work.blobs.store import BlobNotFound, BlobStore, BlobStoreError, size_text
@@ -99,6 +100,7 @@ __all__ = [
     "BlobNotFound",
     "BlobStore",
     "BlobStoreError",
+    "DailyBytes",
     "GrantParty",
     "RateCap",
     "fetch_granted",

@@ -111,6 +111,11 @@ class Placement:
                     await trio.sleep(REPLICA_RETRY_S)
                     continue
                 return
+            used = ctx.transfer_cap_used()
+            if used and job.placement != "local":  # its workers would fetch from us
+                if job.reason != f"waits: {used}":
+                    ctx.jobs.amend(job.id, ("queued",), reason=f"waits: {used}")
+                return
             now = time.time()
             excluded = set(job.excluded) | self.backoff.waiting(job_id, now)
             excluded |= self._reputation.excluded(now)

@@ -373,3 +373,16 @@ def test_the_disk_guards_decline_what_would_fill_the_units_folders_or_the_disk(
     reply = _answer(_worker(tmp_path, node_db, floor), _offer())
     assert not reply.accepted and reply.transient
     assert f"GB of disk free; this node keeps {round(free_gb + 10):g} GB free" in reply.reason
+
+
+def test_a_worker_past_its_daily_transfer_cap_declines_for_now(
+    tmp_path: Path, node_db: Any
+) -> None:
+    volunteer = Volunteer(preferences=Preferences(daily_transfer_gb=0.5))
+    worker = _worker(tmp_path, node_db, volunteer)
+    worker.ctx.download_cap.take(2**29)  # half a GB fetched today, counted as it came
+    reply = _answer(worker, _offer())
+    assert not reply.accepted and reply.transient
+    assert reply.reason == (
+        "this node moves no more data today: today's 0.5 GB of job data transfer are used"
+    )

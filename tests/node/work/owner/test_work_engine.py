@@ -330,3 +330,20 @@ def test_a_node_db_with_the_old_receipts_column_keeps_its_receipts(tmp_path: Pat
     again = sqlite_utils.Database(tmp_path / "node.db")
     assert "envelope" not in again["receipts"].columns_dict
     assert JobStore(again).receipt("u1") == b"signed"
+
+
+def test_an_owner_past_its_daily_transfer_cap_keeps_its_job_queued(tmp_path: Path) -> None:
+    """Its workers would fetch the job's data from it: the job waits, saying why, and
+    is offered to nobody; the bytes counted survive a restart (node.db)."""
+    ctx = _ctx(tmp_path)
+    ctx.preferences = lambda: Preferences(daily_transfer_gb=1)
+    ctx.transferred.add(2**30)  # moved by a transfer thread today
+    life, _ = _lifecycle(ctx)
+    placement = Placement(ctx, life, Reputation(ctx.jobs.db))
+    job = ctx.jobs.create("j", {"requirements": {"max_hours": 1.0}}, "auto", {}, [])
+    trio.run(placement.place, job.id, None)
+    job = ctx.jobs.get(job.id)
+    assert job.state == "queued" and ctx.jobs.units_of(job.id) == []
+    assert job.reason == "waits: today's 1 GB of job data transfer are used"
+    restarted = _ctx(tmp_path)
+    assert restarted.transferred.today() == 2**30
