@@ -175,13 +175,13 @@ class AuditLog:
 
     def network_credit(self) -> dict[str, dict[str, Any]]:
         """Per peer id: `earned` (TFLOP, as worker) and `spent` (as owner) over the
-        receipts not in conflict, `receipts` (those receipts naming the peer), and
-        `conflicts` (units in conflict that name the peer)."""
+        receipts not in conflict, `receipts` (those receipts naming the peer), `units`
+        (of them, those it trained), and `conflicts` (units in conflict that name it)."""
         out: dict[str, dict[str, Any]] = {}
 
         def peer(peer_id: str) -> dict[str, Any]:
             return out.setdefault(
-                peer_id, {"earned": 0.0, "spent": 0.0, "receipts": 0, "conflicts": 0}
+                peer_id, {"earned": 0.0, "spent": 0.0, "receipts": 0, "units": 0, "conflicts": 0}
             )
 
         with self._lock, snapshot(self._conn) as conn:
@@ -193,6 +193,8 @@ class AuditLog:
                 for peer_id, credit, count in rows:
                     peer(peer_id)[total] = credit
                     peer(peer_id)["receipts"] += count
+                    if role == "worker":
+                        peer(peer_id)["units"] = count
             rows = conn.execute(
                 "SELECT peer, COUNT(*) FROM (SELECT DISTINCT owner AS peer, job_id, unit_id "
                 "FROM receipts WHERE conflict = 1 UNION SELECT DISTINCT worker, job_id, unit_id "
@@ -200,6 +202,21 @@ class AuditLog:
             )
             for peer_id, count in rows:
                 peer(peer_id)["conflicts"] = count
+        return out
+
+    def recent_credit(self, now: float, half_life_s: float) -> dict[str, float]:
+        """Per worker: BOINC's recent average credit over the receipts not in conflict,
+        each receipt's credit halved for every `half_life_s` since it was seen (summed
+        by the hour, so a full table is a few thousand rows, not a million)."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT worker, CAST(COALESCE(seen_at, 0) / 3600 AS INTEGER), TOTAL(credit) "
+                "FROM receipts WHERE conflict = 0 GROUP BY 1, 2"
+            ).fetchall()
+        out: dict[str, float] = {}
+        for worker, hour, credit in rows:
+            age = max(0.0, now - (hour * 3600 + 1800))
+            out[worker] = out.get(worker, 0.0) + credit * 0.5 ** (age / half_life_s)
         return out
 
     def conflicts(self, limit: int = 100) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from node.shutdown import Shutdown, in_thread
 from node.state import Node
 from node.store import lock_data_dir, open_node_db
 from node.web.api import WriteGuard, make_app
+from node.web.credit import credit_routes
 from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_peers
 from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
@@ -233,7 +234,8 @@ async def _serve(
             routes = job_routes(
                 work, bridge, guard, data_dir / "uploads", settings.max_upload_mb << 20, SubmitError
             )
-            pages = PageSources(node, work, ledger, audit, bridge, guard.open)
+            own_label = {"peer_id": identity.peer_id, "name": settings.name, "team": settings.team}
+            pages = PageSources(node, work, ledger, audit, bridge, guard.open, own_label)
             app = make_app(
                 node,
                 bridge,
@@ -241,6 +243,7 @@ async def _serve(
                 [
                     routes,
                     ledger_routes(ledger, audit),
+                    credit_routes(audit, lambda: bridge.call(node.peers), own_label),
                     event_routes(feed, identity.peer_id),
                     page_routes(pages),
                 ],

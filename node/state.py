@@ -94,6 +94,8 @@ class Node:
             relay=self.host.relaying,
             directory=self.settings.directory,
             paused=self.paused_because(),
+            name=self.settings.name,
+            team=self.settings.team,
         )
 
     def discovery_status(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ message per node, and every byte is relayed by every peer.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,6 +21,21 @@ AD_LIMITS = Limits(
 
 MAX_ADDRS = 16
 MAX_GPUS = 16
+MAX_LABEL = 40
+# a volunteer's name or team: letters (any script), digits, spaces and a little
+# punctuation; nothing a page could read as markup, no control characters
+_LABEL = re.compile(r"[\w .,+#@()-]*")
+
+
+def check_label(text: str, path: str) -> None:
+    """A name or team shown beside a peer id: at most `MAX_LABEL` characters of plain
+    text, no markup, no control or invisible characters, no surrounding spaces."""
+    require(len(text) <= MAX_LABEL, path, f"must be at most {MAX_LABEL} characters")
+    require(
+        _LABEL.fullmatch(text) is not None and text == text.strip(),
+        path,
+        "must be plain text: letters, digits, spaces and . , + # @ ( ) - only",
+    )
 
 
 def _finite_nonneg(value: float) -> bool:
@@ -90,6 +106,8 @@ class CapacityAd:
     relay: bool = False  # it relays circuits for peers behind NATs (node.net.relay)
     paused: str = ""  # why it trains nothing now, by its volunteer's preferences ("": it does)
     directory: bool = False  # it keeps volunteers' registered ads for owners (node.net.discovery)
+    name: str = ""  # its volunteer's name, as they chose it (`check_label`: plain text)
+    team: str = ""  # and their team's
 
     def check(self, path: str) -> None:
         require(0 < len(self.peer_id) <= 128, f"{path}.peer_id", "must be 1..128 chars")
@@ -100,6 +118,8 @@ class CapacityAd:
         require(self.seq >= 0, f"{path}.seq", "must be >= 0")
         require(len(self.determinism) <= 200, f"{path}.determinism", "must be <= 200 chars")
         require(len(self.paused) <= 200, f"{path}.paused", "must be <= 200 chars")
+        check_label(self.name, f"{path}.name")
+        check_label(self.team, f"{path}.team")
         require(
             self.reachability in ("", "public", "private", "unknown"),
             f"{path}.reachability",

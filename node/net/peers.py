@@ -63,6 +63,8 @@ class PeerEntry:
             "relay": ad.relay,
             "paused": ad.paused,
             "directory": ad.directory,
+            "name": ad.name,
+            "team": ad.team,
             "via": self.via,
             "last_seen": self.last_seen,
             "stale": self.stale,

@@ -18,6 +18,8 @@ import multiaddr
 
 from node.preferences import MAX_GPUS, PREFERENCE_KEYS, PreferenceError, Preferences
 from node.settings.schema import Bounds, ConfigError, Setting, declared, from_json, setting
+from protocol import ProtocolError
+from protocol.capacity import check_label
 
 POLICY = "policy"
 _AT_LEAST_0 = Bounds(0)
@@ -48,6 +50,19 @@ class Settings:
         value_name="MULTIADDR",
     )
     mdns: bool = setting(True, "discover peers on the LAN with mDNS", flag="--mdns/--no-mdns")
+    name: str = setting(
+        "",
+        "your name as others see it beside this node's peer id, e.g. on their credit "
+        'page (plain text, at most 40 characters; "" = none)',
+        flag="--name",
+        value_name="TEXT",
+    )
+    team: str = setting(
+        "",
+        "your team's name, shown the same way (plain text, at most 40 characters)",
+        flag="--team",
+        value_name="TEXT",
+    )
     reachability: str = setting(
         "auto",
         "auto: peers dial this node back to find out; public; private: behind a NAT, "
@@ -417,6 +432,11 @@ class Settings:
             self.register_interval_s <= self.ttl_s / 2,
             f"must be 0 (auto) or at most half the peer TTL ({self.ttl_s:g} s)",
         )
+        for key in ("name", "team"):
+            try:
+                check_label(getattr(self, key), key)
+            except ProtocolError as exc:
+                raise ConfigError(f"setting '{key}': {exc}") from None
         host, sep, port = self.http.rpartition(":")
         _check("http", bool(sep and host and port.isdigit()), "must be HOST:PORT")
         _check_multiaddr("listen", self.listen, "/tcp/", "e.g. /ip4/0.0.0.0/tcp/4470")

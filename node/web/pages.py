@@ -27,6 +27,7 @@ from aiohttp import web
 
 from node.web import page_data
 from node.web.charts import loss_chart
+from node.web.credit import read_credit
 from node.web.sweep_charts import importance_bars, parallel_coordinates
 from protocol.receipts import credit_text
 
@@ -60,6 +61,7 @@ class PageSources:
     audit: Any
     bridge: Any  # TrioBridge
     writes_open: bool  # loopback bind: the submit form needs no token
+    own: dict[str, Any] = field(default_factory=dict)  # peer id, name, team: the credit page
     verify_cache_s: float = VERIFY_CACHE_S
     _verified: tuple[int, float, Any] | None = field(default=None, repr=False)
     _verify_lock: asyncio.Lock | None = field(default=None, repr=False)
@@ -327,6 +329,10 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
             conflicts=conflicts,
         )
 
+    async def credit(request: web.Request) -> web.Response:
+        view = await read_credit(src.audit, lambda: src.bridge.call(src.node.peers), src.own)
+        return render(request, "credit.html", view=view)
+
     async def jobs(request: web.Request) -> web.Response:
         listing = await src.bridge.call(src.work.jobs)
         status = await src.bridge.call(src.node.status)
@@ -406,6 +412,7 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
     def add(app: web.Application) -> None:
         app.router.add_get("/", overview)
         app.router.add_get("/network", network)
+        app.router.add_get("/credit", credit)
         app.router.add_get("/jobs", jobs)
         app.router.add_get("/jobs/{job_id}", job)
         app.router.add_get("/ledger", ledger)

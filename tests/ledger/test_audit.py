@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,9 +71,25 @@ def test_network_credit_counts_agreed_receipts_and_names_conflicts(audit: AuditL
     assert audit.add(cosigned(ALICE, CAROL, 7.0, unit_id="e9c981a479986215")) == "conflict"
     credit = audit.network_credit()
     alice, bob, carol = (credit[peer_id_of(k)] for k in (ALICE, BOB, CAROL))
-    assert alice == {"earned": 0.0, "spent": 5.0, "receipts": 2, "conflicts": 1}
-    assert bob == {"earned": 5.0, "spent": 5.0, "receipts": 3, "conflicts": 1}
-    assert carol == {"earned": 5.0, "spent": 0.0, "receipts": 1, "conflicts": 1}
+    assert alice == {"earned": 0.0, "spent": 5.0, "receipts": 2, "units": 0, "conflicts": 1}
+    assert bob == {"earned": 5.0, "spent": 5.0, "receipts": 3, "units": 2, "conflicts": 1}
+    assert carol == {"earned": 5.0, "spent": 0.0, "receipts": 1, "units": 1, "conflicts": 1}
+
+
+def test_recent_average_credit_halves_with_every_half_life(audit: AuditLog) -> None:
+    """BOINC's RAC: a receipt's credit counts halved for every half-life since it was
+    seen; a unit in conflict counts nothing."""
+    audit.add(cosigned(ALICE, BOB, 8.0, unit_id="bb82030dbc2bcaba"))
+    audit.add(cosigned(ALICE, CAROL, 4.0, unit_id="6ca202c88e549dff"))
+    audit.add(cosigned(ALICE, CAROL, 4.0, unit_id="011e39efe22590f4"))
+    audit.add(cosigned(ALICE, BOB, 4.0, unit_id="011e39efe22590f4"))  # disagrees: conflict
+    week = 7 * 24 * 3600.0
+    now = time.time()
+    rac = audit.recent_credit(now, week)
+    assert rac[peer_id_of(BOB)] == pytest.approx(8.0, rel=0.01)  # (its age is under an hour)
+    assert rac[peer_id_of(CAROL)] == pytest.approx(4.0, rel=0.01)  # not the unit in conflict
+    later = audit.recent_credit(now + 2 * week, week)
+    assert later[peer_id_of(BOB)] == pytest.approx(2.0, rel=0.01)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
+from node.client import request_json
 from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
 from tests.conftest import FAST_GOSSIP
 
@@ -101,8 +102,10 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalNode
     net = LocalNetwork(tmp_path_factory.mktemp("net"), FAST_GOSSIP)
     try:
         first = net.add()
+        named = ["--name", "Ada L.", "--team", "Analytical Engines"]
         for name, http_host in (("node2", "127.0.0.1"), ("node3", "0.0.0.0")):
             args = [*FAST_GOSSIP, "--bootstrap", first.multiaddr]
+            args += named if name == "node2" else []
             node = LocalNode(name, net.root / name, free_port(), free_port(), args, http_host)
             net.nodes.append(node)
             node.launch()  # the two boot in parallel
@@ -261,6 +264,30 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     page.click("#verify-button")
     expect(page.locator("#verify-result")).to_have_text("chain intact")
     page.screenshot(path=shots / "ledger.png", full_page=True)
+
+    # a second job goes to the other worker (the first one is paused): the credit page
+    # lists both workers' credit, with the name and team node2's ad carries
+    first = job["worker"]
+    (paused,) = [n for n in network[1:] if n.peer_id == first]
+    request_json(paused.api, "PUT", "/api/v1/policy", {"accepting": False}, paused.token)
+    try:
+        second = owner.wait_job_end(owner.submit_spec(SPEC.format(name="digits-2", steps=50)), 120)
+    finally:
+        request_json(paused.api, "PUT", "/api/v1/policy", {"accepting": True}, paused.token)
+    assert second["state"] == "completed" and second["worker"] != first
+    page.goto(owner.api + "/credit")
+    _live(page)
+    expect(page.locator("#credit-view")).to_contain_text("not a global truth")
+    for worker in (first, second["worker"]):
+        row = page.locator(f"#credit-table tr[data-peer='{worker}']")
+        expect(row.locator("td.units")).to_have_text("1")
+    named = page.locator(f"#credit-table tr[data-peer='{network[1].peer_id}']")
+    expect(named.locator("td.name")).to_have_text("Ada L.")
+    expect(named.locator("td.team")).to_have_text("Analytical Engines")
+    page.screenshot(path=shots / "credit.png", full_page=True)
+    credit = owner.get("/api/v1/credit")
+    assert {r["peer_id"] for r in credit["peers"]} == {first, second["worker"]}
+    assert credit["rank"] is None  # the owner trained nothing
 
     assert errors == []  # no script error, no CSP violation, no dialog
     page.close()

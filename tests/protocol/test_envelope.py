@@ -815,6 +815,14 @@ BAD_VALUES = [
     ("policy.max_job_hours", math.nan),
     ("policy.load_limit_pct", 101),
     ("policy.load_limit_pct", -1),
+    # a forged name or team: too long, markup, control or invisible characters, padding
+    ("name", "x" * 41),
+    ("name", "<script>alert(1)</script>"),
+    ("name", "Ada & co"),
+    ("team", 'the "best" team'),
+    ("team", "line\nbreak"),
+    ("name", "zero\u200bwidth"),
+    ("name", " padded"),
 ]
 
 
@@ -843,6 +851,10 @@ def test_value_rules_are_decode_errors_naming_the_path(path, value):
         ("policy.max_gpu_memory_share", 1),
         ("policy.max_job_hours", 1e-9),
         ("policy.load_limit_pct", 0),
+        ("name", "x" * 40),
+        ("name", "Zoë Ødegård-Østby (@zoe) #1"),
+        ("team", "Team 42, Ñuñoa"),
+        ("team", "上海 GPU 队"),
     ],
 )
 def test_boundary_values_are_accepted(path, value):

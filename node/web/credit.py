@@ -1,0 +1,85 @@
+"""The network's credit as this node saw it: `GET /api/v1/credit` and the data of the
+Credit page.
+
+Every node audits the co-signed receipts it sees (`ledger.audit`): all of them in a
+small network, in a large one its own and, on a directory, those gossiped to it. So
+the table is this node's own view, never a global truth: another node may have seen
+more, fewer or other receipts, and two identities of one person can co-sign each
+other's work (docs/threat-model.md). Each row is a peer that trained: its credit from
+receipts not in conflict, its recent average credit (BOINC's RAC, a week's
+half-life), the units behind it, its conflicts, and the name and team its ad carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from ledger.audit import AuditLog
+from node.work.trust.reputation import RAC_HALF_LIFE_S
+
+VIEW = (
+    "This node's own audit of the co-signed receipts it has seen, not a global truth: "
+    "another node may have seen others."
+)
+
+
+def credit_view(
+    credit: dict[str, dict[str, Any]],
+    rac: dict[str, float],
+    peers: list[dict[str, Any]],
+    own: dict[str, Any],
+) -> dict[str, Any]:
+    """Rows ranked by credit earned, and this node's rank (None: it trained nothing
+    this node saw). `peers` and `own` are ads as JSON: their names and teams."""
+    labels = {p["peer_id"]: p for p in [*peers, own]}
+    rows = []
+    for peer_id, c in credit.items():
+        if not c.get("units") and not c.get("conflicts"):
+            continue  # an owner only: it spent credit, earned none
+        ad = labels.get(peer_id, {})
+        rows.append(
+            {
+                "peer_id": peer_id,
+                "name": ad.get("name", ""),
+                "team": ad.get("team", ""),
+                "credit": c["earned"],
+                "rac": rac.get(peer_id, 0.0),
+                "units": c.get("units", 0),
+                "conflicts": c["conflicts"],
+                "self": peer_id == own["peer_id"],
+            }
+        )
+    rows.sort(key=lambda r: (-r["credit"], r["peer_id"]))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    mine = next((r["rank"] for r in rows if r["self"]), None)
+    return {"view": VIEW, "rank": mine, "peers": rows}
+
+
+async def read_credit(
+    audit: AuditLog, peers: Callable[[], Awaitable[list[dict[str, Any]]]], own: dict[str, Any]
+) -> dict[str, Any]:
+    """`credit_view` of the audit table now: the peer table from `peers()` (the node's
+    thread), the audit table's reads in a worker thread."""
+    peer_rows = await peers()
+    credit, rac = await asyncio.to_thread(
+        lambda: (audit.network_credit(), audit.recent_credit(time.time(), RAC_HALF_LIFE_S))
+    )
+    return credit_view(credit, rac, peer_rows, own)
+
+
+def credit_routes(
+    audit: AuditLog, peers: Callable[[], Awaitable[list[dict[str, Any]]]], own: dict[str, Any]
+) -> Callable[[web.Application], None]:
+    async def credit(request: web.Request) -> web.Response:
+        return web.json_response(await read_credit(audit, peers, own))
+
+    def add(app: web.Application) -> None:
+        app.router.add_get("/api/v1/credit", credit)
+
+    return add
