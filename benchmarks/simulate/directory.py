@@ -11,11 +11,12 @@ owners probe every candidate, and offer only to those that answered (late bindin
 which is why offers never reach a dead peer here.
 
 The run starts warm: every node has just started, knows every directory and remembers
-the two that answered it before (node.db), so it registers with those; with
-`cold_start` it remembers none and registers with up to eight at once, as every node
-did before 2026-11-26 (the warm-up leaves either out of the figures). A joiner
-connects to `connections` peers, takes its first peer's ad table (its own ad and the
-directories'), and registers the same way; it gossips nothing.
+the two that answered it before (node.db: honest ones, unless nothing it checks gave a
+hostile one away), so it registers with those; with `cold_start` it remembers none and
+registers with up to eight at once, as every node did before 2026-11-26 (the warm-up
+leaves either out of the figures). A joiner connects to `connections` peers, takes its
+first peer's ad table (its own ad and the directories'), and registers the same way;
+it gossips nothing.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
             st = self.regs[node]
             st.ready, st.phase, st.large = True, start % 1.0, large
             if not self.sc.cold_start:
-                answering = [d for d in self.order(node) if self.reachable(d)]
-                st.good = set(answering[: self.sc.directory_peers])
+                kept = [d for d in self.order(node) if self.kept_before(d)]
+                st.good = set(kept[: self.sc.directory_peers])
             self.wake_at(node, start)
         self.engine.at(self.costs.sweep_s, self._sweep)
 
@@ -234,6 +235,18 @@ class DirectoryNetwork(PlacementMixin, RegistrationMixin, HostileMixin, Network)
         joined, counts as never found (infinite), so the percentiles say so."""
         end = self.sc.duration_s - 60.0
         self.join_found += [INF for v in self.joining if self.alive[v] and self.born[v] <= end]
+
+    def kept_before(self, d: int) -> bool:
+        """Whether a node that ran before still counts `d` as a directory that
+        answered: an honest one; a hostile one only if it answers and nothing the
+        node checks gave it away (its count is believable, and without the listing
+        check its hiding goes unseen)."""
+        behaviour = self.hostile.get(d)
+        if behaviour is None:
+            return True
+        if not self.reachable(d) or behaviour == "zero_counts":
+            return False
+        return not self.sc.listing_check
 
     def audits(self, node: int) -> bool:
         """A directory takes every receipt; another node only while it has not heard
