@@ -11,6 +11,8 @@ docs/status-page.md.
 - `jobs_api`: job routes: submit (spec and uploaded files), list, show, weights, a
   sweep's study, cancel.
 - `ledger_api`: ledger routes: entries, verification, balances.
+- `credit`: the network's credit as this node audited it: `GET /api/v1/credit`, and
+  the Credit page's table.
 - `events`: the node's live event feed, and `GET /api/v1/events` (server-sent events).
 - `pages`: the status pages at `/` (jinja2 templates in `templates/`, `static/`).
 - `page_data`: what the pages read from node state, run in the node's thread.

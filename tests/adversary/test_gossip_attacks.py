@@ -81,6 +81,9 @@ async def _attack(nodes: list[LocalNode], attacker_seed: bytes, other: SigningKe
 
         # an older ad of the same peer (out of order, or replayed): passed on, not used
         await pubsub.publish(CAPACITY_TOPIC, seal(_ad(my_id, seq=3, tflops=999.0), me))
+        # well signed, newer, but its name is markup: the whole ad is refused
+        markup = capacity_ad(my_id, 9, tflops=999.0, name="<img src=x onerror=alert(1)>")
+        await pubsub.publish(CAPACITY_TOPIC, seal(markup, me))
         bad = {
             "bad_signature": _forged(_ad(my_id, seq=6, tflops=999.0), claimed=me, actual=other),
             "signer_mismatch": seal(_ad(other_id, seq=1, tflops=999.0), other),
@@ -121,7 +124,7 @@ def test_bad_ads_are_rejected_counted_and_harmless(localnet: LocalNetwork) -> No
         peers = {p["peer_id"]: p for p in node.get("/api/v1/peers")}
         assert other_id not in peers
         # only the valid ad made it: none of the bad ones (tflops 999) replaced it
-        assert peers[attacker_id]["seq"] == 5
+        assert peers[attacker_id]["seq"] == 5 and peers[attacker_id]["name"] == ""
         assert peers[attacker_id]["tflops"] == 1.5
         counts = _rejections(node)
         print(node.name, counts)
