@@ -21,6 +21,8 @@ never the face.
   owners (`Directory`).
 - `registration`: registering with directories, estimating the network's size,
   rating them (`Registration`).
+- `memory`: what a node keeps across restarts in node.db: a large network, and the
+  directories that answered it.
 - `search`: an owner's query of directories, their answers merged
   (`query_directories`).
 - `listing`: both ends of a volunteer's check that a directory lists it: the seed's

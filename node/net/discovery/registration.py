@@ -31,7 +31,6 @@ directory that hides it for hours; those that list it are the ones it asks first
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import time
@@ -44,9 +43,15 @@ from node.identity import Identity
 from node.net.discovery.cost import DiscoveryCost
 from node.net.discovery.directory import MAX_REGISTRATIONS
 from node.net.discovery.listing import REQUEST_TIMEOUT_S, check_query, lists_me, open_reply
+from node.net.discovery.memory import (
+    REMEMBER_S,
+    keep_answered,
+    keep_size,
+    recall_answered,
+    recall_size,
+)
 from node.net.host import HostError, MeshHost
 from node.net.peers import PeerTable
-from node.store import read_meta, write_meta
 from protocol import AD_LIMITS, ProtocolError, open_envelope
 from protocol.capacity import CapacityAd
 from protocol.directory import DIRECTORY_LIMITS
@@ -60,9 +65,6 @@ TRIED_AT_ONCE = 8  # untried directories registered with at once while too few a
 RATED_AFTER = 8  # peers a directory returned, probed, before its answers are judged
 MIN_LIVE_SHARE = 0.5  # of those, at least this share must answer
 COUNT_FRESH_S = 900.0  # a directory's count is used this long after it was heard
-REMEMBER_S = 24 * 3600.0  # a large network is remembered this long
-SIZE_KEY = "network_size"
-GOOD_KEY = "directories_answered"  # so that a restart registers with these, not 8 at once
 CHECK_EVERY_S = 1800.0  # a directory's listing of this node is checked this often
 HIDING_REST_S = 6 * 3600.0  # a directory that hid this node is not used this long
 
@@ -109,13 +111,13 @@ class Registration:
         self._failed_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}  # directory -> failures in a row
         # directories that answered with a count they could hold (also before a restart)
-        self._good: set[str] = _recall_good(db)
+        self._good: set[str] = recall_answered(db)
         self._in_flight: set[str] = set()
         self._vouched: dict[str, tuple[int, int]] = {}  # directory -> (answered, probed)
         self._checked_at: dict[str, float] = {}  # directory -> its last listing check
         self.listed: set[str] = set()  # directories that listed this node to a stranger
         self._db = db
-        self._remembered = _recall(db)  # (size, time.time() when heard) of a large network
+        self._remembered = recall_size(db)  # (size, time.time() when heard) of a large network
 
     # -- what the node knows -------------------------------------------------------
 
@@ -221,17 +223,12 @@ class Registration:
             "audits_receipts": self.audits_receipts(),
         }
 
-    def _remember_good(self) -> None:
-        if self._db is not None:
-            write_meta(self._db, GOOD_KEY, json.dumps(sorted(self._good)))
-
     def _remember(self, size: int) -> None:
         now = time.time()
         if self._remembered[0] >= self.gossip_max_peers and now - self._remembered[1] < 60:
             return  # written within the minute
         self._remembered = (size, now)
-        if self._db is not None:
-            write_meta(self._db, SIZE_KEY, json.dumps({"size": size, "at": now}))
+        keep_size(self._db, size, now)
 
     def heard(self, directory: str, count: int) -> bool:
         """A directory said it holds `count` peers: kept (and the directory preferred)
@@ -246,7 +243,7 @@ class Registration:
         self.answered(directory)
         if directory not in self._good:
             self._good.add(directory)
-            self._remember_good()
+            keep_answered(self._db, self._good)
         self.registered[directory] = count
         self._heard_at[directory] = time.monotonic()
         self.peers.touch(directory)  # it answered itself: its ad stays fresh
@@ -289,7 +286,7 @@ class Registration:
         self._failed_until[directory] = time.monotonic() + pause
         if directory in self._good:
             self._good.discard(directory)
-            self._remember_good()
+            keep_answered(self._db, self._good)
         self.registered.pop(directory, None)
         return pause
 
@@ -389,27 +386,3 @@ class Registration:
             [d for d in usable if d not in self._good and d not in self.listed],
         )
         return [d for group in groups for d in random.sample(group, len(group))]
-
-
-def _recall_good(db: Any) -> set[str]:
-    """The directories that had answered when the node last ran: after a restart, or
-    after a whole network's (an update, a power cut), each node registers with its
-    `directory_peers` of them rather than with `TRIED_AT_ONCE` untried ones, which
-    multiplied every directory's load by four and, in the simulator at 10,000 peers,
-    kept them past their core for the whole hour."""
-    raw = read_meta(db, GOOD_KEY) if db is not None else None
-    try:
-        kept = json.loads(raw) if raw else []
-        return {d for d in kept if isinstance(d, str)} if isinstance(kept, list) else set()
-    except ValueError:
-        return set()
-
-
-def _recall(db: Any) -> tuple[int, float]:
-    """The large network remembered in node.db: (size, when), or (0, 0)."""
-    raw = read_meta(db, SIZE_KEY) if db is not None else None
-    try:
-        kept = json.loads(raw) if raw else {}
-        return int(kept.get("size", 0)), float(kept.get("at", 0.0))
-    except (ValueError, TypeError, AttributeError):
-        return 0, 0.0

@@ -13,12 +13,8 @@ from factories import capacity_ad, peer_id_of
 from nacl.signing import SigningKey
 
 from node.net.discovery.gossip import check_ad
-from node.net.discovery.registration import (
-    Registration,
-    _recall,
-    _recall_good,
-    rendezvous_order,
-)
+from node.net.discovery.memory import recall_answered, recall_size
+from node.net.discovery.registration import Registration, rendezvous_order
 from node.net.discovery.search import _in_turn
 from node.net.finder import parse_find_query
 from node.net.peers import DIRECTORY_TTL_FACTOR, PeerTable
@@ -44,10 +40,10 @@ def _registration(
     reg.identity = type("I", (), {"peer_id": "me"})()
     reg.peers, reg.directory_peers, reg.gossip_max_peers = peers, 2, 100
     reg.is_directory, reg.own_count = False, lambda: own
-    reg.registered, reg._heard_at, reg._good = {}, {}, _recall_good(db)
+    reg.registered, reg._heard_at, reg._good = {}, {}, recall_answered(db)
     reg._registered_at, reg._checked_at, reg.listed = {}, {}, set()
     reg._failed_until, reg._failures, reg._in_flight, reg._vouched = {}, {}, set(), {}
-    reg._db, reg._remembered, reg.on_change = db, _recall(db), lambda: None
+    reg._db, reg._remembered, reg.on_change = db, recall_size(db), lambda: None
     for directory, count in counts.items():
         reg.heard(directory, count)
     return reg
@@ -142,7 +138,7 @@ def test_a_restarted_node_registers_with_the_directories_that_answered_before(
     restarted = _registration(peers, {}, db=db)
     assert sorted(restarted.chosen(time.monotonic())) == sorted([ids[5], ids[9]])
     restarted.failed(ids[9])
-    assert _recall_good(db) == {ids[5]}
+    assert recall_answered(db) == {ids[5]}
 
 
 def test_answers_are_taken_in_turn_so_no_directory_fills_the_list() -> None:
