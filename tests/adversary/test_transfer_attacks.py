@@ -64,7 +64,7 @@ def _request(port: int) -> bytes:
 
 
 def _fetch(trickler: Trickler, store: BlobStore, deadline_s: float) -> None:
-    ctx = SimpleNamespace(blobs=store)
+    ctx = SimpleNamespace(blobs=store, download_cap=None)  # no cap: the deadline alone
     return _direct(
         "127.0.0.1", trickler.port, _request(trickler.port), b"k" * 32, ctx, SHA, 1 << 20,
         deadline_s, "too slow (test)",
