@@ -167,6 +167,7 @@ class LocalNode:
             "--http",
             f"{self.http_host}:{self.http_port}",
             "--no-mdns",
+            "--train-on-battery",  # a laptop running the demo or the tests trains anyway
             *self.args,
         ]
         with open(self.log_path, "ab") as log:
