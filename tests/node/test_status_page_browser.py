@@ -459,7 +459,7 @@ def test_the_preferences_panel_steers_the_node_and_its_peers_see_it(
     child = subprocess.Popen([game, "300"])
     try:
         form.locator("textarea[name=exclusive_apps]").fill("supertuxkart")
-        form.locator("input[name=pause_on_battery]").uncheck()
+        form.locator("input[name=pause_on_battery]").check()  # test nodes start without it
         form.locator("button[type=submit]").click()
         expect(result).to_contain_text("saved: pause_on_battery, exclusive_apps")
         expect(page.locator("#paused-because")).to_contain_text("supertuxkart is running")
@@ -473,7 +473,7 @@ def test_the_preferences_panel_steers_the_node_and_its_peers_see_it(
         "training to be allowed again",
     )
     saved = json.loads((volunteer.data_dir / "preferences.json").read_text())
-    assert saved["exclusive_apps"] == ["supertuxkart"] and saved["pause_on_battery"] is False
+    assert saved["exclusive_apps"] == ["supertuxkart"] and saved["pause_on_battery"] is True
     assert not errors, errors
     for tab in (page, peers):
         tab.close()
