@@ -207,3 +207,12 @@ def test_the_load_limit_has_one_description() -> None:
     option = next(p for p in _run_command().params if p.name == "load_limit_pct")
     assert option.help == load_limit.description == _doc_rows()["policy.load_limit_pct"][4]
     assert "duty cycle" in load_limit.help and "schedulers" in load_limit.help
+
+
+def test_a_name_or_team_that_is_not_plain_text_stops_the_node_naming_the_key() -> None:
+    """They ride in every ad; peers would refuse an ad carrying them, so the node
+    refuses to start with them."""
+    for key, bad in (("name", "<b>Ada</b>"), ("team", "x" * 41), ("name", " padded")):
+        with pytest.raises(ConfigError, match=f"setting '{key}': {key} must be"):
+            Settings(**{key: bad}).check()
+    Settings(name="Ada L.", team="Analytical Engines").check()
