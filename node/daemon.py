@@ -28,7 +28,9 @@ from node.net.connections import ConnectionLimits, trim_connections
 from node.net.discovery import (
     MAX_REGISTRATIONS,
     CapacityGossip,
+    CreditServer,
     Directory,
+    DirectoryCredit,
     DiscoveryCost,
     Registration,
     keep_connected,
@@ -45,7 +47,7 @@ from node.shutdown import Shutdown, in_thread
 from node.state import Node
 from node.store import lock_data_dir, open_node_db
 from node.web.api import WriteGuard, make_app
-from node.web.credit import credit_routes
+from node.web.credit import audit_figures, credit_routes
 from node.web.events import NodeEvents, PublishingLedger, event_routes, watch_peers
 from node.web.jobs_api import job_routes
 from node.web.ledger_api import ledger_routes
@@ -175,6 +177,14 @@ async def _serve(
         )
         registration.on_change = gossip.changed  # two directories said "small": publish
         receipts = ReceiptGossip(host, audit, metrics, registration.audits_receipts)
+        directory_credit = DirectoryCredit(registration, identity)
+        if directory is not None:
+            credit_server = CreditServer(
+                host,
+                identity,
+                lambda: audit_figures(audit),
+                lambda: {e.ad.peer_id: (e.ad.name, e.ad.team) for e in directory.table.entries()},
+            )
         evidence = EvidenceGossip(
             host, lambda found: work.owner.reputation.reported(found.worker, found.reason)
         )
@@ -236,6 +246,7 @@ async def _serve(
             )
             own_label = {"peer_id": identity.peer_id, "name": settings.name, "team": settings.team}
             pages = PageSources(node, work, ledger, audit, bridge, guard.open, own_label)
+            pages.directory_credit = lambda: bridge.call_async(directory_credit.view)
             app = make_app(
                 node,
                 bridge,
@@ -243,7 +254,12 @@ async def _serve(
                 [
                     routes,
                     ledger_routes(ledger, audit),
-                    credit_routes(audit, lambda: bridge.call(node.peers), own_label),
+                    credit_routes(
+                        audit,
+                        lambda: bridge.call(node.peers),
+                        own_label,
+                        lambda: bridge.call_async(directory_credit.view),
+                    ),
                     event_routes(feed, identity.peer_id),
                     page_routes(pages),
                 ],
@@ -254,6 +270,7 @@ async def _serve(
                 await node.gossip.start()
                 if node.directory is not None:
                     node.directory.start()
+                    credit_server.start()
                     nursery.start_soon(node.directory.run)
                 nursery.start_soon(registration.run)
                 await receipts.start()

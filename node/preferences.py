@@ -90,6 +90,7 @@ class Preferences:
     # machine guards (node.work.run.guards): 0 or [] = off
     max_cpu_temp_c: float = 0.0  # pause at this CPU temperature
     max_gpu_temp_c: float = 0.0  # pause at this temperature of a GPU in use
+    max_gpu_pct: int = 100  # a unit on a GPU trains at most this share of the time
     pause_on_battery: bool = True  # pause while the machine runs on battery
     exclusive_apps: list[str] = field(default_factory=list)  # pause while one of these runs
     min_free_memory_gb: float = 0.0  # pause while other programs are left less than this

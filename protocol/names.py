@@ -9,6 +9,7 @@ ADS_PROTOCOL = "/meshminer/ads/1"  # fetch a peer's current ad table when a conn
 PROBE_PROTOCOL = "/meshminer/probe/1"  # a peer's own fresh ad, asked just before an offer
 REGISTER_PROTOCOL = "/meshminer/directory/register/1"  # volunteer -> directory: its ad
 QUERY_PROTOCOL = "/meshminer/directory/query/1"  # owner -> directory: peers that fit a job
+CREDIT_PROTOCOL = "/meshminer/directory/credit/1"  # any node -> directory: its credit table
 TASK_PROTOCOL = "/meshminer/task/1"
 BLOB_PROTOCOL = "/meshminer/blob/1"
 PROGRESS_PROTOCOL = "/meshminer/progress/1"

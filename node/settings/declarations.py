@@ -328,6 +328,16 @@ class Settings:
         flag="--max-gpu-temp",
         bounds=Bounds(0, 120),
     )
+    max_gpu_pct: int = setting(
+        100,
+        "train on each GPU at most this percent of the time (a duty cycle per device, as "
+        "load_limit_pct is for the whole machine; 100 = no cap)",
+        unit="%",
+        section=POLICY,
+        api=True,
+        flag="--max-gpu-pct",
+        bounds=Bounds(1, 100),
+    )
     pause_on_battery: bool = setting(
         True,
         "pause training while the machine runs on battery",

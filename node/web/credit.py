@@ -8,6 +8,8 @@ more, fewer or other receipts, and two identities of one person can co-sign each
 other's work (docs/threat-model.md). Each row is a peer that trained: its credit from
 receipts not in conflict, its recent average credit (BOINC's RAC, a week's
 half-life), the units behind it, its conflicts, and the name and team its ad carries.
+In a large network, where a volunteer audits only its own receipts, the view also
+holds a directory's table (`node.net.discovery.credit`), shown as that directory's.
 """
 
 from __future__ import annotations
@@ -61,23 +63,45 @@ def credit_view(
     return {"view": VIEW, "rank": mine, "peers": rows}
 
 
+def audit_figures(audit: AuditLog) -> tuple[dict[str, dict[str, Any]], dict[str, float], int]:
+    """Credit per peer, RAC per worker and the receipts audited: what a table needs."""
+    credit = audit.network_credit()
+    return credit, audit.recent_credit(time.time(), RAC_HALF_LIFE_S), audit.count()
+
+
+#: a directory's table while this node does not audit the network's receipts (None)
+DirectoryView = Callable[[], Awaitable[dict[str, Any] | None]]
+
+
 async def read_credit(
-    audit: AuditLog, peers: Callable[[], Awaitable[list[dict[str, Any]]]], own: dict[str, Any]
+    audit: AuditLog,
+    peers: Callable[[], Awaitable[list[dict[str, Any]]]],
+    own: dict[str, Any],
+    directory: DirectoryView | None = None,
 ) -> dict[str, Any]:
     """`credit_view` of the audit table now: the peer table from `peers()` (the node's
-    thread), the audit table's reads in a worker thread."""
+    thread), the audit table's reads in a worker thread; and `directory()`'s table,
+    ranked alike, under `directory` (absent in a network this node audits itself)."""
     peer_rows = await peers()
-    credit, rac = await asyncio.to_thread(
-        lambda: (audit.network_credit(), audit.recent_credit(time.time(), RAC_HALF_LIFE_S))
-    )
-    return credit_view(credit, rac, peer_rows, own)
+    credit, rac, _ = await asyncio.to_thread(audit_figures, audit)
+    view = credit_view(credit, rac, peer_rows, own)
+    theirs = await directory() if directory is not None else None
+    if theirs is not None:
+        for rank, row in enumerate(theirs.get("peers", []), 1):
+            row["rank"] = rank
+        theirs["rank"] = next((r["rank"] for r in theirs.get("peers", []) if r["self"]), None)
+        view["directory"] = theirs
+    return view
 
 
 def credit_routes(
-    audit: AuditLog, peers: Callable[[], Awaitable[list[dict[str, Any]]]], own: dict[str, Any]
+    audit: AuditLog,
+    peers: Callable[[], Awaitable[list[dict[str, Any]]]],
+    own: dict[str, Any],
+    directory: DirectoryView | None = None,
 ) -> Callable[[web.Application], None]:
     async def credit(request: web.Request) -> web.Response:
-        return web.json_response(await read_credit(audit, peers, own))
+        return web.json_response(await read_credit(audit, peers, own, directory))
 
     def add(app: web.Application) -> None:
         app.router.add_get("/api/v1/credit", credit)

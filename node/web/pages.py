@@ -62,6 +62,7 @@ class PageSources:
     bridge: Any  # TrioBridge
     writes_open: bool  # loopback bind: the submit form needs no token
     own: dict[str, Any] = field(default_factory=dict)  # peer id, name, team: the credit page
+    directory_credit: Any = None  # a directory's table in a large network (web.credit)
     verify_cache_s: float = VERIFY_CACHE_S
     _verified: tuple[int, float, Any] | None = field(default=None, repr=False)
     _verify_lock: asyncio.Lock | None = field(default=None, repr=False)
@@ -330,7 +331,9 @@ def page_routes(src: PageSources) -> Callable[[web.Application], None]:
         )
 
     async def credit(request: web.Request) -> web.Response:
-        view = await read_credit(src.audit, lambda: src.bridge.call(src.node.peers), src.own)
+        view = await read_credit(
+            src.audit, lambda: src.bridge.call(src.node.peers), src.own, src.directory_credit
+        )
         return render(request, "credit.html", view=view)
 
     async def jobs(request: web.Request) -> web.Response:

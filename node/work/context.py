@@ -108,7 +108,7 @@ class WorkContext:
         volunteer's preferences say so (`duty_cycle`), and counted towards the day's
         training hours (`unit_pids`). See `_run` for the rest."""
         return await self._run(
-            request, unit_id, max_hours, on_event, self.duty_cycle, self.unit_pids
+            request, unit_id, max_hours, on_event, lambda: self.duty_cycle(request), self.unit_pids
         )
 
     async def run_owner_task(
@@ -163,10 +163,16 @@ class WorkContext:
         """The share of the time (%) a runner may train: the volunteer's load limit."""
         return max(1.0, float(self.policy().load_limit_pct))
 
-    def duty_cycle(self) -> float:
-        """A unit's share of the time (%): the load limit, or 0 while the volunteer's
-        preferences pause training."""
-        return 0.0 if self.paused_because() else self.load_limit()
+    def duty_cycle(self, request: RunnerRequest | None = None) -> float:
+        """A unit's share of the time (%): the load limit, and for a unit that trains
+        on this node's GPU (`request`) the volunteer's cap per GPU too; 0 while the
+        volunteer's preferences pause training."""
+        if self.paused_because():
+            return 0.0
+        share = self.load_limit()
+        if request is not None and request.device != "cpu" and self.own_ad().gpus:
+            share = min(share, float(self.preferences().max_gpu_pct))
+        return share
 
     def load_pct(self) -> int:
         return min(100, round(100 * len(self.units_here) / max(1, self.limits.max_units)))

@@ -315,7 +315,11 @@ def test_a_worker_with_room_trains_two_units_at_once(
     worker = localnet.add(["--max-units", "2"])
     localnet.wait_all_see_each_other(timeout=20)
     # long enough that the first unit still trains when the second job is submitted
-    ids = [_submit(owner, _spec(tmp_path, steps=15000, name=f"j{i}.toml")) for i in range(3)]
+    # (the third only waits its turn: a short one)
+    ids = [
+        _submit(owner, _spec(tmp_path, steps=steps, name=f"j{i}.toml"))
+        for i, steps in enumerate((15000, 15000, 300))
+    ]
     # the worker's own load: 100% is two units of two. (The owner's job states lag: on
     # a loaded machine it listed the second job running only after the first unit's
     # runner had finished and its room had gone to the third.)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from node.demo.localnet import LocalNetwork, LocalNode
 from tests.e2e.test_jobs_e2e import _cli, _job
 from tests.programs.export import export_pair, program_toml
-from tests.programs.models import GPT, ResNet, UNetBlock
+from tests.programs.models import GPT, ResNet
 from training.model.weights import file_sha256
 from training.spec.shards import shards_of_slot
 
@@ -53,7 +53,9 @@ def _resnet(folder: Path) -> None:
     export_pair(ResNet(width=4), (torch.randn(4, 1, 8, 8),), folder)
 
 
-@pytest.mark.parametrize("make", [ResNet, UNetBlock], ids=["resnet", "unet block"])
+# the ResNet's BatchNorm buffers make the network's bitwise case; the UNet block's
+# operators are held to eager in one process (tests/training/test_programs.py)
+@pytest.mark.parametrize("make", [ResNet], ids=["resnet"])
 def test_a_peer_trains_a_program_bitwise_equal_to_train_local(
     localnet: LocalNetwork, tmp_path: Path, make: type[torch.nn.Module]
 ) -> None:

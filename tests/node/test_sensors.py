@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from node.machine.sensors import Sensors
 
 
@@ -62,6 +64,7 @@ def test_plugged_in_is_not_on_battery_and_a_bare_machine_names_what_it_lacks(
     ]
 
 
+@pytest.mark.process  # a real child process
 def test_running_programs_are_seen_by_their_file_name(tmp_path: Path) -> None:
     """A real child process, started from a copy of `sleep` named like a game."""
     game = tmp_path / "supertuxkart"

@@ -43,9 +43,14 @@ from protocol.blobs import (
     BlobRequest,
 )
 from protocol.directory import (
+    CREDIT_LIMITS,
     DIRECTORY_LIMITS,
     GPU_WISHES,
+    MAX_CREDIT_ROWS,
     MAX_WANT,
+    CreditQuery,
+    CreditReply,
+    CreditRow,
     DirectoryQuery,
     DirectoryReply,
 )
@@ -234,6 +239,26 @@ directory_replies = st.builds(
     ttl_s=st.floats(0.1, 86400),
     ads=st.lists(small_bytes, max_size=4),
 )
+labels = st.text(alphabet="abcdefghijklmnopqrstuvwxyzAZ0123456789 .,+#@()-", max_size=40).map(
+    str.strip
+)
+credit_queries = st.builds(CreditQuery, want=st.integers(1, MAX_CREDIT_ROWS), timestamp=times)
+credit_rows = st.builds(
+    CreditRow,
+    peer_id=peers,
+    credit=st.floats(0, 1e12),
+    rac=st.floats(0, 1e12),
+    units=st.integers(0, 2**40),
+    conflicts=st.integers(0, 10**6),
+    name=labels,
+    team=labels,
+)
+credit_replies = st.builds(
+    CreditReply,
+    receipts=st.integers(0, 2**40),
+    rows=st.lists(credit_rows, max_size=4, unique_by=lambda row: row.peer_id),
+    timestamp=times,
+)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 progresses = st.integers(0, 10_000).flatmap(
     lambda total: st.integers(0, total).flatmap(
@@ -327,6 +352,8 @@ MESSAGES = {
     OfferReply: (offer_replies, WORK_LIMITS),
     DirectoryQuery: (directory_queries, DIRECTORY_LIMITS),
     DirectoryReply: (directory_replies, DIRECTORY_LIMITS),
+    CreditQuery: (credit_queries, CREDIT_LIMITS),
+    CreditReply: (credit_replies, CREDIT_LIMITS),
     Progress: (progresses, WORK_LIMITS),
     Result: (results, WORK_LIMITS),
     Receipt: (receipts, WORK_LIMITS),
@@ -824,6 +851,31 @@ BAD_VALUES = [
     ("name", "zero\u200bwidth"),
     ("name", " padded"),
 ]
+
+
+CREDIT_ROW = to_plain(CreditRow(PEER_A, credit=2.5, rac=1.0, units=3, conflicts=0, name="Ada"))
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("receipts", -1),
+        ("rows", [CREDIT_ROW] * 2),  # a peer twice
+        ("rows", [{**CREDIT_ROW, "peer_id": "12D3KooWnotapeer"}]),
+        ("rows", [{**CREDIT_ROW, "credit": math.nan}]),
+        ("rows", [{**CREDIT_ROW, "rac": -1.0}]),
+        ("rows", [{**CREDIT_ROW, "units": -1}]),
+        ("rows", [{**CREDIT_ROW, "name": "<img src=x onerror=alert(1)>"}]),
+        ("rows", [{**CREDIT_ROW, "team": "x" * 41}]),
+    ],
+)
+def test_a_directory_credit_reply_that_breaks_a_rule_is_refused(path, value):
+    plain = to_plain(CreditReply(receipts=3, rows=[CreditRow(**CREDIT_ROW)]))
+    plain[path] = value
+    with pytest.raises(DecodeError) as info:
+        signed = sign_raw(encode(plain), type_=CreditReply.TYPE, version=CreditReply.VERSION)
+        open_envelope(signed, CreditReply, limits=CREDIT_LIMITS)
+    assert str(info.value).startswith(f"CreditReply.{path}")
 
 
 @pytest.mark.parametrize("path, value", BAD_VALUES)

@@ -13,4 +13,6 @@ checks.
 - `start`: `model.init` and `model.trainable` applied to a module.
 - `bind`: counting what a spec's model will train, on the `meta` device.
 - `weights`: trained weights as safetensors with deterministic bytes.
+- `dropout`: dropout and the program ops that draw random numbers, the same bits on
+  every device (so an owner without a GPU can replay a GPU worker's segment).
 """

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from training.model.dropout import Dropout
 from training.model.layers import LAYER_TYPES
 from training.model.plan import ModelPlan
 from training.spec.job import CharTransformerSpec
@@ -28,7 +29,8 @@ class LayerStack(nn.Module):
         for layer in plan.layers:
             if layer.type not in LAYER_TYPES:  # the plan came from the allow-list; be sure
                 raise ValueError(f"layer type {layer.type!r} is not allowed")
-            modules.append(getattr(nn, layer.type)(**layer.kwargs))
+            make = Dropout if layer.type == "Dropout" else getattr(nn, layer.type)
+            modules.append(make(**layer.kwargs))
         self.body = nn.Sequential(*modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,7 +43,7 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         mask = torch.ones(context, context, dtype=torch.bool).tril()
         self.register_buffer("mask", mask, persistent=False)
 
@@ -63,9 +65,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(width, heads, context, dropout)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout)
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), Dropout(dropout)
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.norm1(x)))
@@ -79,7 +81,7 @@ class CharTransformer(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, spec.width)
         self.positions = nn.Embedding(spec.context, spec.width)
-        self.dropout = nn.Dropout(spec.dropout)
+        self.dropout = Dropout(spec.dropout)
         self.blocks = nn.Sequential(
             *(Block(spec.width, spec.heads, spec.context, spec.dropout) for _ in range(spec.layers))
         )

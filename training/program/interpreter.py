@@ -3,9 +3,12 @@ checked nodes, each an allowed operator called with the values named before it.
 
 Autograd gives the backward, as in eager PyTorch, because the nodes are the same
 `aten` calls the user's modules made: in-place ops, BatchNorm's running statistics
-(mutated in place by `batch_norm`), dropout drawing from torch's seeded generator and
-tied weights (one `Parameter` under two names) all behave as they did for the user,
-and the weights come out bitwise equal to eager training on the same batches.
+(mutated in place by `batch_norm`) and tied weights (one `Parameter` under two names)
+behave as they did for the user, and the weights come out bitwise equal to eager
+training on the same batches. The ops that draw random numbers (dropout, attention
+dropout, `bernoulli`, `rand_like`) draw from `training.model.dropout` instead of the
+device's generator, so that an owner on another kind of device can replay a segment;
+a program with dropout trains like its eager module in distribution, not bit for bit.
 
 Parameters keep the user's names (a tree of empty modules holds them), so the state
 dict loads into the user's own module with `load_state_dict`.
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.model.dropout import PROGRAM_OPS
 from training.program.allowlist import FACTORY_OPS, callable_for
 from training.program.errors import ProgramError
 from training.program.graph import Device, DType, Graph, MemoryFormat, Ref
@@ -95,7 +99,8 @@ def compile_steps(graph: Graph) -> list[Step]:
 
 
 def _step(target: str, args: tuple, kwargs: tuple, outputs: tuple) -> Step:
-    op = callable_for(target)
+    op = callable_for(target)  # KeyError for what is not allowed
+    op = PROGRAM_OPS.get(target, op)  # random draws: the same bits on every device
     kw = dict(kwargs)
     if target in FACTORY_OPS and "device" not in kw:  # made where the run is (meta: nowhere)
         kw["device"] = Device()

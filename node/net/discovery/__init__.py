@@ -28,12 +28,15 @@ never the face.
 - `listing`: both ends of a volunteer's check that a directory lists it: the seed's
   order of an answer (`rank_key`) and the question asked as a stranger (`lists_me`).
 - `cost`: what finding peers costs this node, per minute (`DiscoveryCost`).
+- `credit`: both ends of a directory's credit table, which a node of a large network
+  shows beside its own audit (`CreditServer`, `DirectoryCredit`).
 """
 
 from __future__ import annotations
 
 from node.net.discovery.bootstrap import keep_connected
 from node.net.discovery.cost import DiscoveryCost
+from node.net.discovery.credit import CreditServer, DirectoryCredit
 from node.net.discovery.directory import MAX_REGISTRATIONS, Directory
 from node.net.discovery.gossip import (
     MAX_TABLE_ADS,
@@ -51,8 +54,10 @@ __all__ = [
     "MAX_TABLE_ADS",
     "REJECT_REASONS",
     "CapacityGossip",
+    "CreditServer",
     "DiscoveryCost",
     "Directory",
+    "DirectoryCredit",
     "DuplicateAd",
     "PeerMismatch",
     "Registration",

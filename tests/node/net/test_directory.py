@@ -118,3 +118,12 @@ def test_volunteers_register_with_a_directory_and_owners_find_probe_and_place_th
     bystander = next(v for v in volunteers[:-1] if v.peer_id != job["worker"])
     assert not _discovery(bystander)["audits_receipts"] and _discovery(directory)["audits_receipts"]
     assert bystander.get("/api/v1/ledger/balances")["network"] == {}
+    # its Credit page shows the directory's audit instead, as the directory's view
+    credit = bystander.get("/api/v1/credit")
+    assert credit["peers"] == []
+    theirs = credit["directory"]
+    assert theirs["directory"] == directory.peer_id and theirs["receipts"] >= 1, theirs
+    assert [(r["peer_id"], r["units"], r["rank"]) for r in theirs["peers"]] == [
+        (job["worker"], 1, 1)
+    ]
+    assert "directory" not in directory.get("/api/v1/credit")  # it audits them itself

@@ -386,3 +386,23 @@ def test_a_worker_past_its_daily_transfer_cap_declines_for_now(
     assert reply.reason == (
         "this node moves no more data today: today's 0.5 GB of job data transfer are used"
     )
+
+
+def test_a_unit_on_a_gpu_trains_within_the_cap_per_gpu(tmp_path: Path, node_db: Any) -> None:
+    """`max_gpu_pct` is the duty cycle of a unit that trains on this node's GPU (with
+    the load limit, the lower wins); a CPU unit, or a node without a GPU, ignores it."""
+    from node.work.run import RunnerRequest
+
+    prefs = Preferences(max_gpu_pct=40)
+    gpu_node = Volunteer(preferences=prefs, gpus=GPU_8_GB)
+    on_gpu = RunnerRequest({}, {}, tmp_path / "w", device="auto")
+    on_cpu = RunnerRequest({}, {}, tmp_path / "w", device="cpu")
+    ctx = _worker(tmp_path, node_db, gpu_node).ctx
+    assert ctx.duty_cycle(on_gpu) == 40 and ctx.duty_cycle(on_cpu) == 100
+    assert ctx.duty_cycle() == 100  # the machine's share: the load limit alone
+    gpu_node.policy = Policy(load_limit_pct=25)
+    assert ctx.duty_cycle(on_gpu) == 25
+    gpu_node.paused_because = "on battery (it trains on mains power)"
+    assert ctx.duty_cycle(on_gpu) == 0
+    cpu_node = Volunteer(preferences=prefs)
+    assert _worker(tmp_path / "cpu", node_db, cpu_node).ctx.duty_cycle(on_gpu) == 100
