@@ -135,9 +135,14 @@ async def fetch_granted(
         if ctx.blobs.has(sha):
             continue
         async with fetch_slots().hold(peer_id):
+            started = trio.current_time()
             paths[sha] = await _fetch_one(
                 ctx, peer_id, grant, grant_env, job_key, sha, max_bytes, relay_max_bytes
             )
+            took = max(trio.current_time() - started, 1e-6)
+        size = ctx.blobs.path(sha).stat().st_size
+        log.info("fetched blob %s from %s: %d bytes in %.3f s (%.2f Mbit/s) by %s",
+                 sha[:12], peer_id, size, took, size * 8 / took / 1e6, paths[sha])  # fmt: skip
     return paths
 
 
