@@ -237,7 +237,7 @@ async def _serve(
                 lambda: node.preferences,
                 TrainingDays(db),
                 idle,
-                sensors=lambda programs: sensors.read(ctx.unit_pids | ctx.runner_pids, programs),
+                sensors=lambda wanted: sensors.read(ctx.unit_pids | ctx.runner_pids, wanted),
             )
             bridge = TrioBridge(trio.lowlevel.current_trio_token(), nursery)
             guard = WriteGuard(token, http_host)

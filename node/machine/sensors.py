@@ -14,6 +14,8 @@ files laid out like the kernel's under a temporary root.
 
 A reading the machine does not offer is None (or empty): a guard that needs it does not
 pause, and `missing()` names it, so the node says so once at start and in `doctor`.
+A reading no guard asks for (`read`'s `wanted`: the guards set) is not taken: the node
+reads every second, and walking /proc or asking NVML costs a volunteer's CPU.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+#: every reading, by the name `read`'s `wanted` takes
+READINGS = frozenset({"cpu_temp", "battery", "memory", "programs", "gpu_temp"})
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,14 @@ class Sensors:
         self.root = root
         self._nvml = nvml if nvml is not None else _load_nvml() if root == Path("/") else None
 
-    def read(self, own_pids: Iterable[int] = (), programs: bool = False) -> Readings:
-        """One reading; the process list only when `programs` (it walks /proc)."""
-        own = list(own_pids)
+    def read(self, own_pids: Iterable[int] = (), wanted: Collection[str] = READINGS) -> Readings:
+        """One reading of what is `wanted` (the rest left None or empty)."""
         return Readings(
-            cpu_temp_c=self.cpu_temp_c(),
-            on_battery=self.on_battery(),
-            free_memory_gb=self.free_memory_gb(own),
-            programs=self.programs() if programs else frozenset(),
-            gpu_temp_c=self.gpu_temp_c(),
+            cpu_temp_c=self.cpu_temp_c() if "cpu_temp" in wanted else None,
+            on_battery=self.on_battery() if "battery" in wanted else None,
+            free_memory_gb=self.free_memory_gb(list(own_pids)) if "memory" in wanted else None,
+            programs=self.programs() if "programs" in wanted else frozenset(),
+            gpu_temp_c=self.gpu_temp_c() if "gpu_temp" in wanted else {},
         )
 
     def missing(self) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.machine.sensors import Sensors
+from node.machine.sensors import READINGS, Readings, Sensors
 
 
 def _write(root: Path, path: str, text: str) -> None:
@@ -78,3 +78,29 @@ def test_running_programs_are_seen_by_their_file_name(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert os.path.basename(game) not in Sensors().programs()
+
+
+def test_only_the_readings_the_set_guards_need_are_taken(tmp_path: Path) -> None:
+    """The node reads every second: a guard left off costs no /proc walk, no NVML call."""
+    from node.preferences import Preferences
+    from node.work.run.guards import wanted_readings
+
+    assert wanted_readings(Preferences(pause_on_battery=False)) == frozenset()
+    assert wanted_readings(Preferences()) == {"battery"}  # on by default
+    every = Preferences(
+        max_cpu_temp_c=80, max_gpu_temp_c=80, min_free_memory_gb=1, exclusive_apps=["steam"]
+    )
+    assert wanted_readings(every) == READINGS
+
+    class Counting:
+        calls = 0
+
+        def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (NVML's name)
+            Counting.calls += 1
+            return 0
+
+    sensors = Sensors(tmp_path, nvml=Counting())
+    assert sensors.read(wanted={"battery"}) == Readings()
+    assert Counting.calls == 0
+    sensors.read(wanted={"gpu_temp"})
+    assert Counting.calls == 1

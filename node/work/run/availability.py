@@ -20,7 +20,7 @@ import trio
 
 from node.machine.sensors import Readings
 from node.preferences import Preferences
-from node.work.run.guards import Guards
+from node.work.run.guards import Guards, wanted_readings
 
 TICK_S = 1.0
 MAX_TICK_S = 10.0  # a longer gap (a suspended laptop) is not counted as training
@@ -65,13 +65,13 @@ class Availability:
         days: TrainingDays,
         idle_s: Callable[[float], float | None],
         clock: Callable[[], float] = time.time,
-        sensors: Callable[[bool], Readings] | None = None,
+        sensors: Callable[[frozenset[str]], Readings] | None = None,
     ) -> None:
         self._preferences = preferences
         self._days = days
         self._idle_s = idle_s  # seconds since the user was last active, or None: unknown
         self._clock = clock
-        # the machine now (`Sensors.read`; True: with the running programs), or None
+        # the machine now (`Sensors.read` of the readings named), or None
         self._sensors = sensors
         self.guards = Guards()
         self._last = clock()
@@ -101,7 +101,8 @@ class Availability:
             if idle is not None and idle < prefs.idle_minutes * 60:
                 return f"its user is active (it trains after {prefs.idle_minutes:g} min idle)"
         if self._sensors is not None:
-            readings = self._sensors(bool(prefs.exclusive_apps))
+            wanted = wanted_readings(prefs)
+            readings = self._sensors(wanted) if wanted else Readings()
             return self.guards.reason(prefs, readings, prefs.gpus)
         return ""
 

@@ -71,6 +71,18 @@ class Guards:
         return ""
 
 
+def wanted_readings(prefs: Preferences) -> frozenset[str]:
+    """The sensors the guards set in `prefs` read (`Sensors.read`'s `wanted`)."""
+    wanted = {
+        "cpu_temp": bool(prefs.max_cpu_temp_c),
+        "gpu_temp": bool(prefs.max_gpu_temp_c),
+        "battery": prefs.pause_on_battery,
+        "memory": bool(prefs.min_free_memory_gb),
+        "programs": bool(prefs.exclusive_apps),
+    }
+    return frozenset(name for name, on in wanted.items() if on)
+
+
 def exclusive_reason(apps: list[str], running: frozenset[str]) -> str:
     """The named programs that run now, matched by executable name (case aside; the
     kernel's 15-character short name too)."""

@@ -89,12 +89,12 @@ def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> Non
     shutil.copy(shutil.which("sleep") or "/bin/sleep", game)
     files, real = Sensors(root), Sensors()
 
-    def read(programs: bool) -> Readings:
-        reading = files.read()
+    def read(wanted: frozenset[str]) -> Readings:
+        assert wanted == {"cpu_temp", "battery", "memory", "programs"}  # the set guards' needs
+        reading = files.read(wanted=wanted - {"programs"})
         return Readings(
-            reading.cpu_temp_c, reading.on_battery, reading.free_memory_gb,
-            real.programs() if programs else frozenset(),
-        )  # fmt: skip
+            reading.cpu_temp_c, reading.on_battery, reading.free_memory_gb, real.programs()
+        )
 
     prefs = Preferences(max_cpu_temp_c=80, min_free_memory_gb=2, exclusive_apps=["supertuxkart"])
     days = TrainingDays(sqlite_utils.Database(tmp_path / "node.db"))
