@@ -4,6 +4,7 @@ continued by each in turn, driven through the sensors' files."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import time
@@ -75,6 +76,22 @@ def _write(root: Path, path: str, text: str) -> None:
     (root / path).write_text(text)
 
 
+class FakeNvml:
+    """pynvml's calls the GPU temperature guard makes, answering `temps` by index."""
+
+    def __init__(self, temps: dict[int, float]) -> None:
+        self.temps = temps
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (NVML's names)
+        return len(self.temps)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> float:  # noqa: N802
+        return self.temps[handle]
+
+
 @pytest.mark.slow
 def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> None:
     """One runner trains while each guard in turn is tripped through the sensors'
@@ -87,16 +104,17 @@ def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> Non
     _write(root, "proc/meminfo", "MemAvailable: 8388608 kB")
     game = tmp_path / "supertuxkart"
     shutil.copy(shutil.which("sleep") or "/bin/sleep", game)
-    files, real = Sensors(root), Sensors()
+    nvml = FakeNvml({0: 60.0})
+    files, real = Sensors(root, nvml=nvml), Sensors()
 
     def read(wanted: frozenset[str]) -> Readings:
-        assert wanted == {"cpu_temp", "battery", "memory", "programs"}  # the set guards' needs
+        assert wanted == {"cpu_temp", "gpu_temp", "battery", "memory", "programs"}
         reading = files.read(wanted=wanted - {"programs"})
-        return Readings(
-            reading.cpu_temp_c, reading.on_battery, reading.free_memory_gb, real.programs()
-        )
+        return dataclasses.replace(reading, programs=real.programs())
 
-    prefs = Preferences(max_cpu_temp_c=80, min_free_memory_gb=2, exclusive_apps=["supertuxkart"])
+    prefs = Preferences(
+        max_cpu_temp_c=80, max_gpu_temp_c=80, min_free_memory_gb=2, exclusive_apps=["supertuxkart"]
+    )
     days = TrainingDays(sqlite_utils.Database(tmp_path / "node.db"))
     availability = Availability(lambda: prefs, days, lambda now: None, time.time, read)
     spec = spec_to_plain(parse_spec(tomllib.loads(digits_toml(steps=20_000, hidden=(16,)))))
@@ -114,6 +132,11 @@ def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> Non
             return (
                 lambda: _write(root, "sys/class/thermal/thermal_zone0/temp", "91000"),
                 lambda: _write(root, "sys/class/thermal/thermal_zone0/temp", "60000"),
+            )
+        if name == "gpu":  # NVML's answer, as a driver would give it
+            return (
+                lambda: nvml.temps.update({0: 85.0}),
+                lambda: nvml.temps.update({0: 70.0}),
             )
         if name == "battery":
             return (
@@ -138,7 +161,7 @@ def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> Non
         while not steps:
             await trio.sleep(0.05)
         (pid,) = pids
-        for name in ("cpu", "battery", "memory", "program"):
+        for name in ("cpu", "gpu", "battery", "memory", "program"):
             trip, release = trip_and_release(name)
             trip()
             availability.tick(1.0)
@@ -168,6 +191,7 @@ def test_each_guard_stops_a_real_runner_and_lets_it_go_on(tmp_path: Path) -> Non
             child.kill()
     assert reasons == [
         "CPU at 91 °C (it trains below 75 °C)",
+        "GPU 0 at 85 °C (it trains below 75 °C)",
         "on battery (it trains on mains power)",
         "1.0 GB of memory left to other programs (it keeps 2 GB)",
         "supertuxkart is running",
