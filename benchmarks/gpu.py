@@ -43,7 +43,7 @@ from safetensors.torch import load_file
 from protocol import encode
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.evidence.checkpoints import BF16_TOLERANCE, TOLERANCE, checkpoint_steps
+from training.evidence.checkpoints import BF16_TOLERANCE, STEP_RATIO, TOLERANCE, checkpoint_steps
 from training.model.bind import bind_trainable
 from training.model.weights import file_sha256
 from training.program.job import convert
@@ -170,6 +170,9 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
         "replay_final_bitwise": replay["weights_sha256"] == worker["weights_sha256"],
         "cpu_replay_s": across["took_s"],
         "cpu_vs_gpu_distance": across["distances"],
+        # in the replay's own last steps: what an owner without a GPU holds to STEP_RATIO
+        "cpu_vs_gpu_step_ratio": across["step_ratios"],
+        "within_step_ratio": all(r <= STEP_RATIO for r in across["step_ratios"]),
         "cpu_vs_gpu_cpu_hashes_equal": [
             a == b for a, b in zip(across["ends"], cps[1:], strict=True)
         ],

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from training.errors import SpecError, TrainingError
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.checkpoints import STEP_RATIO, checkpoint_steps
 from training.model.weights import file_sha256
 from training.run.runner import run_request
 from training.spec.job import parse_spec, spec_to_plain
@@ -92,6 +92,28 @@ def test_every_segment_replays_to_the_workers_next_checkpoint(tmp_path: Path, op
     assert replay["weights_sha256"] == worker["weights_sha256"]
     assert replay["metrics"]["val_loss"] == worker["metrics"]["val_loss"]
     assert replay["replayed_steps"] == 30
+
+
+def test_a_replay_measures_a_claim_in_its_own_last_steps(tmp_path: Path) -> None:
+    """`step_ratios`: how many of the replay's own last steps the claimed state is
+    away: none for the honest state, one for a worker that stopped a step short."""
+    spec = _spec(OPTIMS["adam, cosine, dropout"], steps=20, checkpoints=20)
+    worker = _train(spec, tmp_path / "worker", checkpoints=True)
+    cps = worker["checkpoints"]  # one a step
+    files = sorted((tmp_path / "worker" / "checkpoints").iterdir())
+    blobs = {sha: str(path) for sha, path in zip(cps, files, strict=True)}
+    segments = [
+        {"start": 10, "end": 15, "from": cps[10], "claimed": cps[15]},  # honest
+        {"start": 10, "end": 15, "from": cps[10], "claimed": cps[14]},  # a step short
+        {"start": 10, "end": 15, "from": cps[10], "claimed": cps[10]},  # nothing trained
+    ]
+    replay = _replay(spec, tmp_path / "owner", blobs, {"segments": segments})
+    honest, short, idle = replay["step_ratios"]
+    assert replay["ends"] == [cps[15]] * 3  # splitting the last step off changes nothing
+    assert honest == 0.0 and replay["distances"][0] == 0.0
+    assert short == pytest.approx(1.0)
+    assert idle > 2.0  # five steps' movement, in units of the last one
+    assert short > STEP_RATIO
 
 
 def test_a_replay_refuses_what_does_not_fit(tmp_path: Path) -> None:

@@ -242,3 +242,29 @@ def relative_distance(a: TrainState, b: TrainState) -> float:
         scale = max(float(other.norm()), 1e-12)
         worst = max(worst, float((mine - other).norm()) / scale)
     return worst
+
+
+#: across device kinds (a CPU replay of a GPU's segment): the claimed state may be this
+#: far from the replay, as a share of the replay's own last step, tensor by tensor. A
+#: worker that skipped a step of the segment lands about one step away (ratio ~1);
+#: honest noise between devices starts at zero at the segment's start and stays a
+#: fraction of a step over a segment's few steps (docs/design/trust.md)
+STEP_RATIO = 0.5
+
+
+def step_ratio(
+    replayed: TrainState, before_last: dict[str, torch.Tensor], claimed: TrainState
+) -> float:
+    """The largest, over weight tensors, of |replayed - claimed| / |replayed - the state
+    one step before|: how many of its own last steps the replay is from the claim. A
+    tensor the last step left alone must be equal (else: inf)."""
+    worst = 0.0
+    theirs = claimed.model.state_dict()
+    for name, mine in replayed.model.state_dict().items():
+        if not mine.is_floating_point():
+            continue
+        off = float((mine - theirs[name].to(mine.device, mine.dtype)).norm())
+        moved = float((mine - before_last[name]).norm())
+        if off:
+            worst = max(worst, off / moved if moved else math.inf)
+    return worst

@@ -16,8 +16,10 @@ The request's `replay` table:
 For each segment the state in blob `from` (the worker's checkpoint at `start`) is
 trained on to `end` and hashed as a checkpoint; with `claimed` (the worker's
 checkpoint at `end`, for a check across determinism classes) the relative distance
-to it is measured too; with `evaluate`, the replayed state's validation metrics (a
-sweep trial's report at that step is checked against them). `final` is unpacked into
+to it is measured too, and how many of the replay's own last steps it is away
+(`step_ratios`: what a check across device kinds compares); with `evaluate`, the
+replayed state's validation metrics (a sweep trial's report at that step is checked
+against them). `final` is unpacked into
 a weights file exactly as the worker's runner writes one, and evaluated on the
 validation split: its sha256 must be the result's, and its metrics are the ones the
 owner shows as verified.
@@ -64,6 +66,7 @@ from training.evidence.checkpoints import (
     load_checkpoint,
     relative_distance,
     save_checkpoint,
+    step_ratio,
 )
 from training.model.weights import file_sha256, write_weights
 from training.run.execute import Prepared, deterministic, emit_started, prepare, validate
@@ -99,7 +102,13 @@ def run_replay(
     emit_started(run, emit)
     course = share_course(run, share.slot, share.round) if share else course_of(run)
     total = course.total_steps
-    result: dict[str, Any] = {"ends": [], "distances": [], "evaluations": [], "replayed_steps": 0}
+    result: dict[str, Any] = {
+        "ends": [],
+        "distances": [],
+        "step_ratios": [],
+        "evaluations": [],
+        "replayed_steps": 0,
+    }
     ended: TrainState | None = None  # the replayed state at the last step, if any
     scratch = out.parent / "replayed.safetensors"
 
@@ -137,6 +146,10 @@ def run_replay(
             if not 0 <= start < end <= total:
                 raise SpecError(f"request.replay: segment {start}..{end} is not within 0..{total}")
             state = load(source, start)
+            before_last = {}
+            if claimed:  # the last step's own movement: the measure across device kinds
+                advance(run, state, end - 1, course)
+                before_last = {k: v.clone() for k, v in state.model.state_dict().items()}
             advance(run, state, end, course)
             result["ends"].append(
                 save_checkpoint(scratch, state.model, state.optimizer, end, run.device)
@@ -144,6 +157,8 @@ def run_replay(
             if claimed:
                 theirs = load_checkpoint(run, blob_file(claimed), course)
                 result["distances"].append(relative_distance(state, theirs))
+                result["step_ratios"].append(step_ratio(state, before_last, theirs))
+            del before_last
             result["evaluations"].append(validate(run, state.model) if wanted else {})
             result["replayed_steps"] += end - start
             emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})

@@ -44,10 +44,12 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.trust.chains import Chain, Chains
+from node.work.trust.comparisons import agrees
 from node.work.trust.replays import (
     FetchedStates,
     Replays,
     across_classes,
+    across_kinds,
     share_blobs,
     tolerance_of,
 )
@@ -207,10 +209,16 @@ class Commitments:
         self._chains.save(unit.unit_id, chain)
         return chain.chosen()
 
-    def replayed(self, unit_id: str) -> dict[int, tuple[str, float]]:
-        """The unit's segments replayed while it trained: (end sha256, distance)."""
+    def replayed(self, unit_id: str) -> dict[int, tuple[str, float, float]]:
+        """The unit's segments replayed while it trained: (end sha256, distance, step
+        ratio; a chain kept before ratios were measured has none: inf)."""
         chain = self._chains.loaded(unit_id)
-        return {i: (str(r[0]), float(r[1])) for i, r in chain.replayed.items()} if chain else {}
+        if chain is None:
+            return {}
+        return {
+            i: (str(r[0]), float(r[1]), float(r[3]) if len(r) > 3 else math.inf)
+            for i, r in chain.replayed.items()
+        }
 
     def unit_ended(self, unit_id: str) -> None:
         """The unit ended: the states fetched for its chain go (its job's resume point
@@ -288,10 +296,15 @@ class Commitments:
         if self._chains.loaded(unit.unit_id) is not chain:
             return  # checked and forgotten meanwhile
         distances = replay["distances"] if cross else [0.0] * len(ready)
-        tolerance = tolerance_of(spec)
-        for i, end, distance in zip(ready, replay["ends"], distances, strict=True):
-            agreed = distance <= tolerance if cross else end == chain.shas[i + 1]
-            chain.replayed[i] = [end, distance, agreed]
+        ratios = replay.get("step_ratios") if cross else None
+        ratios = ratios or [0.0] * len(ready)
+        tolerance, kinds = tolerance_of(spec), across_kinds(self.ctx, unit.worker)
+        for i, end, distance, ratio in zip(ready, replay["ends"], distances, ratios, strict=True):
+            if cross:
+                agreed = agrees(distance, ratio, tolerance, kinds)
+            else:
+                agreed = end == chain.shas[i + 1]
+            chain.replayed[i] = [end, distance, agreed, ratio]
         self._chains.save(unit.unit_id, chain)
 
     async def _advance_point(self, job: Job, unit: Unit, spec: dict[str, Any]) -> None:

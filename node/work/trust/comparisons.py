@@ -11,6 +11,7 @@ from typing import Any
 
 from node.work.trust.replays import TOLERANCE
 from protocol.work import Result
+from training.evidence.checkpoints import STEP_RATIO
 
 START = (
     "the unit's start (the spec's initial state; a share's: the round's weights; a "
@@ -30,25 +31,36 @@ class Failure:
 def with_early(
     replay: dict[str, Any],
     rest: list[int],
-    early: dict[int, tuple[str, float]],
+    early: dict[int, tuple[str, float, float]],
     chosen: list[int],
 ) -> dict[str, Any]:
     """The result's replay (of `rest`) with the segments replayed while the worker
-    trained (`early`), in the order of `chosen`, as one replay of them all."""
+    trained (`early`: end, distance, step ratio), in the order of `chosen`, as one
+    replay of them all."""
     at = {i: j for j, i in enumerate(rest)}
-    merged = {**replay, "ends": [], "distances": [], "evaluations": []}
+    merged = {**replay, "ends": [], "distances": [], "step_ratios": [], "evaluations": []}
     distances = replay["distances"] or [0.0] * len(rest)
+    ratios = replay.get("step_ratios") or [0.0] * len(rest)
     for i in chosen:
         if i in at:
             j = at[i]
             merged["ends"].append(replay["ends"][j])
             merged["distances"].append(distances[j])
+            merged["step_ratios"].append(ratios[j])
             merged["evaluations"].append(replay["evaluations"][j])
         else:
             merged["ends"].append(early[i][0])
             merged["distances"].append(early[i][1])
+            merged["step_ratios"].append(early[i][2])
             merged["evaluations"].append({})
     return merged
+
+
+def agrees(distance: float, ratio: float, tolerance: float, kinds: bool) -> bool:
+    """A replay across determinism classes agrees with the claim: within `tolerance`
+    (relative L2), or, across device kinds (`kinds`: a CPU and a GPU), within
+    `STEP_RATIO` of the replay's own last step, tensor by tensor."""
+    return distance <= tolerance or (kinds and ratio <= STEP_RATIO)
 
 
 def claimed_hash(result: Result, index: int) -> str:
@@ -108,18 +120,27 @@ def compare_replay(
     tolerance: float = TOLERANCE,
     start: bool = True,
     end: bool = True,
+    kinds: bool = False,
 ) -> Failure | None:
     """The first disagreement between the replay and the worker's commitments (its
-    checkpoint 0 unless not `start`, what it returned unless not `end`)."""
+    checkpoint 0 unless not `start`, what it returned unless not `end`); across device
+    kinds (`kinds`) a segment may be off by a share of a step (`agrees`)."""
     if start and cross and replay.get("init_distance", math.inf) > tolerance:
         off = f"{replay.get('init_distance', math.inf):.3g}"
         return Failure(0, 0, 0, replay["init_sha256"], f"checkpoint 0 is {off} off {START}")
     if start and not cross and replay.get("init_sha256") != cps[0]:
         return Failure(0, 0, 0, replay["init_sha256"], f"checkpoint 0 is not {START}")
+    ratios = replay.get("step_ratios") or [math.inf] * len(chosen)
     for j, i in enumerate(chosen):
-        ok = replay["distances"][j] <= tolerance if cross else replay["ends"][j] == cps[i + 1]
+        if cross:
+            ok = agrees(replay["distances"][j], ratios[j], tolerance, kinds)
+        else:
+            ok = replay["ends"][j] == cps[i + 1]
         if not ok:
-            how = f" (relative distance {replay['distances'][j]:.3g})" if cross else ""
+            how = ""
+            if cross:
+                how = f" (relative distance {replay['distances'][j]:.3g}"
+                how += f", {ratios[j]:.3g} of its last step)" if kinds else ")"
             return Failure(
                 i + 1,
                 steps[i],

@@ -66,6 +66,19 @@ def across_classes(ctx: WorkContext, peer: str) -> bool:
     return ctx.peers.determinism_of(peer) != ctx.own_ad().determinism
 
 
+def device_kind(determinism: str) -> str:
+    """ "cuda" or "cpu": the first part of a determinism class ("cuda:NVIDIA H100 | ...")."""
+    return determinism.partition(":")[0]
+
+
+def across_kinds(ctx: WorkContext, peer: str) -> bool:
+    """Whether `peer` trains on another kind of device than this node replays on (a
+    GPU's segments checked on a CPU): its states are then compared within a share of a
+    step (`comparisons.agrees`), since no fixed tolerance holds across kinds."""
+    theirs = ctx.peers.determinism_of(peer)
+    return bool(theirs) and device_kind(theirs) != device_kind(ctx.own_ad().determinism)
+
+
 class Replays:
     def __init__(self, ctx: WorkContext, runner_request: RequestBuilder) -> None:
         self.ctx = ctx

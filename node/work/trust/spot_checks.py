@@ -57,6 +57,7 @@ from node.work.trust.replays import (
     FetchedStates,
     Replays,
     across_classes,
+    across_kinds,
     share_blobs,
     tolerance_of,
 )
@@ -173,7 +174,14 @@ class SpotChecks:
         replay["replayed_steps"] += sum(steps[i + 1] - steps[i] for i in chosen if i not in rest)
         tolerance = tolerance_of(sub.spec)
         failure = compare_replay(
-            replay, steps, chosen, cps, cross, result.weights_sha256, tolerance
+            replay,
+            steps,
+            chosen,
+            cps,
+            cross,
+            result.weights_sha256,
+            tolerance,
+            kinds=across_kinds(self.ctx, sub.peer),
         )
         if failure is None:
             failure = compare_reports(
@@ -232,6 +240,7 @@ class SpotChecks:
             verdict.tolerance,
             start=0 in chosen,
             end=last in chosen,
+            kinds=across_kinds(self.ctx, sub.peer),
         )
         return self._with_failure(sub, verdict, failure)
 

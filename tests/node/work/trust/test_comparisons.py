@@ -4,6 +4,8 @@ the last segment was; what it compares, it compares strictly."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from node.work.trust import compare_replay, replay_table
@@ -46,3 +48,29 @@ def test_a_units_replay_table_asks_for_its_start_and_its_last_state() -> None:
     assert table["init"] is True and table["final"] == CPS[-1]
     assert table["init_claimed"] == CPS[0]
     assert table["segments"] == [{"start": 10, "end": 20, "from": CPS[1], "claimed": CPS[2]}]
+
+
+@pytest.mark.parametrize(
+    ("distance", "ratio", "kinds", "fails"),
+    [
+        (5e-4, 0.9, False, False),  # within the tolerance: either way
+        (3.7e-3, 0.2, True, False),  # a GPU's honest noise, checked on a CPU
+        (3.7e-3, 0.2, False, True),  # the same between two CPUs: too far
+        (3.7e-3, 0.9, True, True),  # about a step off: a skipped step
+        (3.7e-3, math.inf, True, True),  # no ratio measured: the tolerance alone
+    ],
+)
+def test_across_device_kinds_a_segment_may_be_off_by_a_share_of_its_last_step(
+    distance: float, ratio: float, kinds: bool, fails: bool
+) -> None:
+    replay = {
+        "ends": ["e" * 64],
+        "distances": [distance],
+        "step_ratios": [ratio],
+        "evaluations": [{}],
+        "weights_sha256": DELTA,
+    }
+    failure = compare_replay(replay, STEPS, [1], CPS, True, DELTA, start=False, kinds=kinds)
+    assert (failure is not None) == fails
+    if failure is not None and kinds:
+        assert "of its last step" in failure.reason
