@@ -246,7 +246,11 @@ async def _serve(
             )
             own_label = {"peer_id": identity.peer_id, "name": settings.name, "team": settings.team}
             pages = PageSources(node, work, ledger, audit, bridge, guard.open, own_label)
-            pages.directory_credit = lambda: bridge.call_async(directory_credit.view)
+
+            def directory_view() -> Any:  # a directory's table, asked from the trio thread
+                return bridge.call_async(directory_credit.view)
+
+            pages.directory_credit = directory_view
             app = make_app(
                 node,
                 bridge,
@@ -258,7 +262,7 @@ async def _serve(
                         audit,
                         lambda: bridge.call(node.peers),
                         own_label,
-                        lambda: bridge.call_async(directory_credit.view),
+                        directory_view,
                     ),
                     event_routes(feed, identity.peer_id),
                     page_routes(pages),

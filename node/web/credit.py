@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from ledger.audit import AuditLog
+from node.net.discovery.credit import credit_rows, row_plain
 from node.work.trust.reputation import RAC_HALF_LIFE_S
 
 VIEW = (
@@ -37,30 +38,18 @@ def credit_view(
     own: dict[str, Any],
 ) -> dict[str, Any]:
     """Rows ranked by credit earned, and this node's rank (None: it trained nothing
-    this node saw). `peers` and `own` are ads as JSON: their names and teams."""
-    labels = {p["peer_id"]: p for p in [*peers, own]}
-    rows = []
-    for peer_id, c in credit.items():
-        if not c.get("units") and not c.get("conflicts"):
-            continue  # an owner only: it spent credit, earned none
-        ad = labels.get(peer_id, {})
-        rows.append(
-            {
-                "peer_id": peer_id,
-                "name": ad.get("name", ""),
-                "team": ad.get("team", ""),
-                "credit": c["earned"],
-                "rac": rac.get(peer_id, 0.0),
-                "units": c.get("units", 0),
-                "conflicts": c["conflicts"],
-                "self": peer_id == own["peer_id"],
-            }
-        )
-    rows.sort(key=lambda r: (-r["credit"], r["peer_id"]))
+    this node saw). `peers` and `own` are ads as JSON: their names and teams. A peer
+    that only spent credit (an owner) has no row."""
+    labels = {p["peer_id"]: (p.get("name", ""), p.get("team", "")) for p in [*peers, own]}
+    rows = credit_rows(credit, rac, labels, len(credit))
+    return {"view": VIEW, **ranked([row_plain(r, own["peer_id"]) for r in rows])}
+
+
+def ranked(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows in their order, each given its `rank`, and this node's rank (or None)."""
     for rank, row in enumerate(rows, 1):
         row["rank"] = rank
-    mine = next((r["rank"] for r in rows if r["self"]), None)
-    return {"view": VIEW, "rank": mine, "peers": rows}
+    return {"rank": next((r["rank"] for r in rows if r["self"]), None), "peers": rows}
 
 
 def audit_figures(audit: AuditLog) -> tuple[dict[str, dict[str, Any]], dict[str, float], int]:
@@ -87,10 +76,7 @@ async def read_credit(
     view = credit_view(credit, rac, peer_rows, own)
     theirs = await directory() if directory is not None else None
     if theirs is not None:
-        for rank, row in enumerate(theirs.get("peers", []), 1):
-            row["rank"] = rank
-        theirs["rank"] = next((r["rank"] for r in theirs.get("peers", []) if r["self"]), None)
-        view["directory"] = theirs
+        view["directory"] = theirs | ranked(theirs.get("peers", []))
     return view
 
 

@@ -52,7 +52,9 @@ def credit_rows(
     want: int,
 ) -> list[CreditRow]:
     """The workers of an audit (`AuditLog.network_credit`, `recent_credit`), ranked by
-    credit, at most `want`; `labels`: peer id -> (name, team) from the ads at hand."""
+    credit, at most `want`; `labels`: peer id -> (name, team) from the ads at hand. An
+    owner that only spent credit is no row. The one table both a node's own Credit page
+    and a directory's answer are made of."""
     rows = [
         CreditRow(
             peer_id,
@@ -154,7 +156,7 @@ class DirectoryCredit:
             kept = {
                 "directory": directory,
                 "receipts": reply.receipts,
-                "peers": [_row(r, self.identity.peer_id) for r in reply.rows],
+                "peers": [row_plain(r, self.identity.peer_id) for r in reply.rows],
             }
             self._kept = (trio.current_time(), kept)
             return kept
@@ -162,7 +164,8 @@ class DirectoryCredit:
         return {"directory": None, "error": f"no directory gave its table ({why})"}
 
 
-def _row(row: CreditRow, own: str) -> dict[str, Any]:
+def row_plain(row: CreditRow, own: str) -> dict[str, Any]:
+    """A row as the API and the page show it (`own`: this node's peer id)."""
     return {
         "peer_id": row.peer_id,
         "name": row.name,
