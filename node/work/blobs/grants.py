@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import trio
 
-from node.work.blobs.auth import TransferError, make_request
+from node.net.host import HostError
+from node.work.blobs.auth import TransferError, TransferUnreachable, make_request
 from node.work.blobs.fetch import Cutoff, fetch_blob_direct
 from node.work.blobs.libp2p import fetch_blob_libp2p
 from node.work.blobs.rate import RateCap
@@ -201,8 +202,12 @@ async def _off_relay(
     ctx: GrantParty, peer_id: str, sha: str, max_bytes: int, relay_max_bytes: int
 ) -> None:
     """Give a hole punch under way its time before bulk bytes go to a peer reached
-    through a relay; refuse a blob larger than the job lets a relay carry."""
-    await ctx.host.reach(peer_id)
+    through a relay; refuse a blob larger than the job lets a relay carry. A peer that
+    cannot be reached (an owner restarting) is `TransferUnreachable`: worth waiting for."""
+    try:
+        await ctx.host.reach(peer_id)
+    except HostError as exc:
+        raise TransferUnreachable(str(exc)) from exc
     with trio.move_on_after(HOLE_PUNCH_WAIT_S):
         while ctx.host.path_to(peer_id) == "relayed" and ctx.host.relay.punching(peer_id):
             await trio.sleep(0.2)

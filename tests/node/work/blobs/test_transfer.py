@@ -633,3 +633,36 @@ def test_a_real_transfer_keeps_to_the_cap(tmp_path: Path, direction: str) -> Non
     assert path.read_bytes() == data
     print(f"{direction}: {rate / cap_bytes:.3f} of the cap")
     assert 0.75 * cap_bytes <= rate <= 1.1 * cap_bytes
+
+
+def test_an_owner_that_cannot_be_dialled_is_unreachable_not_a_failure(tmp_path: Path) -> None:
+    """An owner killed while its worker fetches a unit's data: the dial's `HostError`
+    is `TransferUnreachable`, which the worker waits out (the owner may be restarting),
+    not an error that fails the unit (seen when an owner was SIGKILLed mid-fetch)."""
+    from types import SimpleNamespace
+
+    from node.net.host import HostError
+    from node.work.blobs.grants import fetch_granted
+
+    class Gone:
+        def path_to(self, peer_id: str) -> str:
+            return "none"
+
+        async def reach(self, peer_id: str) -> None:
+            raise HostError(f"could not connect to {peer_id}: SwarmDialAllFailedError")
+
+    party = SimpleNamespace(
+        peer_id="worker",
+        data_port=0,
+        identity=Identity(SigningKey.generate()),
+        blobs=BlobStore(tmp_path),
+        host=Gone(),
+        download_cap=None,
+        path_to=lambda peer_id: "none",
+        peer_ip=lambda peer_id: None,
+    )
+    grant = SimpleNamespace(data_port=0)
+    sha = hashlib.sha256(b"data").hexdigest()
+    fetch = partial(fetch_granted, party, "owner", grant, b"grant", b"k" * 32, [sha], 1024, 1024)
+    with pytest.raises(TransferUnreachable, match="could not connect to owner"):
+        trio.run(fetch)
