@@ -51,6 +51,7 @@ MIN_RATE = 256 << 10  # bytes/s: a peer slower than this over a whole blob is cu
 FIXED_S = 30.0  # on top: connecting, the first bytes, a slow start
 MAX_FETCHES = 8  # blobs this node fetches at once, from all peers together
 MAX_FETCHES_PER_PEER = 2  # ... and from any one peer
+LOGGED_BYTES = 1 << 20  # a fetch this large is logged with its rate (smaller: debug)
 HOLE_PUNCH_WAIT_S = 8.0  # measured: DCUtR upgrades within 3.3-4.4 s through two NATs
 
 
@@ -142,8 +143,9 @@ async def fetch_granted(
             )
             took = max(trio.current_time() - started, 1e-6)
         size = ctx.blobs.path(sha).stat().st_size
-        log.info("fetched blob %s from %s: %d bytes in %.3f s (%.2f Mbit/s) by %s",
-                 sha[:12], peer_id, size, took, size * 8 / took / 1e6, paths[sha])  # fmt: skip
+        log.log(logging.INFO if size >= LOGGED_BYTES else logging.DEBUG,
+                "fetched blob %s from %s: %d bytes in %.3f s (%.2f Mbit/s) by %s",
+                sha[:12], peer_id, size, took, size * 8 / took / 1e6, paths[sha])  # fmt: skip
     return paths
 
 
