@@ -158,7 +158,6 @@ def run_replay(
                 theirs = load_checkpoint(run, blob_file(claimed), course)
                 result["distances"].append(relative_distance(state, theirs))
                 result["step_ratios"].append(step_ratio(state, before_last, theirs))
-            del before_last
             result["evaluations"].append(validate(run, state.model) if wanted else {})
             result["replayed_steps"] += end - start
             emit({"event": "progress", "step": result["replayed_steps"], "total_steps": total})

@@ -102,25 +102,25 @@ def _kept(shape: tuple[int, ...], p: float, device: torch.device) -> torch.Tenso
     return _at_least(random_bits(shape, next_key(), device), _threshold(p))
 
 
+def _scaled_mask(x: torch.Tensor, p: float, shape: tuple[int, ...]) -> torch.Tensor:
+    """Dropout's multiplier in `shape` (broadcast over `x`): kept / (1 - p), or 0."""
+    if p >= 1:
+        return torch.zeros(shape, dtype=x.dtype, device=x.device)
+    return _kept(shape, p, x.device).to(x.dtype).div_(1 - p)
+
+
 def dropout(x: torch.Tensor, p: float, train: bool = True) -> torch.Tensor:
     """`aten.dropout`: zero each element with probability `p`, scale the rest by 1/(1-p)."""
     if not train or p == 0:
         return x
-    if p >= 1:
-        return x * 0
-    noise = _kept(tuple(x.shape), p, x.device).to(x.dtype).div_(1 - p)
-    return x * noise
+    return x * _scaled_mask(x, p, tuple(x.shape))
 
 
 def feature_dropout(x: torch.Tensor, p: float, train: bool = True) -> torch.Tensor:
     """`aten.feature_dropout`: whole channels (dimension 1) dropped together."""
     if not train or p == 0:
         return x
-    if p >= 1:
-        return x * 0
-    shape = (*x.shape[:2], *(1,) * (x.dim() - 2))
-    noise = _kept(shape, p, x.device).to(x.dtype).div_(1 - p)
-    return x * noise
+    return x * _scaled_mask(x, p, (*x.shape[:2], *(1,) * (x.dim() - 2)))
 
 
 def alpha_dropout(x: torch.Tensor, p: float, train: bool = True) -> torch.Tensor:
