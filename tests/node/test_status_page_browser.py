@@ -275,6 +275,13 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     finally:
         request_json(paused.api, "PUT", "/api/v1/policy", {"accepting": True}, paused.token)
     assert second["state"] == "completed" and second["worker"] != first
+    # a job completes when its result is taken; its worker's co-signed receipt comes after
+    workers = {first, second["worker"]}
+    wait_for(
+        lambda: {r["peer_id"] for r in owner.get("/api/v1/credit")["peers"]} == workers,
+        60,
+        "both workers' co-signed receipts in the owner's audit",
+    )
     page.goto(owner.api + "/credit")
     _live(page)
     expect(page.locator("#credit-view")).to_contain_text("not a global truth")
@@ -286,7 +293,7 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     expect(named.locator("td.team")).to_have_text("Analytical Engines")
     page.screenshot(path=shots / "credit.png", full_page=True)
     credit = owner.get("/api/v1/credit")
-    assert {r["peer_id"] for r in credit["peers"]} == {first, second["worker"]}
+    assert {r["peer_id"] for r in credit["peers"]} == workers
     assert credit["rank"] is None  # the owner trained nothing
 
     assert errors == []  # no script error, no CSP violation, no dialog
