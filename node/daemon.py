@@ -22,7 +22,7 @@ from ledger.audit import AuditLog
 from ledger.chain import Ledger
 from node.identity import Identity, load_or_create_api_token
 from node.machine import IdleSensor, LocalCapacity, Sensors, local_capacity, process_cpu_s
-from node.metrics import NodeMetrics
+from node.metrics import LoopStalls, NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
 from node.net.discovery import (
@@ -125,6 +125,7 @@ async def _serve(
 ) -> None:
     db, ledger, audit = stores
     metrics = NodeMetrics()
+    trio.lowlevel.add_instrument(LoopStalls(metrics))
     peers = PeerTable(db, settings.ttl_s)
     http_host, _, http_port = settings.http.rpartition(":")
     relay = RelayOptions(

@@ -1,8 +1,19 @@
-"""Prometheus metrics of one node, in a registry of its own (served at /metrics)."""
+"""Prometheus metrics of one node, in a registry of its own (served at /metrics), and
+`LoopStalls`, which counts and names what holds the node's trio thread too long."""
 
 from __future__ import annotations
 
+import logging
+import time
+
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
+
+log = logging.getLogger(__name__)
+
+#: a task step holding the trio thread this long is logged: meanwhile the node answers
+#: no heartbeat, no offer and no probe, and its workers' leases run on
+STALL_S = 0.5
 
 
 class NodeMetrics:
@@ -73,6 +84,16 @@ class NodeMetrics:
             "shows in process_cpu_seconds_total)",
             registry=self.registry,
         )
+        self.loop_stalls = Counter(
+            "meshminer_loop_stalls",
+            f"Task steps that held the node's trio thread for {STALL_S} s or more",
+            registry=self.registry,
+        )
+        self.loop_stalled = Counter(
+            "meshminer_loop_stalled_seconds",
+            "Seconds the node's trio thread spent in those steps",
+            registry=self.registry,
+        )
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total and friends
         self.uptime = Gauge(
             "meshminer_uptime_seconds", "Seconds since the node started", registry=self.registry
@@ -80,3 +101,28 @@ class NodeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LoopStalls(trio.abc.Instrument):
+    """Times every task step on the trio thread; one of `STALL_S` or more is counted
+    and logged with its task's name and its CPU time: a step mostly on CPU computed
+    too much on the thread, one mostly off it waited (a lock, a disk, the GIL held by
+    another thread, or a machine with no core to spare)."""
+
+    def __init__(self, metrics: NodeMetrics, stall_s: float = STALL_S) -> None:
+        self.metrics = metrics
+        self.stall_s = stall_s
+        self._began = (0.0, 0.0)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._began = (time.perf_counter(), time.thread_time())
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        held = time.perf_counter() - self._began[0]
+        if held >= self.stall_s:
+            cpu = time.thread_time() - self._began[1]
+            self.metrics.loop_stalls.inc()
+            self.metrics.loop_stalled.inc(held)
+            log.warning(
+                "task %s held the node's thread %.2f s (%.2f s on CPU)", task.name, held, cpu
+            )
