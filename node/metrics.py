@@ -112,7 +112,8 @@ class LoopStalls(trio.abc.Instrument):
     def __init__(self, metrics: NodeMetrics, stall_s: float = STALL_S) -> None:
         self.metrics = metrics
         self.stall_s = stall_s
-        self._began = (0.0, 0.0)
+        # from now: the step that adds this instrument ends without having begun here
+        self._began = (time.perf_counter(), time.thread_time())
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._began = (time.perf_counter(), time.thread_time())

@@ -62,3 +62,7 @@ def test_fifty_honest_units_pass_their_spot_checks(localnet: LocalNetwork, tmp_p
     with closing(sqlite3.connect(owner.data_dir / "node.db")) as db:
         rows = db.execute("select peer, valid, invalid, reports from reputation").fetchall()
     assert sum(r[1] for r in rows) == UNITS and {r[2:] for r in rows} == {(0, 0)}, rows
+    # the queue's 49 other jobs did not each offer the busy workers their units: a
+    # decline for now holds the peer for every job, and one offer to it is in flight
+    busy = owner.log_path.read_text(errors="replace").count("declined: busy")
+    assert busy < UNITS, f"{busy} offers declined as busy"

@@ -36,3 +36,14 @@ def test_a_blocking_step_is_counted_and_named(
     assert metrics.registry.get_sample_value("meshminer_loop_stalled_seconds_total") >= 0.2
     (record,) = [r for r in caplog.records if "blocks-the-thread" in r.getMessage()]
     assert "on CPU" in record.getMessage()
+
+
+def test_the_step_that_adds_it_is_timed_from_then() -> None:
+    metrics = NodeMetrics()
+
+    async def main() -> None:
+        trio.lowlevel.add_instrument(LoopStalls(metrics, stall_s=5.0))
+        await trio.sleep(0)
+
+    trio.run(main)
+    assert _stalls(metrics) == 0

@@ -51,7 +51,7 @@ class Lifecycle:
         self,
         ctx: WorkContext,
         mode_of: Callable[[Job | None], Any],
-        ended: Callable[[str], None] = lambda unit_id: None,
+        ended: Callable[[Unit], None] = lambda unit: None,
     ) -> None:
         self.ctx = ctx
         self.mode_of = mode_of  # the mode that runs a job (the owner's)
@@ -99,7 +99,7 @@ class Lifecycle:
         )
         if unit is not None:
             self.ctx.forget_unit_key(unit.job_id, unit.unit_id)
-            self._ended(unit.unit_id)
+            self._ended(unit)
             self.mode(unit.job_id).unit_ended(unit)
         return unit
 

@@ -13,7 +13,9 @@ backoff, not busy with another unit of it; best first: trusted peers, then by
   excluded from the job;
 - declined for now (busy, unreachable): the unit row is dropped again, so retries
   leave no trail of dead units, and that peer waits out an exponential backoff
-  before this job asks it again, so placement never spins on one peer.
+  before this job asks it again, so placement never spins on one peer; and a
+  shorter one before any job does (`Backoff`).
+One offer to a peer is in flight at a time, whichever job makes it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -42,22 +45,38 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+PEER_BACKOFF_MAX_S = 15.0
 REPLICA_RETRY_S = 1.0
 
 
 class Backoff:
-    """Per (job, peer): when that peer may be asked about that job again."""
+    """When a peer may be asked again after it declined for now: by the same job, after
+    a delay that doubles up to `BACKOFF_MAX_S`; by any job, after one that doubles up
+    to `PEER_BACKOFF_MAX_S`, since what it said (busy, paused, out of disk or quota,
+    unreachable) holds for every job. Without the second, an owner with fifty queued
+    jobs offered a busy volunteer fifty units a second, and those streams crowded out
+    its units' heartbeats until their leases lapsed. A unit of ours on that peer
+    ending (`freed`) ends its wait for all jobs: it has room again.
+
+    Meanwhile a peer with an offer in flight (`asking`) is asked by no other job: when
+    its wait ends, the queue's jobs do not all offer it at once."""
 
     def __init__(self) -> None:
         self._until: dict[tuple[str, str], tuple[float, float]] = {}
+        self._peer_until: dict[str, tuple[float, float]] = {}
+        self._asking: set[str] = set()
 
     def waiting(self, job_id: str, now: float) -> set[str]:
-        return {p for (j, p), (until, _) in self._until.items() if j == job_id and until > now}
+        mine = {p for (j, p), (until, _) in self._until.items() if j == job_id and until > now}
+        return mine | self.busy(now)
+
+    def busy(self, now: float) -> set[str]:
+        """Peers no job asks now: waiting out a decline for now, or being asked."""
+        return {p for p, (until, _) in self._peer_until.items() if until > now} | self._asking
 
     def failed(self, job_id: str, peer: str, now: float) -> float:
-        _, last = self._until.get((job_id, peer), (0.0, 0.0))
-        delay = min(BACKOFF_MAX_S, last * 2 if last else BACKOFF_FIRST_S)
-        self._until[(job_id, peer)] = (now + delay, delay)
+        delay = _doubled(self._until, (job_id, peer), now, BACKOFF_MAX_S)
+        _doubled(self._peer_until, peer, now, PEER_BACKOFF_MAX_S)
         return delay
 
     def delay(self, job_id: str, peer: str) -> float:
@@ -66,10 +85,31 @@ class Backoff:
 
     def succeeded(self, job_id: str, peer: str) -> None:
         self._until.pop((job_id, peer), None)
+        self.freed(peer)
+
+    def freed(self, peer: str) -> None:
+        self._peer_until.pop(peer, None)
+
+    @contextmanager
+    def asking(self, peer: str) -> Iterator[None]:
+        self._asking.add(peer)
+        try:
+            yield
+        finally:
+            self._asking.discard(peer)
 
     def drop_job(self, job_id: str) -> None:
         for key in [k for k in self._until if k[0] == job_id]:
             del self._until[key]
+
+
+def _doubled(table: dict[Any, tuple[float, float]], key: Any, now: float, cap: float) -> float:
+    """`key`'s next delay (the first, or its last one doubled, at most `cap`), noted as
+    running from `now`."""
+    _, last = table.get(key, (0.0, 0.0))
+    delay = min(cap, last * 2 if last else BACKOFF_FIRST_S)
+    table[key] = (now + delay, delay)
+    return delay
 
 
 def wants_unit(ctx: WorkContext, job: Job) -> bool:
@@ -132,6 +172,7 @@ class Placement:
                 ctx.own_ad(),
                 excluded,
                 self._reputation.trusted(),
+                busy=self.backoff.busy(now),
             )
             if choice.worker is None or (choice.worker == SELF and job.state == "running"):
                 if job.state == "running":  # the next replica: wait for a peer that fits
@@ -212,7 +253,8 @@ class Placement:
         peer = unit.worker
         key = new_job_key()
         ctx.remember_unit_key(job.id, unit.unit_id, key)
-        reply = await offer_if_fit(ctx, job, unit, key, share, spec)
+        with self.backoff.asking(peer):
+            reply = await offer_if_fit(ctx, job, unit, key, share, spec)
         if reply.accepted:
             self.backoff.succeeded(job.id, peer)
             log.info("job %s: unit %s accepted by %s", job.id, unit.unit_id, peer)

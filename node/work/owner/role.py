@@ -43,7 +43,8 @@ class OwnerRole:
         self._local: dict[str, trio.CancelScope] = {}
         self.reputation = Reputation(ctx.jobs.db)
         spot_checks = SpotChecks(ctx, runner_request, self.reputation)
-        self.lifecycle = Lifecycle(ctx, self.mode_of, spot_checks.commitments.unit_ended)
+        self._commitments = spot_checks.commitments
+        self.lifecycle = Lifecycle(ctx, self.mode_of, self._unit_ended)
         self.leases = Leases(ctx, self.lifecycle, spot_checks.commitments)
         self.placement = Placement(ctx, self.lifecycle, self.reputation)
         parts = OwnerParts(
@@ -63,6 +64,11 @@ class OwnerRole:
         """The mode that runs `job` (a job gone from node.db: `single`'s, which only
         acts on a job it finds)."""
         return self.modes[job.mode if job is not None else "single"]
+
+    def _unit_ended(self, unit: Unit) -> None:
+        """Its evidence may go, and its worker has room for another offer."""
+        self._commitments.unit_ended(unit.unit_id)
+        self.placement.backoff.freed(unit.worker)
 
     def wake(self) -> None:
         self._wake.set()

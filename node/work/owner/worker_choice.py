@@ -39,11 +39,13 @@ def choose_worker(
     own: CapacityAd,
     excluded: set[str],
     trusted: set[str] | frozenset[str] = frozenset(),
+    busy: set[str] | frozenset[str] = frozenset(),
 ) -> Choice:
     """Peers first; this node only when none fits (and its policy allows) or when the
     spec asks for `placement = "local"`. Among fitting peers, GPUs first (when the
     job prefers one), then peers past their probation here (`trusted`), then free
-    throughput."""
+    throughput. `busy` peers (declined for now, or being asked) are part of
+    `excluded`, and say so in the reason."""
     if placement == "local":
         return Choice(SELF, "the spec asks for placement = local")
     reasons = []
@@ -53,6 +55,8 @@ def choose_worker(
         why = (
             "stale (not heard from since restart)"
             if entry.stale
+            else "busy, or asked by another job just now"
+            if ad.peer_id in busy
             else "declined or lost this job before"
             if ad.peer_id in excluded
             else unfit_reason(ad, requirements)

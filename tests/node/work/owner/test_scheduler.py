@@ -79,3 +79,14 @@ def test_own_node_only_when_no_peer_fits_or_asked() -> None:
     declined = _peer("x")
     assert choose_worker({}, "auto", [declined], OWN, {"12D3KooWx"}).worker == SELF
     assert choose_worker({}, "auto", [], OWN, {SELF}).worker is None
+
+
+def test_a_busy_peer_is_passed_over_and_the_reason_says_busy() -> None:
+    peers = [_peer("fast", tflops=5.0), _peer("slow", tflops=1.0)]
+    busy = {"12D3KooWfast"}
+    choice = choose_worker({}, "auto", peers, OWN, busy, busy=busy)
+    assert choice.worker == "12D3KooWslow"
+    waiting = choose_worker({}, "auto", peers, OWN, {SELF, *busy, "12D3KooWslow"}, busy=busy)
+    assert waiting.worker is None
+    assert "fast: busy, or asked by another job just now" in waiting.reason
+    assert "slow: declined or lost this job before" in waiting.reason

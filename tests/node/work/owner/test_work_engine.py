@@ -20,7 +20,7 @@ from node.work.context import WorkContext
 from node.work.jobs import JobStore, StaleJob, UnitKeys
 from node.work.owner import BACKOFF_MAX_S, MAX_ATTEMPTS, Backoff, Leases, Lifecycle
 from node.work.owner.modes import MODES, JobMode, OwnerParts
-from node.work.owner.placement import Placement
+from node.work.owner.placement import PEER_BACKOFF_MAX_S, Placement
 from node.work.service import note_served
 from node.work.trust import Reputation
 from protocol.blobs import BlobGrant
@@ -196,10 +196,32 @@ def test_backoff_doubles_per_peer_and_is_capped() -> None:
     delays = [backoff.failed("job", "peer", now) for _ in range(10)]
     assert delays[:3] == [1.0, 2.0, 4.0] and max(delays) == BACKOFF_MAX_S
     assert backoff.waiting("job", now) == {"peer"}
-    assert backoff.waiting("other", now) == set()
     assert backoff.waiting("job", now + BACKOFF_MAX_S + 1) == set()
     backoff.succeeded("job", "peer")
     assert backoff.failed("job", "peer", now) == 1.0
+
+
+def test_a_decline_for_now_holds_the_peer_for_every_job_a_shorter_while() -> None:
+    backoff = Backoff()
+    now = 1000.0
+    for _ in range(10):
+        backoff.failed("job", "peer", now)
+    # another job waits too, but at most PEER_BACKOFF_MAX_S: busy is the peer's state
+    assert backoff.waiting("other", now) == {"peer"} == backoff.busy(now)
+    later = now + PEER_BACKOFF_MAX_S + 1
+    assert backoff.waiting("other", later) == set()
+    assert backoff.waiting("job", later) == {"peer"}
+    # a unit of ours on it ended: it has room again, for every job but the one waiting
+    backoff.failed("job", "peer", now)
+    backoff.freed("peer")
+    assert backoff.waiting("other", now) == set() and backoff.waiting("job", now) == {"peer"}
+
+
+def test_a_peer_being_asked_is_asked_by_no_other_job() -> None:
+    backoff = Backoff()
+    with backoff.asking("peer"):
+        assert backoff.waiting("any", 0.0) == {"peer"}
+    assert backoff.waiting("any", 0.0) == set()
 
 
 def test_unit_keys_are_sealed_at_rest(tmp_path: Path) -> None:
