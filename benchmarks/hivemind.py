@@ -61,7 +61,7 @@ from benchmarks.elastic import _loopback_bytes, _network, _run_job
 from benchmarks.harness import Result, run_parts
 from node.demo.elastic import write_corpus
 from node.demo.localnet import ONE_THREAD, wait_for
-from node.web.pages import to_toml
+from node.web.filters import to_toml
 from training.spec.examples import char_lm_elastic_toml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ docs/status-page.md.
 - `events`: the node's live event feed, and `GET /api/v1/events` (server-sent events).
 - `pages`: the status pages at `/` (jinja2 templates in `templates/`, `static/`).
 - `page_data`: what the pages read from node state, run in the node's thread.
+- `filters`: the templates' filters (ids, times, numbers, a spec as TOML).
 - `charts`: server-rendered SVG charts (the loss chart).
 - `sweep_charts`: a sweep's SVGs: params against value, and the importances.
 """

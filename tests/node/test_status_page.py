@@ -22,16 +22,9 @@ from ledger.chain import Ledger
 from node.web import page_data
 from node.web.api import WriteGuard, make_app
 from node.web.charts import loss_chart
+from node.web.filters import short_id, to_toml
 from node.web.ledger_api import ledger_routes
-from node.web.pages import (
-    STATIC,
-    TEMPLATES,
-    PageSources,
-    describe_receipt,
-    page_routes,
-    short_id,
-    to_toml,
-)
+from node.web.pages import STATIC, TEMPLATES, PageSources, describe_receipt, page_routes
 from node.work.jobs import JobStore
 from node.work.service import labelled_job
 from tests.ledger_factories import cosigned, key_from, peer_id_of, tamper
