@@ -9,6 +9,8 @@ never the owner's engine, which calls it. docs/design/trust.md.
 
 - `commitments`: both ends of the draws as the worker trains: what the owner keeps,
   what the worker may delete (it holds at most `MAX_HELD` states).
+- `draws`: whether and how often a unit's segments are drawn, and what a replay of
+  the chosen ones reads.
 - `chains`: the owner's record of each unit's commitments, draws and replays.
 - `spot_checks`: the owner's spot check: choose segments, fetch, replay, compare
   (a unit's, and a round's share's at a few tenths of a state).
@@ -27,12 +29,9 @@ from node.work.trust.commitments import (
     Commitments,
     HeldStates,
     UnitTerms,
-    drawn,
-    drawn_by_commitment,
-    needed_states,
-    replay_chance,
 )
 from node.work.trust.comparisons import compare_replay, replay_table
+from node.work.trust.draws import drawn, drawn_by_commitment, needed_states, replay_chance
 from node.work.trust.replays import (
     BF16_TOLERANCE,
     TOLERANCE,

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.trust.chains import Chain, Chains
 from node.work.trust.comparisons import agrees
+from node.work.trust.draws import drawn, drawn_by_commitment, needed_states, replay_chance
 from node.work.trust.replays import (
     FetchedStates,
     Replays,
@@ -53,7 +52,7 @@ from node.work.trust.replays import (
     share_blobs,
     tolerance_of,
 )
-from node.work.trust.reputation import Reputation, segments_to_check
+from node.work.trust.reputation import Reputation
 from node.work.trust.resume import (
     ResumePoint,
     clear_point,
@@ -75,46 +74,6 @@ CHECKED_REPORTS = ("val_loss", "val_accuracy")
 #: volunteer's `evidence_floor_mb` in all (a small model's hundred states cost less
 #: disk than a round trip to the owner per checkpoint costs time)
 MAX_HELD = 3
-
-
-def drawn_by_commitment(spec: dict[str, Any]) -> bool:
-    """Whether a unit of `spec` is spot checked segment by segment (else a worker
-    keeps every state until its result is settled)."""
-    trust = spec.get("trust", {})
-    return (
-        int(trust.get("checkpoints", 100)) > 0
-        and float(trust.get("spot_check_budget", 0.1)) > 0
-        and int(trust.get("replicas", 1)) <= 1
-    )
-
-
-def replay_chance(spec: dict[str, Any], streak: int) -> float:
-    """The probability that any one segment of a unit of `spec` is replayed: its
-    budget's share of the segments, less for a peer with a `streak` of valid results."""
-    if not drawn_by_commitment(spec):
-        return 0.0
-    trust = spec.get("trust", {})
-    segments = int(trust.get("checkpoints", 100))
-    full = max(1, math.floor(float(trust.get("spot_check_budget", 0.1)) * segments))
-    return min(1.0, segments_to_check(full, streak) / segments)
-
-
-def drawn(chance: float, rng: random.Random) -> bool:
-    """One segment's draw: replayed with probability `chance`, on its own."""
-    return chance > 0 and rng.random() < chance
-
-
-def needed_states(chosen: Iterable[int], cross: bool, share: bool) -> set[int]:
-    """The states a replay of the `chosen` segments reads from the worker: their
-    starts; across determinism classes their ends as well (compared within a
-    tolerance, not by hash), and a unit's checkpoint 0 (a share's is compared only
-    when segment 0 is replayed). A unit's last state is read at the result."""
-    needed = set(chosen)
-    if cross:
-        needed |= {i + 1 for i in needed}
-        if not share:
-            needed.add(0)
-    return needed
 
 
 @dataclass(frozen=True)

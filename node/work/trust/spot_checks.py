@@ -37,13 +37,7 @@ from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
-from node.work.trust.commitments import (
-    CHECKED_REPORTS,
-    Commitments,
-    drawn,
-    needed_states,
-    replay_chance,
-)
+from node.work.trust.commitments import CHECKED_REPORTS, Commitments
 from node.work.trust.comparisons import (
     Failure,
     claimed_hash,
@@ -52,6 +46,7 @@ from node.work.trust.comparisons import (
     replay_table,
     with_early,
 )
+from node.work.trust.draws import drawn, needed_states, replay_chance
 from node.work.trust.replays import (
     TOLERANCE,
     FetchedStates,
