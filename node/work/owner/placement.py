@@ -15,7 +15,7 @@ backoff, not busy with another unit of it; best first: trusted peers, then by
   leave no trail of dead units, and that peer waits out an exponential backoff
   before this job asks it again, so placement never spins on one peer; and a
   shorter one before any job does (`Backoff`).
-One offer to a peer is in flight at a time, whichever job makes it.
+Offers to one peer go one at a time, whichever jobs make them (`Backoff.turn`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -47,6 +47,7 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 PEER_BACKOFF_MAX_S = 15.0
 REPLICA_RETRY_S = 1.0
+WAITS_ITS_TURN = "declined another job's offer just now; asked again soon"
 
 
 class Backoff:
@@ -58,21 +59,21 @@ class Backoff:
     its units' heartbeats until their leases lapsed. A unit of ours on that peer
     ending (`freed`) ends its wait for all jobs: it has room again.
 
-    Meanwhile a peer with an offer in flight (`asking`) is asked by no other job: when
-    its wait ends, the queue's jobs do not all offer it at once."""
+    Offers to one peer wait their `turn`, so a queue of jobs that all chose the best
+    peer asks it one after another, and once it declines, the rest do not ask."""
 
     def __init__(self) -> None:
         self._until: dict[tuple[str, str], tuple[float, float]] = {}
         self._peer_until: dict[str, tuple[float, float]] = {}
-        self._asking: set[str] = set()
+        self._turns: dict[str, trio.Lock] = {}
 
     def waiting(self, job_id: str, now: float) -> set[str]:
         mine = {p for (j, p), (until, _) in self._until.items() if j == job_id and until > now}
         return mine | self.busy(now)
 
     def busy(self, now: float) -> set[str]:
-        """Peers no job asks now: waiting out a decline for now, or being asked."""
-        return {p for p, (until, _) in self._peer_until.items() if until > now} | self._asking
+        """Peers no job asks now: each waits out a decline for now."""
+        return {p for p, (until, _) in self._peer_until.items() if until > now}
 
     def failed(self, job_id: str, peer: str, now: float) -> float:
         delay = _doubled(self._until, (job_id, peer), now, BACKOFF_MAX_S)
@@ -90,13 +91,16 @@ class Backoff:
     def freed(self, peer: str) -> None:
         self._peer_until.pop(peer, None)
 
-    @contextmanager
-    def asking(self, peer: str) -> Iterator[None]:
-        self._asking.add(peer)
+    @asynccontextmanager
+    async def turn(self, peer: str) -> AsyncIterator[None]:
+        """Held while one offer to `peer` is made."""
+        lock = self._turns.setdefault(peer, trio.Lock())
         try:
-            yield
+            async with lock:
+                yield
         finally:
-            self._asking.discard(peer)
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._turns.pop(peer, None)
 
     def drop_job(self, job_id: str) -> None:
         for key in [k for k in self._until if k[0] == job_id]:
@@ -216,7 +220,9 @@ class Placement:
         if point is not None:
             note += f", going on from step {point.step} (a state of unit {point.unit_id})"
         reply = await self.offer(job, unit, note)
-        if reply.transient:
+        if reply.reason == WAITS_ITS_TURN:
+            ctx.jobs.amend(job.id, ("queued",), reason=f"{peer}: {reply.reason}")
+        elif reply.transient:
             delay = self.backoff.delay(job.id, peer)
             ctx.jobs.amend(
                 job.id, ("queued",), reason=f"{peer}: {reply.reason}; asking again in {delay:g} s"
@@ -253,7 +259,11 @@ class Placement:
         peer = unit.worker
         key = new_job_key()
         ctx.remember_unit_key(job.id, unit.unit_id, key)
-        with self.backoff.asking(peer):
+        async with self.backoff.turn(peer):
+            if peer in self.backoff.busy(time.time()):  # it declined another job meanwhile
+                if ctx.jobs.forget_unit(unit.unit_id):
+                    ctx.forget_unit_key(job.id, unit.unit_id)
+                return OfferReply(job.id, unit.unit_id, False, WAITS_ITS_TURN, True)
             reply = await offer_if_fit(ctx, job, unit, key, share, spec)
         if reply.accepted:
             self.backoff.succeeded(job.id, peer)

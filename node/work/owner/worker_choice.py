@@ -44,7 +44,7 @@ def choose_worker(
     """Peers first; this node only when none fits (and its policy allows) or when the
     spec asks for `placement = "local"`. Among fitting peers, GPUs first (when the
     job prefers one), then peers past their probation here (`trusted`), then free
-    throughput. `busy` peers (declined for now, or being asked) are part of
+    throughput. `busy` peers (each declined some job's offer for now) are part of
     `excluded`, and say so in the reason."""
     if placement == "local":
         return Choice(SELF, "the spec asks for placement = local")
@@ -55,7 +55,7 @@ def choose_worker(
         why = (
             "stale (not heard from since restart)"
             if entry.stale
-            else "busy, or asked by another job just now"
+            else "declined another job's offer for now (busy, paused, unreachable)"
             if ad.peer_id in busy
             else "declined or lost this job before"
             if ad.peer_id in excluded

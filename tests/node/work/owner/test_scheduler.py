@@ -88,5 +88,5 @@ def test_a_busy_peer_is_passed_over_and_the_reason_says_busy() -> None:
     assert choice.worker == "12D3KooWslow"
     waiting = choose_worker({}, "auto", peers, OWN, {SELF, *busy, "12D3KooWslow"}, busy=busy)
     assert waiting.worker is None
-    assert "fast: busy, or asked by another job just now" in waiting.reason
+    assert "fast: declined another job's offer for now" in waiting.reason
     assert "slow: declined or lost this job before" in waiting.reason

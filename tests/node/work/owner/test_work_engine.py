@@ -217,11 +217,24 @@ def test_a_decline_for_now_holds_the_peer_for_every_job_a_shorter_while() -> Non
     assert backoff.waiting("other", now) == set() and backoff.waiting("job", now) == {"peer"}
 
 
-def test_a_peer_being_asked_is_asked_by_no_other_job() -> None:
+def test_offers_to_one_peer_take_turns() -> None:
     backoff = Backoff()
-    with backoff.asking("peer"):
-        assert backoff.waiting("any", 0.0) == {"peer"}
-    assert backoff.waiting("any", 0.0) == set()
+    held: list[str] = []
+
+    async def offer(job: str) -> None:
+        async with backoff.turn("peer"):
+            held.append(f"{job} in")
+            await trio.sleep(0.01)
+            held.append(f"{job} out")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for job in ("a", "b", "c"):
+                nursery.start_soon(offer, job)
+
+    trio.run(main)
+    assert held == ["a in", "a out", "b in", "b out", "c in", "c out"]
+    assert not backoff._turns  # no lock is kept for a peer nobody is asking
 
 
 def test_unit_keys_are_sealed_at_rest(tmp_path: Path) -> None:
