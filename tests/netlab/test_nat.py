@@ -167,9 +167,16 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
             ad = next(p for p in owner.get("/api/v1/peers") if p["peer_id"] == worker.peer_id)
             assert any("/p2p-circuit/" in a for a in ad["addrs"]), ad
         # a search probes each candidate, NAT'd ones included (over the connections the
-        # relays gave; a new one dials the relay 0.5 s after the private addresses)
-        found = owner.get("/api/v1/peers/find?k=8")
-        assert {symmetric.peer_id, cone.peer_id} <= {p["peer_id"] for p in found["peers"]}, found
+        # relays gave; a new one dials the relay 0.5 s after the private addresses). On a
+        # loaded machine a relayed probe can pass its 3 s: that peer is dropped until its
+        # next ad, and a later search finds it
+        both = {symmetric.peer_id, cone.peer_id}
+
+        def find_both() -> dict | None:
+            found = owner.get("/api/v1/peers/find?k=8")
+            return found if both <= {p["peer_id"] for p in found["peers"]} else None
+
+        found = wait_for(find_both, 90, "a search that finds both NAT'd workers", interval=2.0)
         assert found["dead"] == 0, found
         print(f"the owner found both NAT'd workers in {found['seconds']:.2f} s")
         # the owner dials both (through a relay); C's connection is hole-punched
