@@ -1,5 +1,6 @@
 """The capacity cache: a node's first start measures and imports torch; a restart on the
-same machine reads the cache and does neither; a changed machine or a bad cache file
+same machine reads the cache and does neither (nor does anything else the daemon
+imports: torch costs a node 2.5 s of CPU at start and hundreds of MB it never uses); a changed machine or a bad cache file
 means measuring again, never an error."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.process  # each test starts a fresh interpreter
 READ_IN_A_FRESH_INTERPRETER = """
 import json, sys
 from pathlib import Path
+import node.daemon, node.cli.app
 from node.machine.capacity import local_capacity
 c = local_capacity(Path(sys.argv[1]))
 print(json.dumps({"torch_imported": "torch" in sys.modules, "tflops": c.tflops,

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from training.errors import SpecError, TrainingError
-from training.evidence.checkpoints import STEP_RATIO, checkpoint_steps
+from training.evidence.bounds import STEP_RATIO
+from training.evidence.checkpoints import checkpoint_steps
 from training.model.weights import file_sha256
 from training.run.runner import run_request
 from training.spec.job import parse_spec, spec_to_plain

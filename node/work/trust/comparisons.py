@@ -11,7 +11,7 @@ from typing import Any
 
 from node.work.trust.replays import TOLERANCE
 from protocol.work import Result
-from training.evidence.checkpoints import STEP_RATIO
+from training.evidence.bounds import STEP_RATIO
 
 START = (
     "the unit's start (the spec's initial state; a share's: the round's weights; a "

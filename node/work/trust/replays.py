@@ -21,7 +21,7 @@ from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore, Unit
 from node.work.run import RequestBuilder
-from training.evidence.checkpoints import BF16_TOLERANCE, TOLERANCE
+from training.evidence.bounds import BF16_TOLERANCE, TOLERANCE
 
 
 def tolerance_of(spec: dict[str, Any]) -> float:

@@ -1,0 +1,17 @@
+"""How far a replay on another determinism class may land from a worker's claimed
+state and still agree (docs/design/trust.md, "Across device kinds"). Constants only,
+with no torch import: the daemon compares by them, and never loads torch itself."""
+
+#: across determinism classes: the largest relative L2 distance of any weight tensor
+#: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)
+TOLERANCE = 1e-3
+#: the same for a job trained in bf16 (`optim.precision`): 8 bits of mantissa in the
+#: matrix products put kernels of two classes further apart
+BF16_TOLERANCE = 3e-2
+
+#: across device kinds (a CPU replay of a GPU's segment): the claimed state may be this
+#: far from the replay, as a share of the replay's own last step, tensor by tensor. A
+#: worker that skipped a step of the segment lands about one step away (ratio ~1);
+#: honest noise between devices starts at zero at the segment's start and stays a
+#: fraction of a step over a segment's few steps (docs/design/trust.md)
+STEP_RATIO = 0.5
