@@ -1,7 +1,7 @@
 """The capacity cache: a node's first start measures and imports torch; a restart on the
 same machine reads the cache and does neither (nor does anything else the daemon
-imports: torch costs a node 2.5 s of CPU at start and hundreds of MB it never uses); a changed machine or a bad cache file
-means measuring again, never an error."""
+imports: torch costs a node 2.5 s of CPU at start and memory it never uses); a changed
+machine or a bad cache file means measuring again, never an error."""
 
 from __future__ import annotations
 
