@@ -79,6 +79,7 @@ class Settings:
     deadline: float = 240.0  # seconds a peer may train before it stops where it is
     matchmaking: float = 1.0  # `matchmaking_time`: at 0.5 s, groups of 2 left peers out
     averaging_timeout: float = 10.0
+    max_steps: int = 0  # steps a peer may take in all (0: until its epoch)
 
     def flags(self) -> list[str]:
         items = dataclasses.asdict(self).items()
@@ -224,19 +225,22 @@ def hivemind_run(out: Path, settings: Settings) -> None:
 
 
 def compare(root: Path, settings: Settings) -> Result:
-    """Both systems on the task, one after the other, each in its own namespace."""
+    """Both systems on the task, one after the other, each in its own namespace:
+    hivemind twice, free (each peer trains until its last epoch, however many samples
+    that takes) and held to the task's samples (each peer stops after its 8 x 20 steps,
+    as each meshminer slot does)."""
     ensure_venv()
     root.mkdir(parents=True)
     raw = task(write_corpus(root / "corpus.txt"))
+    held = dataclasses.replace(settings, max_steps=ROUNDS * INNER)
+    sides = {"meshminer": settings, "hivemind": settings, "hivemind-held": held}
     runs = {}
-    for side in ("meshminer", "hivemind"):
+    for side, knobs in sides.items():
         (root / side).mkdir()
         (root / side / "spec.json").write_text(json.dumps(raw))
-        runs[side] = _in_namespace(f"--{side}-run", root / side / "report.json", settings.flags())
-    mesh, hive = runs["meshminer"], runs["hivemind"]
-    peers = [p for p in hive["peers"] if p is not None]
-    losses = sorted({round(p["val_loss"], 4) for p in peers})
-    hive_loss = max((p["val_loss"] for p in peers), default=float("nan"))
+        flag = "--meshminer-run" if side == "meshminer" else "--hivemind-run"
+        runs[side] = _in_namespace(flag, root / side / "report.json", knobs.flags())
+    mesh = runs["meshminer"]
     result = Result(
         "hivemind: elastic rounds against hivemind.Optimizer(use_local_updates=True)",
         ["system", "wall s", "bytes", "samples", "final val loss", "rounds applied", "replayed"],
@@ -250,32 +254,39 @@ def compare(root: Path, settings: Settings) -> Result:
         f"{mesh['rounds']} of {ROUNDS}",
         f"{mesh['checked']} of {mesh['shares']} shares",
     )
-    late = sum(1 for p in peers if p["hit_deadline"])
-    result.add(
-        f"hivemind {HIVEMIND}",
-        hive["wall_s"],
-        hive["bytes"],
-        sum(p["samples"] for p in peers),
-        " / ".join(f"{loss:.4f}" for loss in losses) or f"none of {WORKERS} peers",
-        " / ".join(str(p["averaged"]) for p in peers)
-        + f" (epochs {' / '.join(str(p['epoch']) for p in peers)})",
-        f"none; {late} of {WORKERS} peers at the deadline",
-    )
-    result.meta.update(
-        {
-            "workers": WORKERS,
-            "rounds": ROUNDS,
-            "inner_steps": INNER,
-            "batch_size": BATCH,
-            "hivemind_settings": dataclasses.asdict(settings),
-            "meshminer": mesh,
-            "hivemind": hive,
-            "hivemind_val_loss_worst": hive_loss,
-            "wall_ratio": mesh["wall_s"] / hive["wall_s"],
-            "bytes_ratio": mesh["bytes"] / hive["bytes"],
-            "val_loss_ratio": mesh["val_loss"] / hive_loss,
+    meta: dict[str, Any] = {
+        "workers": WORKERS,
+        "rounds": ROUNDS,
+        "inner_steps": INNER,
+        "batch_size": BATCH,
+        "hivemind_settings": dataclasses.asdict(settings),
+        "meshminer": mesh,
+    }
+    for side, name in (("hivemind", "free"), ("hivemind-held", "the task's samples")):
+        hive = runs[side]
+        peers = [p for p in hive["peers"] if p is not None]
+        losses = sorted({round(p["val_loss"], 4) for p in peers})
+        worst = max((p["val_loss"] for p in peers), default=float("nan"))
+        late = sum(1 for p in peers if p["hit_deadline"])
+        result.add(
+            f"hivemind {HIVEMIND}, {name}",
+            hive["wall_s"],
+            hive["bytes"],
+            sum(p["samples"] for p in peers),
+            " / ".join(f"{loss:.4f}" for loss in losses) or f"none of {WORKERS} peers",
+            " / ".join(str(p["averaged"]) for p in peers)
+            + f" (epochs {' / '.join(str(p['epoch']) for p in peers)})",
+            f"none; {late} of {WORKERS} peers at the deadline",
+        )
+        key = side.replace("-", "_")
+        meta |= {
+            key: hive,
+            f"{key}_val_loss_worst": worst,
+            f"{key}_wall_ratio": mesh["wall_s"] / hive["wall_s"],
+            f"{key}_bytes_ratio": mesh["bytes"] / hive["bytes"],
+            f"{key}_val_loss_ratio": mesh["val_loss"] / worst,
         }
-    )
+    result.meta.update(meta)
     return result
 
 
@@ -290,10 +301,13 @@ def main() -> None:
         "--matchmaking", type=float, default=default.matchmaking, help="hivemind's matchmaking_time"
     )
     parser.add_argument("--averaging-timeout", type=float, default=default.averaging_timeout)
+    parser.add_argument("--max-steps", type=int, default=default.max_steps, help=argparse.SUPPRESS)
     parser.add_argument("--meshminer-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--hivemind-run", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    settings = Settings(args.epochs, args.deadline, args.matchmaking, args.averaging_timeout)
+    settings = Settings(
+        args.epochs, args.deadline, args.matchmaking, args.averaging_timeout, args.max_steps
+    )
     if args.meshminer_run:
         meshminer_run(args.meshminer_run)
     elif args.hivemind_run:

@@ -10,7 +10,8 @@ Python with the clone on PYTHONPATH (it imports meshminer's training code, never
   (`training.run.execute.prepare`, the seeded init of `training.elastic.rounds`), and
   trains it with `hivemind.Optimizer` in local-updates mode on its own third of the
   training windows until the optimizer reaches `--epochs` (or `--deadline` seconds
-  pass); then the validation loss as meshminer's owner computes it after an outer step
+  pass, or the peer has taken `--max-steps` steps when that is above 0); then the
+  validation loss as meshminer's owner computes it after an outer step
   (`training.run.execute.validate`). Writes OUT_JSON.
 """
 
@@ -130,6 +131,8 @@ def peer(args: argparse.Namespace) -> None:
     model.train()
     with deterministic(slot_seed(spec.seed, args.index, 0)):
         while opt.local_epoch < args.epochs:
+            if args.max_steps and steps >= args.max_steps:
+                break
             if time.monotonic() > deadline:
                 hit_deadline = True
                 break
@@ -178,6 +181,7 @@ def main() -> None:
     one.add_argument("--epochs", type=int, required=True)
     one.add_argument("--inner-steps", type=int, required=True)
     one.add_argument("--deadline", type=float, required=True)
+    one.add_argument("--max-steps", type=int, required=True)
     one.add_argument("--matchmaking", type=float, required=True)
     one.add_argument("--averaging-timeout", type=float, required=True)
     args = parser.parse_args()

@@ -7,11 +7,14 @@ for finiteness outside the daemon, in a subprocess (`check_weights_values`).
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from training.data.info import DataFiles
@@ -36,10 +39,44 @@ _THREADS_ONE = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_TH
 Expected = dict[str, tuple[tuple[int, ...], str]]
 
 
+T = TypeVar("T")
+MEMO_SIZE = 64  # jobs' plans an owner keeps; each is a few hundred bytes per tensor
+
+
+def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
+    """Memoize `fn(spec_plain, data_file, locate)` by the spec and the data's paths.
+    Both name content (blobs are stored under their sha256), so a job's answer never
+    changes; without this an owner built the model on every result it checked (0.1 s
+    of CPU each for a small transformer, and torch imported on the daemon's thread)."""
+    memo: OrderedDict[str, T] = OrderedDict()
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def memoized(
+        spec_plain: dict[str, Any],
+        data_file: DataFiles = None,
+        locate: Callable[[str], Path] | None = None,
+    ) -> T:
+        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
+        with lock:
+            if key in memo:
+                memo.move_to_end(key)
+                return memo[key]
+        value = fn(spec_plain, data_file, locate)
+        with lock:
+            memo[key] = value
+            while len(memo) > MEMO_SIZE:
+                memo.popitem(last=False)
+        return value
+
+    return memoized
+
+
 class WeightsRejected(ValueError):
     """The weights are not what the job's model produces; the message says how."""
 
 
+@_memo_by_spec
 def expected_tensors(
     spec_plain: dict[str, Any],
     data_file: DataFiles = None,
@@ -80,6 +117,7 @@ def float_numel(expected: Expected, frozen: frozenset[str] = frozenset()) -> int
     )
 
 
+@_memo_by_spec
 def delta_numel(
     spec_plain: dict[str, Any],
     data_file: DataFiles = None,
