@@ -26,7 +26,9 @@ settings.
   applied: each peer's state averagings that formed a group of 2 or more. hivemind's
   epochs hold only about the target batch (peers go on training while the first to
   close an epoch waits for its group, and its peers need not train alike): the
-  samples column says what the swarm trained in all.
+  samples column says what the swarm trained in all. So hivemind runs twice: *free*,
+  as just said, and *held* to the task's samples, each peer stopping after its 8 x 20
+  steps (`--max-steps`), whatever epoch it has reached.
 
 Bytes, for both: what the namespace's loopback transmitted over the run (weights,
 deltas, data, checks, gossip, DHT traffic). The goal: meshminer at its default
