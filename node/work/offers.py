@@ -11,8 +11,10 @@ checks the offer and answers.
 
 The owner's end builds, sends and reads (what an answer means is placement's:
 `node/work/owner/placement.py`). The worker's end checks, in this order: the offer is
-for this node and its package opens and matches it; the owner's policy (accepting,
-deny and allow lists, the volunteer's pauses, room, max hours); the spec validates;
+for this node (`check_addressed`); the volunteer's policy towards this owner now
+(accepting, deny and allow lists, pauses, room, transfer caps: `check_policy`), before
+any cryptography, so a busy or unwilling node declines at the cost of one signature;
+the package opens and matches the offer; the job's hours; the spec validates;
 the job's requirements fit this machine; the blob grant is this node's and its
 download fits the per-unit cap and the free disk; the volunteer's disk guards hold
 (`check_disk`). Each refusal is a `Declined`.
@@ -169,11 +171,15 @@ class Declined(Exception):
         self.transient = transient
 
 
-def open_package(ctx: WorkContext, peer: str, offer: WorkOffer) -> WorkPackage:
-    """The package inside `peer`'s offer, when the offer is for this node and the
-    package, sealed to this node and signed by `peer`, matches it."""
+def check_addressed(ctx: WorkContext, offer: WorkOffer) -> None:
     if offer.worker != ctx.peer_id:
         raise Declined("the offer is addressed to another node")
+
+
+def open_package(ctx: WorkContext, peer: str, offer: WorkOffer) -> WorkPackage:
+    """The package inside `peer`'s offer, when the package, sealed to this node and
+    signed by `peer`, matches the offer."""
+    check_addressed(ctx, offer)
     try:
         inner = open_from(public_key_from_peer_id(peer), ctx.identity.signing_key, offer.sealed)
     except ProtocolError as exc:
@@ -190,8 +196,13 @@ def check_offer(
     package: WorkPackage,
     validate_spec: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> tuple[dict[str, Any], BlobGrant | None]:
-    """The unit's validated spec and blob grant, when this node takes it now."""
-    check_policy(ctx, owner, package)
+    """The unit's validated spec and blob grant, when this node takes it now (after
+    `check_policy`)."""
+    max_hours = ctx.policy().max_job_hours
+    if package.max_hours > max_hours:
+        raise Declined(
+            f"job may run {package.max_hours:g} h; this node takes up to {max_hours:g} h"
+        )
     try:
         spec = validate_spec(decode(package.spec, WORK_LIMITS))
     except ValueError as exc:
@@ -209,7 +220,7 @@ def check_offer(
     return spec, grant
 
 
-def check_policy(ctx: WorkContext, owner: str, package: WorkPackage) -> None:
+def check_policy(ctx: WorkContext, owner: str) -> None:
     """The volunteer's policy and preferences take work from `owner` now."""
     policy = ctx.policy()
     if not policy.accepting:
@@ -227,10 +238,6 @@ def check_policy(ctx: WorkContext, owner: str, package: WorkPackage) -> None:
     used = ctx.transfer_cap_used()
     if used:
         raise Declined(f"this node moves no more data today: {used}", transient=True)
-    if package.max_hours > policy.max_job_hours:
-        raise Declined(
-            f"job may run {package.max_hours:g} h; this node takes up to {policy.max_job_hours:g} h"
-        )
 
 
 def check_requirements(ctx: WorkContext, spec: dict[str, Any]) -> None:

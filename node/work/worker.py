@@ -126,9 +126,11 @@ class WorkerRole:
     def _check_offer(self, peer: str, offer: WorkOffer) -> RunningUnit:
         """The unit `offer` brings, when every check passes (`offers.check_offer`)."""
         ctx = self.ctx
+        offers.check_addressed(ctx, offer)
+        if offer.unit_id in self.units or ctx.jobs.receipt(offer.unit_id) is not None:
+            raise Declined(f"unit {offer.unit_id} is already known here")
+        offers.check_policy(ctx, peer)
         package = offers.open_package(ctx, peer, offer)
-        if package.unit_id in self.units or ctx.jobs.receipt(package.unit_id) is not None:
-            raise Declined(f"unit {package.unit_id} is already known here")
         spec, grant = offers.check_offer(ctx, peer, package, self._validate_spec)
         return RunningUnit(peer, package, grant, spec)
 

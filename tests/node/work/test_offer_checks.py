@@ -339,6 +339,27 @@ def test_a_unit_already_here_or_already_receipted_is_declined(tmp_path: Path, no
     assert not reply.transient
 
 
+@pytest.mark.parametrize(
+    ("volunteer", "reason"),
+    [
+        (Volunteer(units_here={"1111111111111111"}), "busy: 1 unit(s) training here"),
+        (
+            Volunteer(preferences=Preferences(deny_owners=[OWNER.peer_id])),
+            "this node does not take work from you (deny list)",
+        ),
+    ],
+    ids=["busy", "deny-list"],
+)
+def test_a_busy_or_unwilling_node_declines_before_opening_the_package(
+    tmp_path: Path, node_db: Any, volunteer: Volunteer, reason: str
+) -> None:
+    """The policy comes before any cryptography: a package this node could not even
+    open is declined for the policy's reason, at the cost of the offer's signature."""
+    worker = _worker(tmp_path, node_db, volunteer)
+    reply = _answer(worker, _offer(sealed_to=STRANGER))
+    assert (reply.accepted, reply.reason) == (False, reason)
+
+
 def test_data_larger_than_half_the_free_disk_is_declined_for_now(
     tmp_path: Path, node_db: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
