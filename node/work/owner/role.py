@@ -45,7 +45,7 @@ class OwnerRole:
         spot_checks = SpotChecks(ctx, runner_request, self.reputation)
         self._commitments = spot_checks.commitments
         self.lifecycle = Lifecycle(ctx, self.mode_of, self._unit_ended)
-        self.leases = Leases(ctx, self.lifecycle, spot_checks.commitments)
+        self.leases = Leases(ctx, self.lifecycle, self._commitments)
         self.placement = Placement(ctx, self.lifecycle, self.reputation)
         parts = OwnerParts(
             ctx, self.lifecycle, self.placement, runner_request, self._run_here, self.wake
@@ -77,7 +77,7 @@ class OwnerRole:
         self.leases.recover()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.leases.run)
-            nursery.start_soon(self.leases.commitments.run)
+            nursery.start_soon(self._commitments.run)
             while True:
                 for job in self.ctx.jobs.in_state("queued"):
                     if job.id not in self._placing:
