@@ -1,6 +1,7 @@
 """How far a replay on another determinism class may land from a worker's claimed
 state and still agree (docs/design/trust.md, "Across device kinds"). Constants only,
-with no torch import: the daemon compares by them, and never loads torch itself."""
+with no torch import: the daemon compares by them, and starting it loads no torch (a
+volunteer's daemon never does; an owner's, once it first checks a result's shapes)."""
 
 #: across determinism classes: the largest relative L2 distance of any weight tensor
 #: after one replayed segment (measured honest: <= 1e-6; one skipped step: >= 1e-2)

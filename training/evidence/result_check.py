@@ -46,8 +46,8 @@ MEMO_SIZE = 64  # jobs' plans an owner keeps; each is a few hundred bytes per te
 def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
     """Memoize `fn(spec_plain, data_file, locate)` by the spec and the data's paths.
     Both name content (blobs are stored under their sha256), so a job's answer never
-    changes; without this an owner built the model on every result it checked (0.1 s
-    of CPU each for a small transformer, and torch imported on the daemon's thread)."""
+    changes; without this an owner built the model on the meta device for every result
+    it checked (0.1 s of CPU each for the demo's small transformer)."""
     memo: OrderedDict[str, T] = OrderedDict()
     lock = threading.Lock()
 
