@@ -12,8 +12,10 @@ asked for (conntrack), silently, as a home router does. A "cone" router keeps so
 one picks a random port for every connection (`fully-random`), so the port a peer
 sees is never the one the next connection gets: hole punching fails, and only a
 relay reaches that home. Each node namespace also has a management
-link to the test (172.31.<n>.2, the test's side .1) that carries only the HTTP API:
-nothing routes between management links and the lab.
+link to the test (172.<m>.<n>.2, the test's side .1) that carries only the HTTP API:
+nothing routes between management links and the lab. Those links live in the root
+namespace, so two labs at once (two test processes) must not share their addresses:
+each lab holds a slot (a lock file) for its life, and slot k's links are 172.<31 - k>.
 
 Needs root, `ip` and `nft`. `Lab.up()` raises `LabUnavailable` (with the reason)
 where they are missing; everything is removed on `down()`, also after a failure.
@@ -21,12 +23,15 @@ where they are missing; everything is removed on `down()`, also after a failure.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import IO
 
 WAN = "10.0.0"
+SLOTS = 8  # labs at once on one machine
 
 
 class LabUnavailable(Exception):
@@ -41,6 +46,8 @@ class Lab:
     homes: dict[str, str] = field(default_factory=dict)  # home name -> its node's IP
     publics: dict[str, str] = field(default_factory=dict)  # public host name -> its IP
     mgmt: dict[str, str] = field(default_factory=dict)  # namespace -> its management IP
+    slot: int = -1  # which management addresses this lab holds (172.<31 - slot>.*)
+    _slot_lock: IO[bytes] | None = None
 
     def ns(self, name: str) -> str:
         return self.prefix + name
@@ -54,6 +61,7 @@ class Lab:
         if os.geteuid() != 0 or missing:
             why = "not root" if os.geteuid() != 0 else f"missing {', '.join(missing)}"
             raise LabUnavailable(f"network namespaces need root, ip and nft ({why})")
+        self._take_slot()
         try:
             self._build(homes, publics)
         except Exception:
@@ -134,6 +142,20 @@ class Lab:
             capture_output=True,
         )
 
+    def _take_slot(self) -> None:
+        """Hold the first free slot's lock file, released by `down()` (or this
+        process's exit)."""
+        for slot in range(SLOTS):
+            lock = open(f"/tmp/meshminer-netlab-{slot}.lock", "wb")  # noqa: SIM115
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self.slot, self._slot_lock = slot, lock
+            return
+        raise LabUnavailable(f"{SLOTS} labs are up on this machine already")
+
     def _manage(self, name: str, n: int) -> None:
         """A link from the test to `name`'s namespace, for its HTTP API only."""
         outside, inside = f"mm{n}-{os.getpid() % 10000}", "mgmt0"
@@ -141,11 +163,12 @@ class Lab:
         self.links.append(outside)
         _sh(f"ip link set {inside}-{self.prefix}y netns {self.ns(name)}")
         self._run(name, f"ip link set {inside}-{self.prefix}y name {inside}")
-        _sh(f"ip addr add 172.31.{n}.1/30 dev {outside}")
+        net = f"172.{31 - self.slot}.{n}"
+        _sh(f"ip addr add {net}.1/30 dev {outside}")
         _sh(f"ip link set {outside} up")
-        self._run(name, f"ip addr add 172.31.{n}.2/30 dev {inside}")
+        self._run(name, f"ip addr add {net}.2/30 dev {inside}")
         self._run(name, f"ip link set {inside} up")
-        self.mgmt[self.ns(name)] = f"172.31.{n}.2"
+        self.mgmt[self.ns(name)] = f"{net}.2"
 
     def _run(self, name: str, command: str) -> None:
         _sh(f"ip netns exec {self.ns(name)} {command}")
@@ -172,6 +195,9 @@ class Lab:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.made.clear()
         self.links.clear()
+        if self._slot_lock is not None:
+            self._slot_lock.close()  # releases the flock
+            self._slot_lock, self.slot = None, -1
 
 
 def _sh(command: str) -> None:
