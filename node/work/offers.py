@@ -177,9 +177,8 @@ def check_addressed(ctx: WorkContext, offer: WorkOffer) -> None:
 
 
 def open_package(ctx: WorkContext, peer: str, offer: WorkOffer) -> WorkPackage:
-    """The package inside `peer`'s offer, when the package, sealed to this node and
-    signed by `peer`, matches the offer."""
-    check_addressed(ctx, offer)
+    """The package inside `peer`'s offer (one `check_addressed` passed), when the
+    package, sealed to this node and signed by `peer`, matches the offer."""
     try:
         inner = open_from(public_key_from_peer_id(peer), ctx.identity.signing_key, offer.sealed)
     except ProtocolError as exc:

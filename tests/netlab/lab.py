@@ -47,7 +47,7 @@ class Lab:
     publics: dict[str, str] = field(default_factory=dict)  # public host name -> its IP
     mgmt: dict[str, str] = field(default_factory=dict)  # namespace -> its management IP
     slot: int = -1  # which management addresses this lab holds (172.<31 - slot>.*)
-    _slot_lock: IO[bytes] | None = None
+    _slot_lock: IO[bytes] | None = field(default=None, init=False, repr=False)
 
     def ns(self, name: str) -> str:
         return self.prefix + name
