@@ -24,6 +24,7 @@ def apply() -> None:
     if _APPLIED:
         return
     _wake_readers_of_reset_yamux_streams()
+    _a_circuit_ends_only_itself()
     _autonat_dials_back_on_a_new_connection()
     _no_auto_connector_dials()
     _no_wait_after_the_last_address()
@@ -48,6 +49,41 @@ def _wake_readers_of_reset_yamux_streams() -> None:
             event.set()
 
     Yamux._finalize_stream_locked = finalize  # type: ignore[method-assign]
+
+
+def _a_circuit_ends_only_itself() -> None:
+    """A relay keeps one pair of streams per *peer* (`CircuitV2Protocol._active_relays`,
+    protocol.py:672 and :722), overwritten by each new circuit of that peer, and a
+    circuit that ends closes the pair stored under its two peers (protocol.py:928): so
+    when any circuit of a peer ends, the relay closes that peer's newest circuit too,
+    whoever is on its other end. An owner's hole punch to one NAT'd worker (its relayed
+    connection is closed once the direct one stands) took down its relayed connection
+    to another one, and an offer on it failed. Each circuit now closes its own two
+    streams, and leaves the table only its own entries."""
+    from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+
+    original = CircuitV2Protocol._relay_data
+
+    class _OneCircuit:
+        """The relay as `_relay_data` sees it: every attribute the relay's, except a
+        table of active relays holding only this circuit."""
+
+        def __init__(self, relay: Any, peer_id: Any, streams: tuple[Any, Any]) -> None:
+            self._relay = relay
+            self._active_relays = {peer_id: streams}
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._relay, name)
+
+    async def relay_data(self: Any, src: Any, dst: Any, peer_id: Any, *args: Any) -> None:
+        try:
+            await original(_OneCircuit(self, peer_id, (src, dst)), src, dst, peer_id, *args)
+        finally:
+            stored = self._active_relays.get(peer_id)
+            if stored is not None and stored[0] in (src, dst):
+                del self._active_relays[peer_id]
+
+    CircuitV2Protocol._relay_data = relay_data  # type: ignore[method-assign]
 
 
 def _autonat_dials_back_on_a_new_connection() -> None:

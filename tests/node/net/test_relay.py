@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from nacl.signing import SigningKey
 
 from node.demo.localnet import free_port
@@ -58,3 +62,59 @@ def test_a_peer_known_only_by_its_circuit_address_is_reached_through_the_relay(
     assert reply.startswith(b"hidden got hi from ")
     assert path in ("relayed", "direct"), circuit  # direct once the punch is through
     assert reachable == "public"  # on loopback the relay's dial-back reaches the dialer
+
+
+@pytest.mark.process  # libp2p hosts
+def test_a_circuit_that_ends_leaves_the_relays_other_circuits_to_that_peer_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two peers reach a hidden one through the same relay; the first's circuit ends.
+    The relay once kept one circuit per peer and closed the peer's newest with any
+    that ended (node/net/libp2p_fixes.py): the second peer's circuit went down with it.
+    No hole punch here, so that both connections stay relayed."""
+
+    async def no_punch(self: DCUtRProtocol, peer_id: ID) -> bool:
+        return False
+
+    monkeypatch.setattr(DCUtRProtocol, "initiate_hole_punch", no_punch)
+
+    async def main() -> tuple[bytes, int, str]:
+        async with (
+            MeshHost.start(_identity(), _listen(), relay=RelayOptions(serve=True)) as relay,
+            MeshHost.start(_identity(), _listen()) as hidden,
+            MeshHost.start(_identity(), _listen()) as first,
+            MeshHost.start(_identity(), _listen()) as second,
+        ):
+            await hidden.connect(relay.addrs()[0])
+            circuit = await hidden.relay.reserve(relay.addrs()[0])
+
+            async def echo(peer: str, stream: INetStream) -> None:
+                while data := await stream.read(64):
+                    await stream.write(data)
+
+            hidden.serve_stream("/test/echo/1", echo)
+            hidden_id = ID.from_base58(hidden.peer_id)
+            for dialer in (first, second):
+                dialer.remember(hidden.peer_id, [circuit])
+                with trio.fail_after(20):
+                    await dialer.reach(hidden.peer_id)
+                assert dialer.path_to(hidden.peer_id) == "relayed"
+            kept = await second._host.new_stream(hidden_id, [TProtocol("/test/echo/1")])
+            await kept.write(b"one")
+            with trio.fail_after(10):
+                assert await kept.read(64) == b"one"
+            slots = relay.relay._protocol.resource_manager.get_reservation(hidden_id)
+            assert slots.active_connections == 2
+            await first._host.get_network().close_peer(hidden_id)
+            with trio.fail_after(20):  # the relay has let the first circuit go
+                while slots.active_connections > 1:
+                    await trio.sleep(0.05)
+            await kept.write(b"two")
+            with trio.fail_after(10):
+                echoed = await kept.read(64)
+            return echoed, slots.active_connections, second.path_to(hidden.peer_id)
+
+    echoed, circuits, path = trio.run(main)
+    assert echoed == b"two"
+    assert circuits == 1
+    assert path == "relayed"
