@@ -191,9 +191,13 @@ def _run_job(
     )
 
 
-def _network(root: Path, workers: int) -> LocalNetwork:
-    net = LocalNetwork(root, ["--publish-interval", "1", "--peer-ttl", "5"])
-    net.add(["--not-accepting", "--lease", "3"])
+def _network(root: Path, workers: int, defaults: bool = False) -> LocalNetwork:
+    """An owner that does not train and `workers` workers, all seeing each other. The
+    nodes notice a worker that left within seconds (ads every second, a 5 s peer TTL,
+    a 3 s lease), as the churn part needs, unless `defaults`: every node setting at its
+    default."""
+    net = LocalNetwork(root, [] if defaults else ["--publish-interval", "1", "--peer-ttl", "5"])
+    net.add(["--not-accepting", *([] if defaults else ["--lease", "3"])])
     net.add_many(workers)
     net.wait_all_see_each_other(timeout=60)
     return net

@@ -8,9 +8,9 @@ layer) on meshminer's own module docstrings, 3 workers, 8 rounds of 20 inner ste
 AdamW (lr 3e-3) on batches of 16, at meshminer's default `[elastic]` and `[trust]`
 settings.
 
-- **meshminer**: real nodes (an owner that does not train, and 3 workers) in a network
-  namespace of their own (`unshare --net`, as `benchmarks.elastic`'s wire part), the
-  job submitted to the owner. Wall time: from the first node's start to the job's end.
+- **meshminer**: real nodes (an owner that does not train, and 3 workers) at their
+  default settings in a network namespace of their own (`unshare --net`, as
+  `benchmarks.elastic`'s wire part), the job submitted to the owner. Wall time: from the first node's start to the job's end.
   Rounds applied: the rounds that closed; shares replayed: the owner's timeline notes
   of a spot-checked share.
 - **hivemind**: a DHT bootstrap and 3 peers (`benchmarks/hivemind_peer.py`, one
@@ -140,7 +140,7 @@ def meshminer_run(out: Path) -> None:
     corpus = Path(raw["data"]["source"].removeprefix("builtin:text:"))
     before = _loopback_bytes()
     began, began_at = time.monotonic(), time.time()
-    with _network(root / "net", WORKERS) as net:
+    with _network(root / "net", WORKERS, defaults=True) as net:
         job = _run_job(net, net.nodes[0], to_toml(raw), corpus, churn=False)
         sent = _loopback_bytes() - before
     wall = time.monotonic() - began

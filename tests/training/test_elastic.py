@@ -15,6 +15,7 @@ from protocol.errors import DecodeError, TooLarge
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
 from training.elastic.rounds import slot_seed
 from training.errors import SpecError, TrainingError
+from training.evidence.result_check import delta_numel, expected_tensors
 from training.model.weights import file_sha256
 from training.run.local import train_local
 from training.run.runner import RequestError, run_request
@@ -131,6 +132,9 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    # what the owner checks deltas and spot checks against, without building the model
+    assert init["delta_numel"] == delta_numel(spec)
+    assert {n: (tuple(s), d) for n, (s, d) in init["tensors"].items()} == expected_tensors(spec)
     weights = [init["folder"] / "out.bin"]  # each round's global weights
     blobs = {init["weights_sha256"]: weights[0]}
     states: dict[int, Path] = {}

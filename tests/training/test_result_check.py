@@ -19,8 +19,10 @@ from training.evidence.result_check import (
     WeightsRejected,
     check_weights_header,
     check_weights_values,
+    delta_numel,
     expected_tensors,
     max_weights_bytes,
+    remember_shapes,
 )
 
 EXPECTED = expected_tensors(DIGITS_PLAIN)
@@ -48,6 +50,36 @@ def test_the_plan_names_the_models_tensors() -> None:
 
 
 @pytest.mark.process
+def test_the_shapes_a_runner_counted_are_taken_without_building_the_model() -> None:
+    """The owner's round-0 runner reports the model's shapes; the daemon keeps them
+    (building on the meta device would import torch._dynamo in the daemon)."""
+    spec = {**DIGITS_PLAIN, "name": "counted-elsewhere"}
+    tensors = {"w": [[3, 2], "F32"], "steps": [[], "I64"]}
+    remember_shapes(spec, None, {"tensors": tensors, "delta_numel": 6})
+    assert expected_tensors(spec) == {"w": ((3, 2), "F32"), "steps": ((), "I64")}
+    assert delta_numel(spec) == 6
+    assert delta_numel(spec, "/other/data") == delta_numel(DIGITS_PLAIN)  # built: its own
+
+
+@pytest.mark.parametrize(
+    "counted",
+    [
+        {"tensors": {"w": [[3, 2], "F32"]}},
+        {"tensors": {"w": [[3, 2], "F32"]}, "delta_numel": 7},
+        {"tensors": {"w": [[3, -2], "F32"]}, "delta_numel": 0},
+        {"tensors": {"w": [[3, 2], "complex"]}, "delta_numel": 6},
+        {"tensors": {"w": [3, 2]}, "delta_numel": 6},
+        {"tensors": [["w", [3, 2], "F32"]], "delta_numel": 6},
+        {"tensors": {"w": [[3, 2], "F32"]}, "delta_numel": True},
+    ],
+)
+def test_malformed_shapes_from_a_runner_are_refused_and_nothing_kept(counted: dict) -> None:
+    spec = {**DIGITS_PLAIN, "name": "counted-badly"}
+    with pytest.raises(ValueError, match="the model's shapes"):
+        remember_shapes(spec, None, counted)
+    assert expected_tensors(spec) == EXPECTED  # built, as without the runner's answer
+
+
 def test_real_trained_weights_pass(tmp_path: Path) -> None:
     from training.run.local import train_local
     from training.spec.job import parse_spec

@@ -22,12 +22,13 @@ from training.elastic import rounds as elastic
 from training.elastic.starts import eager_start
 from training.elastic.updates import rebuild_weights
 from training.errors import SpecError
+from training.evidence.result_check import delta_numel, expected_tensors
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
 from training.run.execute import emit_started, prepare
 from training.run.loop import Emit
 from training.spec.fields import Section
-from training.spec.job import JobSpec
+from training.spec.job import JobSpec, spec_to_plain
 
 BlobFile = Callable[[str], Path]  # sha256 -> its checked file
 
@@ -54,6 +55,7 @@ def run_elastic_task(
         run = prepare(spec, data_file, device, blob_file)
         emit_started(run, emit)
         result: dict[str, Any] = {"weights_sha256": elastic.init_weights(run, out)}
+        result |= model_shapes(spec, data_file, blob_file)
     else:
         job_id = section.string("job_id", max_len=32)
         if not is_id(job_id):
@@ -89,6 +91,18 @@ def run_elastic_task(
     result["device"] = device
     emit({"event": "result", **result})
     return result
+
+
+def model_shapes(spec: JobSpec, data_file: DataFiles, blob_file: BlobFile) -> dict[str, Any]:
+    """What the owner checks the job's results against, counted here so that its
+    daemon need not build the model (`training.evidence.result_check.remember_shapes`):
+    the weights' tensors (name -> [shape, dtype]) and one delta's length."""
+    plain = spec_to_plain(spec)
+    tensors = expected_tensors(plain, data_file, blob_file)
+    return {
+        "tensors": {name: [list(shape), dtype] for name, (shape, dtype) in tensors.items()},
+        "delta_numel": delta_numel(plain, data_file, blob_file),
+    }
 
 
 def _inner(

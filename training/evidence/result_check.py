@@ -47,9 +47,20 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
     """Memoize `fn(spec_plain, data_file, locate)` by the spec and the data's paths.
     Both name content (blobs are stored under their sha256), so a job's answer never
     changes; without this an owner built the model on the meta device for every result
-    it checked (0.1 s of CPU each for the demo's small transformer)."""
+    it checked (0.1 s of CPU each for the demo's small transformer). `fn.remember(spec,
+    data_file, value)` stores an answer a runner already computed: building on the
+    meta device imports torch._dynamo (2.7 s of CPU, holding the daemon's GIL) through
+    the meta kernels of torch's initialisers."""
     memo: OrderedDict[str, T] = OrderedDict()
     lock = threading.Lock()
+
+    def remember(spec_plain: dict[str, Any], data_file: DataFiles, value: T) -> None:
+        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
+        with lock:
+            memo[key] = value
+            memo.move_to_end(key)
+            while len(memo) > MEMO_SIZE:
+                memo.popitem(last=False)
 
     @functools.wraps(fn)
     def memoized(
@@ -63,12 +74,10 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
                 memo.move_to_end(key)
                 return memo[key]
         value = fn(spec_plain, data_file, locate)
-        with lock:
-            memo[key] = value
-            while len(memo) > MEMO_SIZE:
-                memo.popitem(last=False)
+        remember(spec_plain, data_file, value)
         return value
 
+    memoized.remember = remember  # type: ignore[attr-defined]
     return memoized
 
 
@@ -134,6 +143,32 @@ def delta_numel(
     if not spec.start.trainable:
         return float_numel(expected)
     return float_numel(expected, frozen_names(meta_model(spec, data_file, locate)))
+
+
+def remember_shapes(
+    spec_plain: dict[str, Any], data_file: DataFiles, counted: dict[str, Any]
+) -> None:
+    """Keep what a runner counted for this job (`training.elastic.tasks.model_shapes`)
+    as the answers of `expected_tensors` and `delta_numel`; raise ValueError, keeping
+    nothing, unless it is well formed."""
+    tensors, numel = counted.get("tensors"), counted.get("delta_numel")
+    if not isinstance(tensors, dict) or type(numel) is not int or numel < 0:
+        raise ValueError("the model's shapes: expected a tensors map and a delta length")
+    expected: Expected = {}
+    for name, entry in tensors.items():
+        shape, dtype = entry if isinstance(entry, list) and len(entry) == 2 else ((), None)
+        if (
+            not isinstance(name, str)
+            or dtype not in DTYPE_BYTES
+            or not isinstance(shape, list)
+            or not all(type(n) is int and n >= 0 for n in shape)
+        ):
+            raise ValueError(f"the model's shapes: a bad entry for tensor {str(name)[:64]!r}")
+        expected[name] = (tuple(shape), dtype)
+    if numel > float_numel(expected):
+        raise ValueError("the model's shapes: a delta longer than the model's float state")
+    expected_tensors.remember(spec_plain, data_file, expected)  # type: ignore[attr-defined]
+    delta_numel.remember(spec_plain, data_file, numel)  # type: ignore[attr-defined]
 
 
 def max_weights_bytes(expected: Expected) -> int:

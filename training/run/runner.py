@@ -26,8 +26,8 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
 for a round's share) writes the training state every k steps into `out`'s folder and
 lists their sha256 in its result (`training.evidence.checkpoints`). `replay` is the
 owner's spot check of such a result, of either kind (`training.evidence.replay`). The
-elastic tasks are the steps of
-`training.elastic.rounds`: `elastic_init` writes round 0's global weights to `out`;
+elastic tasks are the steps of `training.elastic.rounds`: `elastic_init` writes round
+0's global weights to `out` (its result also holds `delta_numel`, one delta's length);
 `elastic_inner` trains one share ({"job_id", "round", "slot", "weights": sha256,
 "state_in": path (optional), "state_out": path}) and writes its `RoundDelta` to `out`;
 `elastic_outer` ({"job_id", "round", "weights": sha256, "momentum": sha256 (optional),

@@ -8,6 +8,7 @@ its own, reading blobs by sha256: the daemon never parses a weights or delta ten
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ import trio
 from node.work.context import WorkContext
 from node.work.jobs import Job, Round, Unit, new_id
 from node.work.run import RequestBuilder, UnitFailed
-from training.evidence.result_check import delta_numel
+from training.evidence.result_check import delta_numel, remember_shapes
+
+log = logging.getLogger(__name__)
 
 
 class RoundTasks:
@@ -30,8 +33,16 @@ class RoundTasks:
         return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
 
     async def init_weights(self, job: Job) -> str:
-        """Round 0's global weights, built from the job's seed; their sha256."""
-        _, folder = await self._run_here(job, "elastic_init", {})
+        """Round 0's global weights, built from the job's seed; their sha256. The
+        runner also reports the model's shapes, kept for the checks of the job's
+        deltas and spot checks (`remember_shapes`): building the model on the meta
+        device in the daemon imports torch._dynamo there (2.7 s of CPU on the
+        daemon's thread, the first time a result came in)."""
+        result, folder = await self._run_here(job, "elastic_init", {})
+        try:
+            remember_shapes(job.spec, job.data_files(self.ctx.blobs.path), result)
+        except ValueError as exc:  # a bug: the daemon builds the model when it must
+            log.warning("job %s: %s", job.id, exc)
         return await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / "out.safetensors")
 
     async def outer_step(
