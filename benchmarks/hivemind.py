@@ -10,9 +10,9 @@ settings.
 
 - **meshminer**: real nodes (an owner that does not train, and 3 workers) at their
   default settings in a network namespace of their own (`unshare --net`, as
-  `benchmarks.elastic`'s wire part), the job submitted to the owner. Wall time: from the first node's start to the job's end.
-  Rounds applied: the rounds that closed; shares replayed: the owner's timeline notes
-  of a spot-checked share.
+  `benchmarks.elastic`'s wire part), the job submitted to the owner. Wall time: from
+  the first node's start to the job's end. Rounds applied: the rounds that closed;
+  shares replayed: the owner's timeline notes of a spot-checked share.
 - **hivemind**: a DHT bootstrap and 3 peers (`benchmarks/hivemind_peer.py`, one
   process each), in a namespace of their own too, run by a virtualenv made for them in
   benchmarks/.venvs/hivemind (created here when missing: the CPU torch that the
