@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ import trio
 from ledger.audit import AuditLog
 from ledger.chain import Ledger
 from node.identity import Identity, load_or_create_api_token
-from node.machine import IdleSensor, LocalCapacity, Sensors, local_capacity, process_cpu_s
+from node.machine import IdleSensor, LocalCapacity, Sensors, measured_capacity, process_cpu_s
 from node.metrics import LoopStalls, NodeMetrics
 from node.net.bridge import EventFeed, HttpServerThread, TrioBridge
 from node.net.connections import ConnectionLimits, trim_connections
@@ -78,17 +79,21 @@ async def run_node(
     data_dir: Path,
     *,
     rebenchmark: bool = False,
+    measuring: subprocess.Popen | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until SIGINT/SIGTERM (or cancellation). A signal that arrives while the node
-    starts arms the shutdown deadline at once; the stop begins once it is up."""
+    starts arms the shutdown deadline at once; the stop begins once it is up.
+    `measuring`: the capacity measurement already under way (`measure_elsewhere`)."""
     lock = lock_data_dir(data_dir)
     stop = Shutdown()
     with lock, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         # a system task, not a nursery: run_node's own errors reach the CLI unwrapped
         trio.lowlevel.spawn_system_task(stop.watch, signals, name="signals")
         try:
-            capacity = await trio.to_thread.run_sync(local_capacity, data_dir, rebenchmark)
+            capacity = await trio.to_thread.run_sync(
+                measured_capacity, data_dir, measuring, rebenchmark
+            )
             token = load_or_create_api_token(data_dir)
             db = open_node_db(data_dir)
             ledger = Ledger.open(data_dir, identity.signing_key)

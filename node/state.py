@@ -14,7 +14,7 @@ import trio
 
 from node import __version__
 from node.identity import Identity
-from node.machine import LocalCapacity, local_capacity
+from node.machine import LocalCapacity, measure_elsewhere, measured_capacity
 from node.metrics import NodeMetrics
 from node.net.discovery import CapacityGossip, Directory, Registration
 from node.net.finder import parse_find_query
@@ -249,7 +249,10 @@ class Node:
 
     async def refresh_capacity(self) -> dict[str, Any]:
         """Re-run the throughput benchmark and advertise the new figure."""
-        self.capacity = await trio.to_thread.run_sync(local_capacity, self.data_dir, True)
+        measuring = await trio.to_thread.run_sync(measure_elsewhere, self.data_dir, True)
+        self.capacity = await trio.to_thread.run_sync(
+            measured_capacity, self.data_dir, measuring, True
+        )
         log.info("capacity refreshed: %.3f TFLOP/s", self.capacity.tflops)
         self._ad_changed()
         return self.status()["capacity"]

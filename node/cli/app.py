@@ -55,16 +55,9 @@ def node_run(
     Settings come from meshminer.toml in the data dir; flags override them
     (docs/settings.md lists them all).
     """
-    import trio
-
-    from ledger import LedgerError
-    from node.daemon import run_node
     from node.identity import KEY_FILE, IdentityError, load_or_create_identity
-    from node.logs import setup_logging
-    from node.net.host import HostError
+    from node.machine.capacity import measure_elsewhere
     from node.settings import ConfigError, data_dir_from, load_settings
-    from node.shutdown import exit_now
-    from node.store import DataDirInUse
 
     directory = data_dir_from(data_dir)
     first_start = not (directory / KEY_FILE).exists()
@@ -73,10 +66,25 @@ def node_run(
         identity = load_or_create_identity(directory)
     except (ConfigError, IdentityError) as exc:
         raise fail(f"{exc}\nThe node did not start.", 2) from None
+    measuring = measure_elsewhere(directory, rebenchmark)  # meanwhile, the imports below
+
+    import trio
+
+    from ledger import LedgerError
+    from node.daemon import run_node
+    from node.logs import setup_logging
+    from node.net.host import HostError
+    from node.shutdown import exit_now
+    from node.store import DataDirInUse
+
     log_file = setup_logging(settings.log_level, directory)
     _banner(settings, identity.peer_id, directory, log_file, first_start)
     try:
-        trio.run(lambda: run_node(settings, identity, directory, rebenchmark=rebenchmark))
+        trio.run(
+            lambda: run_node(
+                settings, identity, directory, rebenchmark=rebenchmark, measuring=measuring
+            )
+        )
     except (HostError, DataDirInUse) as exc:
         raise fail(str(exc)) from None
     except (LedgerError, IdentityError) as exc:

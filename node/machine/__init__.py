@@ -28,7 +28,9 @@ from node.machine.capacity import (
     determinism_class,
     local_capacity,
     machine_fingerprint,
+    measure_elsewhere,
     measure_tflops,
+    measured_capacity,
 )
 from node.machine.doctor import (
     MAX_SKEW_S,
@@ -63,6 +65,8 @@ __all__ = [
     "data_dir_findings",
     "determinism_class",
     "local_capacity",
+    "measure_elsewhere",
+    "measured_capacity",
     "machine_fingerprint",
     "measure_tflops",
     "node_findings",

@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from protocol import GpuInfo
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "capacity.json"
+MEASURE_TIMEOUT_S = 300.0  # a measurement takes seconds; a hung one is measured over
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,52 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def measure_elsewhere(data_dir: Path, refresh: bool = False) -> subprocess.Popen | None:
+    """Start measuring in a process of its own (`measure_main`) when
+    a measurement is due and its answer can come back through the cache: the daemon
+    then never imports torch (2-3 s of CPU and the memory it keeps), and a first start
+    measures while the daemon imports its own modules. None when the cache holds, or
+    when only torch can tell the machine apart (`machine_fingerprint`)."""
+    nvml_gpus = _nvml_gpus()
+    fingerprint = machine_fingerprint(nvml_gpus)
+    if fingerprint is None:
+        return None
+    cached = _read_cache(data_dir / CACHE_FILE, fingerprint, nvml_gpus or [_cpu_info()])
+    if cached is not None and not refresh:
+        return None
+    code = "import sys; from node.machine.capacity import measure_main; measure_main(sys.argv[1:])"
+    args = [sys.executable, "-c", code, str(data_dir)]
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return subprocess.Popen(
+            [*args, *(["--refresh"] if refresh else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+    except OSError:  # the node says what is wrong with its data dir when it starts
+        return None
+
+
+def measured_capacity(
+    data_dir: Path, measuring: subprocess.Popen | None, refresh: bool = False
+) -> LocalCapacity:
+    """The capacity, once `measuring` (from `measure_elsewhere`) has written the cache;
+    measured here when it could not (or nothing measured elsewhere and `refresh`)."""
+    if measuring is None:
+        return local_capacity(data_dir, refresh)
+    try:
+        code = measuring.wait(timeout=MEASURE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        measuring.kill()
+        code = measuring.wait()
+    if code != 0:
+        log.warning("measuring in a process of its own failed (exit %s); measuring here", code)
+        return local_capacity(data_dir, refresh)
+    capacity = local_capacity(data_dir)  # the cache it wrote (measured here if it did not)
+    log.info("measured %.3f TFLOP/s on %s", capacity.tflops, capacity.gpus[0].name)
+    return capacity
+
+
 def local_capacity(data_dir: Path, refresh: bool = False) -> LocalCapacity:
     """Devices and throughput, from the data dir's cache unless `refresh` or the machine
     changed. A cache hit does not import torch: that is 1.7 s of CPU, more than half of
@@ -228,3 +277,8 @@ def _read_cache(cache: Path, fingerprint: str, gpus: list[GpuInfo]) -> LocalCapa
     if not all(isinstance(t, str) and len(t) <= 200 for t in texts):
         return None
     return LocalCapacity(gpus, float(tflops), *texts)
+
+
+def measure_main(args: list[str]) -> None:
+    """`measure_elsewhere`'s process (`DATA_DIR [--refresh]`): measure, write the cache."""
+    local_capacity(Path(args[0]), refresh="--refresh" in args[1:])

@@ -1,7 +1,8 @@
 """The capacity cache: a node's first start measures and imports torch; a restart on the
 same machine reads the cache and does neither (nor does anything else the daemon
 imports: torch costs a node 2.5 s of CPU at start and memory it never uses); a changed
-machine or a bad cache file means measuring again, never an error."""
+machine or a bad cache file means measuring again, never an error. A first start
+measures in a process of its own, so the daemon never imports torch for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from node.machine.capacity import CACHE_FILE, LocalCapacity, local_capacity
+from node.machine.capacity import (
+    CACHE_FILE,
+    LocalCapacity,
+    local_capacity,
+    measure_elsewhere,
+    measured_capacity,
+)
 
 pytestmark = pytest.mark.process  # each test starts a fresh interpreter
 
@@ -86,3 +93,41 @@ def test_garbage_in_the_cache_file_is_measured_over(tmp_path: Path) -> None:
     (tmp_path / CACHE_FILE).write_bytes(b"\xff\x00{not json")
     assert local_capacity(tmp_path).tflops > 0
     assert json.loads((tmp_path / CACHE_FILE).read_text())["tflops"] > 0
+
+
+MEASURE_ELSEWHERE_IN_A_FRESH_INTERPRETER = """
+import json, sys
+from pathlib import Path
+import node.daemon, node.cli.app
+from node.machine.capacity import measure_elsewhere, measured_capacity
+measuring = measure_elsewhere(Path(sys.argv[1]))
+c = measured_capacity(Path(sys.argv[1]), measuring)
+print(json.dumps({"measured_elsewhere": measuring is not None, "tflops": c.tflops,
+                  "determinism": c.determinism, "torch_imported": "torch" in sys.modules}))
+"""
+
+
+def test_a_first_start_measures_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """The daemon starts the measurement before its own imports and never imports
+    torch: the measuring process writes the cache, the daemon reads it."""
+    data_dir = tmp_path / "new-node"  # not there yet: the measurement makes it
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE_ELSEWHERE_IN_A_FRESH_INTERPRETER, str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first = json.loads(out.stdout)
+    assert first["measured_elsewhere"] and not first["torch_imported"]
+    assert first["tflops"] > 0 and first["determinism"]
+    assert json.loads((data_dir / CACHE_FILE).read_text())["tflops"] == first["tflops"]
+    assert measure_elsewhere(data_dir) is None  # cached: nothing to measure
+    again = measure_elsewhere(data_dir, refresh=True)
+    assert again is not None and again.wait(timeout=120) == 0
+
+
+def test_a_measurement_elsewhere_that_fails_is_made_here(tmp_path: Path) -> None:
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    capacity = measured_capacity(tmp_path, failed)
+    assert capacity.tflops > 0
+    assert json.loads((tmp_path / CACHE_FILE).read_text())["tflops"] == capacity.tflops
