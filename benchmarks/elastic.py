@@ -195,11 +195,16 @@ def _network(root: Path, workers: int, defaults: bool = False) -> LocalNetwork:
     """An owner that does not train and `workers` workers, all seeing each other. The
     nodes notice a worker that left within seconds (ads every second, a 5 s peer TTL,
     a 3 s lease), as the churn part needs, unless `defaults`: every node setting at its
-    default."""
+    default, and ready once the owner sees the workers (as a user submits a job once
+    their node lists its peers; the workers learn of each other later)."""
     net = LocalNetwork(root, [] if defaults else ["--publish-interval", "1", "--peer-ttl", "5"])
-    net.add(["--not-accepting", *([] if defaults else ["--lease", "3"])])
+    owner = net.add(["--not-accepting", *([] if defaults else ["--lease", "3"])])
     net.add_many(workers)
-    net.wait_all_see_each_other(timeout=60)
+    if defaults:
+        others = {node.peer_id for node in net.nodes[1:]}
+        wait_for(lambda: others <= owner.peer_ids(), 60, "the owner to see the workers", 0.1)
+    else:
+        net.wait_all_see_each_other(timeout=60)
     return net
 
 
