@@ -4,8 +4,9 @@
 COMPRESSION`: is an elastic delta file what the owner expects
 (`protocol.rounds.decode_round_delta`)?
 
-Run by the owner in a subprocess of its own, so that reading a peer's tensor bytes
-happens outside the daemon, under an address-space limit. Prints `ok`, or one line
+Run by the owner in a subprocess of its own (forked by its runner fork server when
+one runs, `main`), so that reading a peer's tensor bytes happens outside the daemon,
+under an address-space limit. Prints `ok`, or one line
 naming the first problem, and exits 1.
 """
 
@@ -50,14 +51,19 @@ def delta_problem(
     return None
 
 
-def main() -> int:
-    delta = sys.argv[1] == "--delta"
-    path = Path(sys.argv[2] if delta else sys.argv[1])
-    limit = 3 * path.stat().st_size + SLACK_BYTES
+def main(args: list[str] | None = None) -> int:
+    """Check the file `args` (default: the command line's) names; print `ok` or the
+    problem. Run in a fresh interpreter or forked by a runner fork server
+    (`training.run.forkserver`), whose address space already holds torch: the limit
+    is on top of what is mapped now."""
+    args = sys.argv[1:] if args is None else args
+    delta = args[0] == "--delta"
+    path = Path(args[1] if delta else args[0])
+    limit = _mapped_bytes() + 3 * path.stat().st_size + SLACK_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         if delta:
-            numel, job_id, round_, base, compression = sys.argv[3:8]
+            numel, job_id, round_, base, compression = args[2:7]
             problem = delta_problem(path, int(numel), job_id, int(round_), base, compression)
         else:
             problem = first_problem(path)
@@ -65,6 +71,15 @@ def main() -> int:
         problem = f"not a readable file ({type(exc).__name__}: {exc})"
     print(problem or "ok")
     return 1 if problem else 0
+
+
+def _mapped_bytes() -> int:
+    """This process's address space now (`/proc/self/statm`'s first field)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * resource.getpagesize()
 
 
 if __name__ == "__main__":

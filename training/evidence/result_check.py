@@ -12,7 +12,7 @@ import json
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -231,10 +231,16 @@ def _compare(header: dict[str, Any], expected: Expected) -> None:
             )
 
 
-async def check_weights_values(path: Path, time_limit_s: float = 300.0) -> None:
+Forked = Callable[[list[str]], Awaitable[tuple[int, str] | None]]
+
+
+async def check_weights_values(
+    path: Path, time_limit_s: float = 300.0, forked: Forked | None = None
+) -> None:
     """Every value finite: read in a subprocess (`python -m training.evidence.check_weights`),
-    since the daemon parses no untrusted bulk data itself."""
-    await _check_in_subprocess([str(path)], time_limit_s)
+    since the daemon parses no untrusted bulk data itself. `forked` runs the check in
+    a child of a warm fork server instead, when it can (`node.work.run.check_forked`)."""
+    await _check_in_subprocess([str(path)], time_limit_s, forked)
 
 
 async def check_delta_file(
@@ -245,33 +251,40 @@ async def check_delta_file(
     base_sha256: str,
     compression: str,
     time_limit_s: float = 300.0,
+    forked: Forked | None = None,
 ) -> None:
     """An elastic delta file is this job's, this round's, from these weights, of this
     model's size, with finite values: read in a subprocess like the weights."""
     args = ["--delta", str(path), str(numel), job_id, str(round_), base_sha256, compression]
-    await _check_in_subprocess(args, time_limit_s)
+    await _check_in_subprocess(args, time_limit_s, forked)
 
 
-async def _check_in_subprocess(args: list[str], time_limit_s: float) -> None:
+async def _check_in_subprocess(args: list[str], time_limit_s: float, forked: Forked | None) -> None:
     import subprocess
     import sys
 
     import trio
 
+    answered: tuple[int, str] | None = None
     with trio.move_on_after(time_limit_s) as deadline:
-        done = await trio.run_process(
-            [sys.executable, "-m", "training.evidence.check_weights", *args],
-            env={**_THREADS_ONE, "PATH": "/usr/bin:/bin"},
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    if deadline.cancelled_caught:
+        if forked is not None:
+            answered = await forked(args)
+        if answered is None:
+            done = await trio.run_process(
+                [sys.executable, "-m", "training.evidence.check_weights", *args],
+                env={**_THREADS_ONE, "PATH": "/usr/bin:/bin"},
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+            answered = done.returncode, done.stdout.decode(errors="replace")
+    if deadline.cancelled_caught or answered is None:
         raise WeightsRejected(f"checking the values took over {time_limit_s:g} s")
-    answer = done.stdout.decode(errors="replace").strip()[-500:]
-    if done.returncode != 0 or answer != "ok":
-        raise WeightsRejected(answer or f"the value check exited with {done.returncode}")
+    code, printed = answered
+    answer = printed.strip()[-500:]
+    if code != 0 or answer != "ok":
+        raise WeightsRejected(answer or f"the value check exited with {code}")
 
 
 def _offsets(item: tuple[str, Any]) -> tuple[int, int]:

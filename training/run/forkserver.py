@@ -14,6 +14,9 @@ The node talks to it over a Unix SEQPACKET socket (`CONTROL_FD`), one message ea
 way:
 - `F` + the cwd, with three descriptors (the runner's stdin, stdout and stderr)
   passed as SCM_RIGHTS: fork a runner; the reply is its pid (8 bytes, signed);
+- `C` + the arguments of `training.evidence.check_weights` (NUL-separated), with the
+  same three descriptors: fork a check of a peer's weights or delta file, which costs
+  a fresh Python 0.3 s of CPU in imports alone (numpy); the reply is its pid;
 - `S` + a pid (8 bytes): that runner's exit status, as `Popen.returncode` gives it
   (negative: killed by that signal); asked once the node has seen it exit.
 
@@ -56,12 +59,12 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _fork(cwd: str, fds: list[int], control: socket.socket) -> int:
+def _fork(cwd: str, fds: list[int], control: socket.socket, check: list[str] | None) -> int:
     pid = os.fork()
     if pid:
         return pid
     code = 1
-    try:  # the runner: its own session, the node's pipes as stdin, stdout and stderr
+    try:  # the child: its own session, the node's pipes as stdin, stdout and stderr
         control.close()
         os.setsid()
         for target, fd in enumerate(fds):
@@ -70,9 +73,14 @@ def _fork(cwd: str, fds: list[int], control: socket.socket) -> int:
             if fd > 2:
                 os.close(fd)
         os.chdir(cwd)
-        from training.run.runner import main
+        if check is None:
+            from training.run.runner import main
 
-        code = main()
+            code = main()
+        else:
+            from training.evidence.check_weights import main as check_main
+
+            code = check_main(check)
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -113,8 +121,9 @@ def serve(parent_pid: int, idle_s: float, control_fd: int) -> int:
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if message[:1] == b"F" and len(fds) == 3:
-            pid = _fork(message[1:].decode(), list(fds), control)
+        if message[:1] in (b"F", b"C") and len(fds) == 3:
+            check = message[1:].decode().split("\0") if message[:1] == b"C" else None
+            pid = _fork("/" if check else message[1:].decode(), list(fds), control, check)
             live.add(pid)
             reply = pid
         elif message[:1] == b"S" and len(message) == 1 + PID.size:

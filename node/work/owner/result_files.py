@@ -18,6 +18,7 @@ import trio
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore
+from node.work.run import check_forked
 from protocol import ProtocolError, open_envelope
 from protocol.blobs import BlobGrant
 from protocol.rounds import delta_limits
@@ -100,10 +101,11 @@ async def fetch_and_check(
                 delta_round,
                 started,
                 str(job.spec["elastic"]["compression"]),
+                forked=check_forked,
             )
         else:
             check_weights_header(path, expected)
-            await check_weights_values(path)
+            await check_weights_values(path, forked=check_forked)
     except Exception:
         if not had:  # what was just fetched for this result is not kept
             ctx.blobs.remove(result.weights_sha256)

@@ -10,6 +10,7 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 - `executor`: running one task in its own subprocess (`run_training`), forked from a
   warm server (`warm_runners`).
 - `forks`: the node's side of `training.run.forkserver`, a warm parent that forks runners.
+- `checks`: the owner's checks of a peer's file, forked by that server (`check_forked`).
 - `availability`: whether this node may train now, by its volunteer's preferences.
 - `guards`: the machine guards among them: hot, on battery, short of memory, a named
   program running; each with a margin before it lets training go on.
@@ -18,6 +19,7 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 """
 
 from node.work.run.availability import Availability, TrainingDays, keep_checking
+from node.work.run.checks import check_forked
 from node.work.run.executor import UnitFailed, run_training, runner_env, warm_runners
 from node.work.run.request import REBUILT_WEIGHTS, RequestBuilder, RunnerRequest, share_request
 from node.work.run.unit_folders import (
@@ -34,6 +36,7 @@ __all__ = [
     "RunnerRequest",
     "TrainingDays",
     "UnitFailed",
+    "check_forked",
     "keep_checking",
     "keep_removing_old_folders",
     "inner_state_for",

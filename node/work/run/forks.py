@@ -113,6 +113,27 @@ class ForkServer:
             raise ForkServerGone("the fork server could not fork a runner")
         return ForkedRunner(pid, self), stdin_w, stdout_r
 
+    def fork_check(self, args: list[str]) -> tuple[ForkedRunner, int]:
+        """A check of a peer's file (`training.evidence.check_weights` `args`): (it,
+        the read end of its stdout)."""
+        stdout_r, stdout_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDWR)
+        fds = array.array("i", [null, stdout_w, null])
+        try:
+            pid = self._ask(
+                b"C" + "\0".join(args).encode(), [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+            )
+        except BaseException:
+            os.close(stdout_r)
+            raise
+        finally:
+            os.close(null)
+            os.close(stdout_w)
+        if pid <= 0:
+            os.close(stdout_r)
+            raise ForkServerGone("the fork server could not fork a check")
+        return ForkedRunner(pid, self), stdout_r
+
     def status(self, pid: int) -> int:
         """The exit status of a runner that has exited (-1 if the server is gone)."""
         try:

@@ -12,11 +12,21 @@ import sys
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 from processes import training_processes
+from safetensors.numpy import save_file
 
-from node.work.run import RunnerRequest, UnitFailed, run_training, runner_env
+from node.work.run import (
+    RunnerRequest,
+    UnitFailed,
+    check_forked,
+    run_training,
+    runner_env,
+    warm_runners,
+)
+from training.evidence.result_check import WeightsRejected, check_weights_values
 from training.spec.examples import digits_toml
 from training.spec.job import parse_spec, spec_to_plain
 
@@ -92,3 +102,28 @@ def test_a_server_that_would_have_threads_refuses(tmp_path: Path) -> None:
     served = _serve(tmp_path, "5", "2")
     assert served.returncode == 3, served.stderr.decode()
     assert b"one thread" in served.stderr
+
+
+def test_a_peers_file_is_checked_in_a_child_of_the_fork_server(tmp_path: Path) -> None:
+    """The owner's value check of a worker's file: forked by the warm server when one
+    runs (no fresh interpreter and its imports), with the answers a fresh one gives."""
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
+    save_file({"w": np.ones(8, np.float32)}, str(good))
+    save_file({"w": np.array([1.0, np.nan], np.float32)}, str(bad))
+    warm = tmp_path / "runners"
+
+    async def main() -> tuple:
+        before = await check_forked([str(good)])  # no server: the caller starts a fresh one
+        await warm_runners(warm)
+        answers = await check_forked([str(good)]), await check_forked([str(bad)])
+        await check_weights_values(good, forked=check_forked)
+        with pytest.raises(WeightsRejected, match="NaN or Inf"):
+            await check_weights_values(bad, forked=check_forked)
+        return before, answers
+
+    before, (ok, nan) = trio.run(main)
+    assert before is None
+    assert ok == (0, "ok\n")
+    assert nan[0] == 1 and "holds NaN or Inf" in nan[1]
+    for pid in training_processes(warm, "training.run.forkserver"):
+        os.kill(pid, 9)
