@@ -153,11 +153,11 @@ def _sync(device: str) -> None:
 
 
 def measure_elsewhere(data_dir: Path, refresh: bool = False) -> subprocess.Popen | None:
-    """Start measuring in a process of its own (`measure_main`) when
-    a measurement is due and its answer can come back through the cache: the daemon
-    then never imports torch (2-3 s of CPU and the memory it keeps), and a first start
-    measures while the daemon imports its own modules. None when the cache holds, or
-    when only torch can tell the machine apart (`machine_fingerprint`)."""
+    """Start measuring in a process of its own (`measure_main`) when a measurement is
+    due and its answer can come back through the cache: the daemon then never imports
+    torch (2-3 s of CPU and the memory it keeps), and a first start measures while the
+    daemon imports its own modules. None when the cache holds, or when only torch can
+    tell the machine apart (`machine_fingerprint`)."""
     nvml_gpus = _nvml_gpus()
     fingerprint = machine_fingerprint(nvml_gpus)
     if fingerprint is None:
