@@ -44,7 +44,7 @@ from protocol import encode
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
 from training.evidence.bounds import BF16_TOLERANCE, STEP_RATIO, TOLERANCE
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.steps import checkpoint_steps
 from training.model.bind import bind_trainable
 from training.model.weights import file_sha256
 from training.program.job import convert

@@ -55,7 +55,7 @@ from protocol.rounds import CODE_BITS, encode_round_delta
 from protocol.tensors import decode_tensor
 from training.elastic.rounds import SIMULATED_JOB_ID, init_weights, outer_step
 from training.elastic.simulate import train_share
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.steps import checkpoint_steps
 from training.model.weights import file_sha256
 from training.ops import dequantize_blockwise, encode_delta, from_wire
 from training.run.execute import prepare

@@ -27,6 +27,7 @@ READ_IN_A_FRESH_INTERPRETER = """
 import json, sys
 from pathlib import Path
 import node.daemon, node.cli.app
+import training.evidence.steps  # what the owner's loop computes a unit's checkpoints with
 from node.machine.capacity import local_capacity
 c = local_capacity(Path(sys.argv[1]))
 print(json.dumps({"torch_imported": "torch" in sys.modules, "tflops": c.tflops,

@@ -12,7 +12,7 @@ import pytest
 
 from training.errors import SpecError, TrainingError
 from training.evidence.bounds import STEP_RATIO
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.steps import checkpoint_steps
 from training.model.weights import file_sha256
 from training.run.runner import run_request
 from training.spec.job import parse_spec, spec_to_plain

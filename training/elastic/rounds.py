@@ -37,7 +37,8 @@ from protocol.rounds import CODE_BITS, RoundDelta, decode_round_delta
 from training.elastic.flat import flatten, float_names, unflatten
 from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
-from training.evidence.checkpoints import Course, share_checkpoint_steps
+from training.evidence.checkpoints import Course
+from training.evidence.steps import share_checkpoint_steps
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.modules import build_model
 from training.model.weights import file_sha256, write_weights

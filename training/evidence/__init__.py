@@ -9,6 +9,7 @@ peer's tensor bytes. The comparisons are the owner's (`node/work/trust/`);
 docs/design/trust.md.
 
 - `checkpoints`: the full training state every k steps, its hash, replaying a segment.
+- `steps`: which steps those are (no torch: the owner's daemon computes them).
 - `bounds`: how far a replay on another device kind may land and still agree (no
   torch: the daemon compares by them).
 - `writer`: checkpoints written by a thread beside training, never more on disk at

@@ -1,8 +1,8 @@
 """Checkpoints as evidence: the full training state every k steps, and its replay.
 
 A worker commits to the sha256 of its training state at the end of every segment of
-k steps (`checkpoint_steps`), in its heartbeats as it writes each (`writer`) and again
-signed inside its result, and keeps only the files its owner still needs
+k steps (`steps.checkpoint_steps`), in its heartbeats as it writes each (`writer`) and
+again signed inside its result, and keeps only the files its owner still needs
 (`node/work/trust/commitments.py`). The owner draws each segment once both its ends
 are committed, fetches the state at a chosen segment's start and replays its steps
 (`advance`): on one determinism class the
@@ -65,35 +65,6 @@ class Course:
 
 def course_of(run: Prepared) -> Course:
     return Course(run.summary.total_steps, run.spec.seed)
-
-
-def checkpoint_steps(total_steps: int, segments: int, validate_every: int = 0) -> list[int]:
-    """The steps a checkpoint is taken at: 0, k, 2k, ... and the last step, where
-    k = ceil(total / segments), and every step a validation is reported at
-    (`optim.validate_every`), so a reported value can be checked on a state the
-    replay confirmed."""
-    if segments <= 0 or total_steps <= 0:
-        return []
-    every = max(1, math.ceil(total_steps / segments))
-    steps = {*range(0, total_steps, every), total_steps}
-    if validate_every > 0:
-        steps |= set(range(validate_every, total_steps, validate_every))
-    return sorted(steps)
-
-
-# A round's share is one segment, whatever `trust.checkpoints` says: a replay fetches
-# its segment's start, a whole training state (about 3x the model), while the rest of
-# a share moves about half the model (int8 weights' update down, int8 delta up). One
-# segment drawn at the budget's chance (10%) fetches 0.1 states a share on average,
-# replays the budget's share of the steps, and checks both of the share's ends each
-# time it is drawn (`docs/design/trust.md`).
-SHARE_SEGMENTS = 1
-
-
-def share_checkpoint_steps(inner_steps: int, segments: int) -> list[int]:
-    """A share's checkpoint steps: its H inner steps in at most SHARE_SEGMENTS parts
-    (none when the job's `trust.checkpoints` is 0)."""
-    return checkpoint_steps(inner_steps, min(segments, SHARE_SEGMENTS))
 
 
 def checkpoint_file(step: int) -> str:

@@ -25,7 +25,7 @@ from training.budget import SpecSummary, summarize
 from training.data.batches import Dataset, load_dataset
 from training.data.info import DataFiles, data_ref, probe
 from training.errors import SpecError, TrainingError
-from training.evidence.checkpoints import checkpoint_steps
+from training.evidence.steps import checkpoint_steps
 from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
 from training.model.modules import build_model
 from training.model.plan import ModelPlan, plan_model

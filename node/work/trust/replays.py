@@ -112,7 +112,7 @@ class Replays:
     async def _compute_steps(
         self, job: Job, spec: dict[str, Any], share: bool, from_step: int
     ) -> tuple[list[int], int]:
-        from training.evidence.checkpoints import checkpoint_steps, share_checkpoint_steps
+        from training.evidence.steps import checkpoint_steps, share_checkpoint_steps
         from training.spec.job import parse_spec
 
         parsed = parse_spec(spec)
