@@ -22,11 +22,11 @@ from training.evidence.checkpoints import (
     TrainState,
     advance,
     checkpoint_file,
-    checkpoint_steps,
     course_of,
     initial_state,
     save_checkpoint,
 )
+from training.evidence.steps import checkpoint_steps
 from training.model.weights import write_weights
 from training.run.execute import Prepared, deterministic, prepare
 from training.spec.job import JobSpec
