@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from node.client import submit_job
+from node.demo.localnet import LocalNetwork
 from node.machine.capacity import (
     CACHE_FILE,
     LocalCapacity,
@@ -20,6 +22,7 @@ from node.machine.capacity import (
     measure_elsewhere,
     measured_capacity,
 )
+from training.spec.examples import digits_toml
 
 pytestmark = pytest.mark.process  # each test starts a fresh interpreter
 
@@ -132,3 +135,19 @@ def test_a_measurement_elsewhere_that_fails_is_made_here(tmp_path: Path) -> None
     capacity = measured_capacity(tmp_path, failed)
     assert capacity.tflops > 0
     assert json.loads((tmp_path / CACHE_FILE).read_text())["tflops"] == capacity.tflops
+
+
+def _torch_mapped(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_started_node_and_a_submitted_job_leave_torch_out_of_the_daemon(
+    localnet: LocalNetwork,
+) -> None:
+    """A first start measures elsewhere, and a plain spec's submit reads no model: the
+    daemon maps no torch library (a submit once imported torch there, 3.5 s on a busy
+    machine before the job was queued)."""
+    node = localnet.add(["--not-accepting"])
+    job = submit_job(node.api, digits_toml(steps=3, hidden=(8,)), None)
+    assert job["state"] == "queued"
+    assert node.proc is not None and not _torch_mapped(node.proc.pid)
