@@ -41,3 +41,8 @@ def training_process_in(folder: Path) -> int | None:
 def process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat: "T" while stopped (SIGSTOP)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def torch_mapped(pid: int) -> bool:
+    """The process has torch's library mapped (it imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()

@@ -16,6 +16,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from processes import torch_mapped
 
 from node.demo.localnet import ONE_THREAD, LocalNetwork, LocalNode, wait_for
 from training.spec.examples import digits_toml
@@ -155,5 +156,8 @@ def test_a_unit_whose_worker_is_killed_goes_on_from_a_recent_state_elsewhere(
     resumed_at = int(re.search(r"going on from step (\d+)", resumed[0]).group(1))
     assert resumed_at >= step > 0
     assert job["metrics"]["steps"] == 8000 - resumed_at
+    # the owner's checks and replays built the model in runners: its daemon has no
+    # torch, whose import once held its thread past the 4 s lease
+    assert owner.proc is not None and not torch_mapped(owner.proc.pid)
 
     assert _local_sha256(local, tmp_path / "local.safetensors") == job["weights_sha256"]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import torch_mapped
 
 from node.client import submit_job
 from node.demo.localnet import LocalNetwork
@@ -137,10 +138,6 @@ def test_a_measurement_elsewhere_that_fails_is_made_here(tmp_path: Path) -> None
     assert json.loads((tmp_path / CACHE_FILE).read_text())["tflops"] == capacity.tflops
 
 
-def _torch_mapped(pid: int) -> bool:
-    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-
-
 def test_a_started_node_and_a_submitted_job_leave_torch_out_of_the_daemon(
     localnet: LocalNetwork,
 ) -> None:
@@ -150,4 +147,4 @@ def test_a_started_node_and_a_submitted_job_leave_torch_out_of_the_daemon(
     node = localnet.add(["--not-accepting"])
     job = submit_job(node.api, digits_toml(steps=3, hidden=(8,)), None)
     assert job["state"] == "queued"
-    assert node.proc is not None and not _torch_mapped(node.proc.pid)
+    assert node.proc is not None and not torch_mapped(node.proc.pid)

@@ -16,7 +16,7 @@ import pytest
 
 from training.run.local import train_local
 from training.run.runner import RequestError, run_request
-from training.spec.job import SpecError, load_spec, spec_to_plain, with_blob_source
+from training.spec.job import SpecError, load_spec, parse_spec, spec_to_plain, with_blob_source
 
 pytestmark = pytest.mark.process  # each test runs the runner in a subprocess
 
@@ -214,3 +214,24 @@ def test_the_memory_limit_binds_and_fails_cleanly(tmp_path: Path) -> None:
     assert code == 1 and events[-1]["event"] == "error"
     assert "ran out of memory" in events[-1]["message"]
     assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_the_model_shapes_task_counts_what_the_owner_checks_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """`model_shapes` answers the owner's `expected_tensors` and `delta_numel` of the
+    spec, for a job of any mode, so that the owner's daemon never builds the model."""
+    from training.evidence.result_check import delta_numel, expected_tensors
+
+    request = _request(tmp_path, task="model_shapes")
+    code, events, err = runner(msgpack.packb(request))
+    assert code == 0, err
+    result = events[-1]
+    assert result["event"] == "result"
+    spec = spec_to_plain(parse_spec(tomllib.loads(DIGITS_JOB)))
+    expected = expected_tensors(spec)
+    assert {n: (tuple(s), d) for n, (s, d) in result["tensors"].items()} == expected
+    assert result["delta_numel"] == delta_numel(spec) > 0
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RequestError, match="request.elastic is only for the elastic tasks"):
+        run_request(_request(tmp_path, task="model_shapes", elastic={"round": 0}), print)

@@ -22,13 +22,13 @@ from training.elastic import rounds as elastic
 from training.elastic.starts import eager_start
 from training.elastic.updates import rebuild_weights
 from training.errors import SpecError
-from training.evidence.result_check import delta_numel, expected_tensors
+from training.evidence.result_check import model_shapes
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
 from training.run.execute import emit_started, prepare
 from training.run.loop import Emit
 from training.spec.fields import Section
-from training.spec.job import JobSpec, spec_to_plain
+from training.spec.job import JobSpec
 
 BlobFile = Callable[[str], Path]  # sha256 -> its checked file
 
@@ -91,18 +91,6 @@ def run_elastic_task(
     result["device"] = device
     emit({"event": "result", **result})
     return result
-
-
-def model_shapes(spec: JobSpec, data_file: DataFiles, blob_file: BlobFile) -> dict[str, Any]:
-    """What the owner checks the job's results against, counted here so that its
-    daemon need not build the model (`training.evidence.result_check.remember_shapes`):
-    the weights' tensors (name -> [shape, dtype]) and one delta's length."""
-    plain = spec_to_plain(spec)
-    tensors = expected_tensors(plain, data_file, blob_file)
-    return {
-        "tensors": {name: [list(shape), dtype] for name, (shape, dtype) in tensors.items()},
-        "delta_numel": delta_numel(plain, data_file, blob_file),
-    }
 
 
 def _inner(

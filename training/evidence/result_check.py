@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from training.data.info import DataFiles
+    from training.spec.job import JobSpec
 
 MAX_HEADER_BYTES = 1 << 20
 DTYPE_BYTES = {
@@ -77,7 +78,13 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
         remember(spec_plain, data_file, value)
         return value
 
+    def peek(spec_plain: dict[str, Any], data_file: DataFiles = None) -> T | None:
+        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
+        with lock:
+            return memo.get(key)
+
     memoized.remember = remember  # type: ignore[attr-defined]
+    memoized.peek = peek  # type: ignore[attr-defined]
     return memoized
 
 
@@ -143,6 +150,30 @@ def delta_numel(
     if not spec.start.trainable:
         return float_numel(expected)
     return float_numel(expected, frozen_names(meta_model(spec, data_file, locate)))
+
+
+def model_shapes(
+    spec: JobSpec, data_file: DataFiles, locate: Callable[[str], Path] | None
+) -> dict[str, Any]:
+    """What the owner checks a job's results against, counted in a runner so that its
+    daemon need not build the model (`remember_shapes` keeps it there): the weights'
+    tensors (name -> [shape, dtype]) and one elastic delta's length."""
+    from training.spec.job import spec_to_plain
+
+    plain = spec_to_plain(spec)
+    tensors = expected_tensors(plain, data_file, locate)
+    return {
+        "tensors": {name: [list(shape), dtype] for name, (shape, dtype) in tensors.items()},
+        "delta_numel": delta_numel(plain, data_file, locate),
+    }
+
+
+def known_shapes(spec_plain: dict[str, Any], data_file: DataFiles) -> tuple[Expected, int] | None:
+    """What `expected_tensors` and `delta_numel` answer for this spec, when both are
+    known here already (remembered or computed); None otherwise."""
+    tensors = expected_tensors.peek(spec_plain, data_file)  # type: ignore[attr-defined]
+    numel = delta_numel.peek(spec_plain, data_file)  # type: ignore[attr-defined]
+    return None if tensors is None or numel is None else (tensors, numel)
 
 
 def remember_shapes(

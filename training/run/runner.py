@@ -12,7 +12,7 @@ The daemon starts one runner per task and writes ONE msgpack request to its stdi
      "isolation": {"cpu_seconds": int >= 0, "disk_quota_bytes": int >= 0,
                    "parent_pid": int},           (optional; see training.run.isolation)
      "task": "train" | "replay" | "elastic_init" | "elastic_inner" | "elastic_outer"
-             | "elastic_validate",
+             | "elastic_validate" | "model_shapes",
      "checkpoints": bool,                        (train, elastic_inner: keep the evidence)
      "hold": {"states": int >= 0, "floor_bytes": int >= 0},
                                                  (how many checkpoints on disk at once)
@@ -35,7 +35,10 @@ elastic tasks are the steps of `training.elastic.rounds`: `elastic_init` writes 
 "validate": bool (default true)}) writes the next global weights to `out`;
 `elastic_validate` ({"job_id", "round", "weights": sha256}) only evaluates global
 weights (the owner's, off the rounds' path). Every path is in `out`'s folder, every
-input a blob.
+input a blob. `model_shapes`, for a job of any mode, writes nothing: its result is
+the model's shapes the owner checks results against
+(`training.evidence.result_check.model_shapes`), counted here so that the owner's
+daemon never imports torch to build the model.
 
 It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
 and exit code 1) and writes the weights to `out` only on success. Everything in the
@@ -79,7 +82,15 @@ REQUEST_LIMITS = Limits(
     max_bin_len=0,
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-TASKS = ("train", "replay", "elastic_init", "elastic_inner", "elastic_outer", "elastic_validate")
+TASKS = (
+    "train",
+    "replay",
+    "elastic_init",
+    "elastic_inner",
+    "elastic_outer",
+    "elastic_validate",
+    "model_shapes",
+)
 
 
 class RequestError(ValueError):
@@ -155,9 +166,10 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
         )
     validate_for_submit(spec, data_file)  # before torch is imported
 
-    if task != "replay" and (task == "train") != (spec.mode != "elastic"):
+    any_mode = ("replay", "model_shapes")
+    if task not in any_mode and (task == "train") != (spec.mode != "elastic"):
         raise RequestError(f"request.task {task!r} does not fit a job of mode {spec.mode!r}")
-    if task in ("train", "replay") and section.has("elastic"):
+    if not task.startswith("elastic_") and section.has("elastic"):
         raise RequestError("request.elastic is only for the elastic tasks")
     if checkpoints and task not in ("train", "elastic_inner"):
         raise RequestError("request.checkpoints is only for the train and elastic_inner tasks")
@@ -166,13 +178,19 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if task != "train" and resume is not None:
         raise RequestError("request.resume is only for the train task")
 
+    blob_file = functools.partial(_blob_file, blobs)  # every input blob, sha256 checked
+    if task == "model_shapes":  # on torch's meta device: no limits, no device
+        from training.evidence.result_check import model_shapes
+
+        result = model_shapes(spec, data_file, blob_file)
+        emit({"event": "result", **result})
+        return result
+
     if apply_limits and gpus is not None:  # read when CUDA starts, which is not yet
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
 
     from training.evidence.writer import Hold
     from training.run.execute import resolve_device, run_job
-
-    blob_file = functools.partial(_blob_file, blobs)  # every input blob, sha256 checked
     from training.run.sandbox import limit_gpu_memory, limit_memory
 
     target = resolve_device(device)

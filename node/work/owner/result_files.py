@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from node.work.blobs import fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore
 from node.work.run import check_forked
+from node.work.trust import model_shapes
 from protocol import ProtocolError, open_envelope
 from protocol.blobs import BlobGrant
 from protocol.rounds import delta_limits
@@ -28,8 +27,6 @@ from training.evidence.result_check import (
     check_delta_file,
     check_weights_header,
     check_weights_values,
-    delta_numel,
-    expected_tensors,
     max_weights_bytes,
 )
 from training.spec.job import relay_blob_bytes
@@ -64,13 +61,10 @@ async def fetch_and_check(
     if key is None:
         raise ProtocolError("no key for this unit (it ended)")
     data = job.data_files(ctx.blobs.path)
-    expected: dict = {}
-    numel = 0
+    expected, numel = await model_shapes(ctx, spec, job.data_blobs, data)
     if delta_round is not None:
-        numel = await trio.to_thread.run_sync(delta_numel, spec, data, ctx.blobs.path)
         bound = delta_limits(numel).max_bytes
     else:
-        expected = await trio.to_thread.run_sync(expected_tensors, spec, data, ctx.blobs.path)
         bound = max_weights_bytes(expected)
     what = "weights" if delta_round is None else "delta"
     if result.weights_size > bound:

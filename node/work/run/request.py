@@ -20,7 +20,13 @@ from protocol.rounds import RoundShare
 
 #: what the runner does with the request (`training.run.runner.TASKS`)
 Task = Literal[
-    "train", "replay", "elastic_init", "elastic_inner", "elastic_outer", "elastic_validate"
+    "train",
+    "replay",
+    "elastic_init",
+    "elastic_inner",
+    "elastic_outer",
+    "elastic_validate",
+    "model_shapes",
 ]
 Device = Literal["auto", "cpu", "cuda"]
 

@@ -17,6 +17,8 @@ never the owner's engine, which calls it. docs/design/trust.md.
 - `comparisons`: a replay against the worker's commitments, returns and reports.
 - `replays`: the owner's replay task, shared by both, and the states fetched for it.
 - `resume`: where a lost unit goes on from (the job's resume point).
+- `shapes`: the model's shapes that results and states are checked against, counted
+  by a runner so that the daemon never imports torch (`model_shapes`).
 - `replicas`: one unit trained by two workers of one determinism class, settled by
   bisection to one segment.
 - `reputation`: what this node has seen of each peer's results: probation, RAC,
@@ -42,6 +44,7 @@ from node.work.trust.replays import (
 from node.work.trust.replicas import Replicas
 from node.work.trust.reputation import Reputation
 from node.work.trust.resume import ResumePoint, resume_point
+from node.work.trust.shapes import model_shapes
 from node.work.trust.spot_checks import (
     SpotChecks,
     Submitted,
@@ -56,6 +59,7 @@ __all__ = [
     "UnitTerms",
     "MAX_HELD",
     "Commitments",
+    "model_shapes",
     "FetchedStates",
     "HeldStates",
     "drawn",

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -21,7 +20,9 @@ from node.work.blobs import BlobStore
 from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore, Unit
 from node.work.run import RequestBuilder
+from node.work.trust.shapes import model_shapes
 from training.evidence.bounds import BF16_TOLERANCE, TOLERANCE
+from training.evidence.result_check import max_weights_bytes
 
 
 def tolerance_of(spec: dict[str, Any]) -> float:
@@ -117,9 +118,10 @@ class Replays:
 
         parsed = parse_spec(spec)
         data = job.data_files(self.ctx.blobs.path)
-        total, bound = await trio.to_thread.run_sync(
-            _sizes, parsed, spec, data, self.ctx.blobs.path
-        )
+        tensors, _ = await model_shapes(self.ctx, spec, job.data_blobs, data)
+        total = await trio.to_thread.run_sync(_total_steps, parsed, data)
+        # the weights, at most two optimizer moments of them, and the RNG and headers
+        bound = 3 * max_weights_bytes(tensors) + (1 << 20)
         self._state_limits[job.id] = bound
         if share and parsed.elastic is not None:
             inner = parsed.elastic.inner_steps
@@ -166,13 +168,7 @@ def share_blobs(share: dict[str, Any]) -> set[str]:
     return {share["weights"], *([share["start_delta"]] if "start_delta" in share else [])}
 
 
-def _sizes(
-    parsed: Any, spec: dict[str, Any], data: Any, locate: Callable[[str], Path]
-) -> tuple[int, int]:
-    """The spec's steps, and the most bytes one of its checkpoints may have: the
-    weights, at most two optimizer moments of them, and the RNG and headers."""
+def _total_steps(parsed: Any, data: Any) -> int:
     from training.budget import validate_for_submit
-    from training.evidence.result_check import expected_tensors, max_weights_bytes
 
-    weights = max_weights_bytes(expected_tensors(spec, data, locate))
-    return validate_for_submit(parsed, data).total_steps, 3 * weights + (1 << 20)
+    return validate_for_submit(parsed, data).total_steps

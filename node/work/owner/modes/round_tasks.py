@@ -17,7 +17,8 @@ import trio
 from node.work.context import WorkContext
 from node.work.jobs import Job, Round, Unit, new_id
 from node.work.run import RequestBuilder, UnitFailed
-from training.evidence.result_check import delta_numel, remember_shapes
+from node.work.trust import model_shapes
+from training.evidence.result_check import remember_shapes
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class RoundTasks:
     async def delta_numel(self, job: Job) -> int:
         """Values in one delta: the model's floating-point state, buffers included."""
         data = job.data_files(self.ctx.blobs.path)
-        return await trio.to_thread.run_sync(delta_numel, job.spec, data, self.ctx.blobs.path)
+        return (await model_shapes(self.ctx, job.spec, job.data_blobs, data))[1]
 
     async def init_weights(self, job: Job) -> str:
         """Round 0's global weights, built from the job's seed; their sha256. The
