@@ -28,7 +28,10 @@ settings.
   close an epoch waits for its group, and its peers need not train alike): the
   samples column says what the swarm trained in all. So hivemind runs twice: *free*,
   as just said, and *held* to the task's samples, each peer stopping after its 8 x 20
-  steps (`--max-steps`), whatever epoch it has reached.
+  steps (`--max-steps`), whatever epoch it has reached. And meshminer runs a second
+  time last, with as many rounds as the free hivemind's samples fill (rounded, at
+  least the task's 8): the free hivemind's comparison at equal samples, since on this
+  task the loss follows how many steps one chain of updates takes.
 
 Bytes, for both: what the namespace's loopback transmitted over the run (weights,
 deltas, data, checks, gossip, DHT traffic). The goal: meshminer at its default
@@ -226,6 +229,14 @@ def hivemind_run(out: Path, settings: Settings) -> None:
     out.write_text(json.dumps(report))
 
 
+def _side(folder: Path, raw: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """One system's run of the spec `raw` in a namespace of its own; its report."""
+    folder.mkdir()
+    (folder / "spec.json").write_text(json.dumps(raw))
+    flag = "--meshminer-run" if folder.name.startswith("meshminer") else "--hivemind-run"
+    return _in_namespace(flag, folder / "report.json", settings.flags())
+
+
 def compare(root: Path, settings: Settings) -> Result:
     """Both systems on the task, one after the other, each in its own namespace:
     hivemind twice, free (each peer trains until its last epoch, however many samples
@@ -238,10 +249,12 @@ def compare(root: Path, settings: Settings) -> Result:
     sides = {"meshminer": settings, "hivemind": settings, "hivemind-held": held}
     runs = {}
     for side, knobs in sides.items():
-        (root / side).mkdir()
-        (root / side / "spec.json").write_text(json.dumps(raw))
-        flag = "--meshminer-run" if side == "meshminer" else "--hivemind-run"
-        runs[side] = _in_namespace(flag, root / side / "report.json", knobs.flags())
+        runs[side] = _side(root / side, raw, knobs)
+    # meshminer again, with as many rounds as the free hivemind's samples fill
+    free = sum(p["samples"] for p in runs["hivemind"]["peers"] if p is not None)
+    matched = max(ROUNDS, round(free / (WORKERS * INNER * BATCH)))
+    longer = {**raw, "elastic": {**raw["elastic"], "rounds": matched}}
+    runs["meshminer-matched"] = _side(root / "meshminer-matched", longer, settings)
     mesh = runs["meshminer"]
     result = Result(
         "hivemind: elastic rounds against hivemind.Optimizer(use_local_updates=True)",
@@ -264,6 +277,17 @@ def compare(root: Path, settings: Settings) -> Result:
         "hivemind_settings": dataclasses.asdict(settings),
         "meshminer": mesh,
     }
+    matched_run = runs["meshminer-matched"]
+    result.add(
+        "meshminer, the free hivemind's samples",
+        matched_run["wall_s"],
+        matched_run["bytes"],
+        matched_run["shares"] * INNER * BATCH,
+        matched_run["val_loss"],
+        f"{matched_run['rounds']} of {matched}",
+        f"{matched_run['checked']} of {matched_run['shares']} shares",
+    )
+    meta["meshminer_matched"] = matched_run
     for side, name in (("hivemind", "free"), ("hivemind-held", "the task's samples")):
         hive = runs[side]
         peers = [p for p in hive["peers"] if p is not None]

@@ -57,20 +57,27 @@ def main(args: list[str] | None = None) -> int:
     (`training.run.forkserver`), whose address space already holds torch: the limit
     is on top of what is mapped now."""
     args = sys.argv[1:] if args is None else args
-    delta = args[0] == "--delta"
-    path = Path(args[1] if delta else args[0])
-    limit = _mapped_bytes() + 3 * path.stat().st_size + SLACK_BYTES
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        if delta:
-            numel, job_id, round_, base, compression = args[2:7]
-            problem = delta_problem(path, int(numel), job_id, int(round_), base, compression)
-        else:
-            problem = first_problem(path)
+        problem = _problem(args)
     except Exception as exc:
         problem = f"not a readable file ({type(exc).__name__}: {exc})"
     print(problem or "ok")
     return 1 if problem else 0
+
+
+def _problem(args: list[str]) -> str | None:
+    delta = args[:1] == ["--delta"]
+    if len(args) != (7 if delta else 1):
+        return f"bad arguments: expected PATH or --delta and 6 more, got {len(args)}"
+    path = Path(args[1] if delta else args[0])
+    if delta and not (args[2].isdigit() and args[4].isdigit()):
+        return f"bad arguments: NUMEL and ROUND must be integers, got {args[2]!r}, {args[4]!r}"
+    limit = _mapped_bytes() + 3 * path.stat().st_size + SLACK_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if delta:
+        _, _, numel, job_id, round_, base, compression = args
+        return delta_problem(path, int(numel), job_id, int(round_), base, compression)
+    return first_problem(path)
 
 
 def _mapped_bytes() -> int:

@@ -121,9 +121,10 @@ def serve(parent_pid: int, idle_s: float, control_fd: int) -> int:
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if message[:1] in (b"F", b"C") and len(fds) == 3:
-            check = message[1:].decode().split("\0") if message[:1] == b"C" else None
-            pid = _fork("/" if check else message[1:].decode(), list(fds), control, check)
+        text = message[1:].decode(errors="replace")
+        if message[:1] in (b"F", b"C") and len(fds) == 3 and "\ufffd" not in text:
+            check = text.split("\0") if message[:1] == b"C" else None
+            pid = _fork("/" if check else text, list(fds), control, check)
             live.add(pid)
             reply = pid
         elif message[:1] == b"S" and len(message) == 1 + PID.size:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import trio
 
-from node.work.run.executor import _forks, _kill_group, _wait
-from node.work.run.forks import ForkServer, ForkServerGone
+from node.work.run.executor import kill_group, usable_fork_server, wait_exited
+from node.work.run.forks import ForkServerGone
 
 MAX_ANSWER_BYTES = 4096  # `ok` or one line naming the problem
 
@@ -21,8 +21,8 @@ async def check_forked(args: list[str]) -> tuple[int, str] | None:
     """Run `check_weights` with `args` in a child of this node's fork server: (its
     exit code, what it printed), or None without a usable server. Cancelled (the
     caller's time limit), the child is killed."""
-    server = _forks.get()
-    if not isinstance(server, ForkServer) or not server.usable():
+    server = usable_fork_server()
+    if server is None:
         return None
     try:
         proc, stdout_r = await trio.to_thread.run_sync(server.fork_check, args)
@@ -33,10 +33,10 @@ async def check_forked(args: list[str]) -> tuple[int, str] | None:
         async with trio.lowlevel.FdStream(stdout_r) as stdout:
             while len(answer) <= MAX_ANSWER_BYTES and (chunk := await stdout.receive_some()):
                 answer += chunk
-        code = await _wait(proc)
+        code = await wait_exited(proc)
     except BaseException:
-        _kill_group(proc)
+        kill_group(proc)
         with trio.CancelScope(shield=True):  # reaped by the server, asked once it is gone
-            await _wait(proc)
+            await wait_exited(proc)
         raise
     return code, answer[:MAX_ANSWER_BYTES].decode(errors="replace")

@@ -113,15 +113,15 @@ async def run_training(
                         log.info("runner isolation: %s", event)
                     else:
                         on_event(event)
-                await _wait(proc)
+                await wait_exited(proc)
                 watchers.cancel_scope.cancel()
         if deadline.cancelled_caught:
             raise UnitFailed(f"time limit of {time_limit_s / 3600:.2f} h exceeded")
     finally:
         pids.discard(proc.pid)
-        _kill_group(proc)
+        kill_group(proc)
         with trio.CancelScope(shield=True):
-            await _wait(proc)
+            await wait_exited(proc)
             await stdout.aclose()
     if over_quota:
         raise UnitFailed(over_quota[0])
@@ -234,6 +234,12 @@ async def warm_runners(folder: Path) -> None:
         _forks.set(await trio.to_thread.run_sync(ForkServer.start, folder, env, _spawn))
 
 
+def usable_fork_server() -> ForkServer | None:
+    """This node's fork server, when one runs and will not leave before it is asked."""
+    server = _forks.get()
+    return server if isinstance(server, ForkServer) and server.usable() else None
+
+
 async def _fork(cwd: Path, stderr_path: Path) -> _Runner | None:
     """A runner forked by the fork server, when one runs and answers."""
     server = _forks.get()
@@ -266,7 +272,7 @@ async def _drop(server: ForkServer) -> None:
     _forks.set(False if server.proc.returncode == UNSAFE else None)
 
 
-async def _wait(proc: subprocess.Popen | ForkedRunner) -> int:
+async def wait_exited(proc: subprocess.Popen | ForkedRunner) -> int:
     """Wait for the runner without a thread: its pidfd turns readable when it exits."""
     if proc.returncode is None:
         try:
@@ -300,7 +306,7 @@ def runner_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen | ForkedRunner) -> None:
+def kill_group(proc: subprocess.Popen | ForkedRunner) -> None:
     """The runner and everything it started: continued (if stopped), then killed."""
     for sig in (signal.SIGCONT, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -356,7 +362,7 @@ async def _disk_quota(
         await trio.sleep(DISK_CHECK_S)
         used = await trio.to_thread.run_sync(folder_bytes, workdir)
         if used > quota:
-            _kill_group(proc)
+            kill_group(proc)
             evidence = await trio.to_thread.run_sync(folder_bytes, workdir / "checkpoints")
             why = ""
             if evidence > used // 2:  # say what a user can change

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from training.run.forkserver import PID
@@ -97,42 +97,36 @@ class ForkServer:
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        fds = array.array("i", [stdin_r, stdout_w, err])
-        try:
-            pid = self._ask(b"F" + str(cwd).encode(), [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        except BaseException:
-            for fd in (stdin_w, stdout_r):
-                os.close(fd)
-            raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-        if pid <= 0:
-            os.close(stdin_w)
-            os.close(stdout_r)
-            raise ForkServerGone("the fork server could not fork a runner")
-        return ForkedRunner(pid, self), stdin_w, stdout_r
+        message = b"F" + str(cwd).encode()
+        child = self._fork_child(message, (stdin_r, stdout_w, err), (stdin_w, stdout_r))
+        return child, stdin_w, stdout_r
 
     def fork_check(self, args: list[str]) -> tuple[ForkedRunner, int]:
         """A check of a peer's file (`training.evidence.check_weights` `args`): (it,
         the read end of its stdout)."""
         stdout_r, stdout_w = os.pipe()
         null = os.open(os.devnull, os.O_RDWR)
-        fds = array.array("i", [null, stdout_w, null])
+        message = b"C" + "\0".join(args).encode()
+        return self._fork_child(message, (null, stdout_w, null), (stdout_r,)), stdout_r
+
+    def _fork_child(
+        self, message: bytes, theirs: tuple[int, int, int], ours: tuple[int, ...]
+    ) -> ForkedRunner:
+        """Have the server fork a child for `message` on `theirs` (its stdin, stdout
+        and stderr, closed here once sent); `ours`, the other ends of its pipes, are
+        closed too when it fails."""
+        fds = array.array("i", theirs)
         try:
-            pid = self._ask(
-                b"C" + "\0".join(args).encode(), [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
-            )
+            pid = self._ask(message, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except BaseException:
-            os.close(stdout_r)
+            _close(ours)
             raise
         finally:
-            os.close(null)
-            os.close(stdout_w)
+            _close(dict.fromkeys(theirs))  # one descriptor may stand for two
         if pid <= 0:
-            os.close(stdout_r)
-            raise ForkServerGone("the fork server could not fork a check")
-        return ForkedRunner(pid, self), stdout_r
+            _close(ours)
+            raise ForkServerGone("the fork server could not fork a child")
+        return ForkedRunner(pid, self)
 
     def status(self, pid: int) -> int:
         """The exit status of a runner that has exited (-1 if the server is gone)."""
@@ -156,6 +150,11 @@ class ForkServer:
         if len(reply) != PID.size:
             raise ForkServerGone("the fork server is gone")
         return PID.unpack(reply)[0]
+
+
+def _close(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _exited(pid: int) -> None:

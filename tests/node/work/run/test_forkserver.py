@@ -127,3 +127,45 @@ def test_a_peers_file_is_checked_in_a_child_of_the_fork_server(tmp_path: Path) -
     assert nan[0] == 1 and "holds NaN or Inf" in nan[1]
     for pid in training_processes(warm, "training.run.forkserver"):
         os.kill(pid, 9)
+
+
+def test_malformed_checks_fail_in_their_child_and_the_server_serves_on(tmp_path: Path) -> None:
+    """A check with missing or wrong arguments exits 1 naming the problem, a message
+    that is not UTF-8 is refused with no child forked, and the server still answers."""
+    good = tmp_path / "good.safetensors"
+    save_file({"w": np.ones(8, np.float32)}, str(good))
+    (tmp_path / "junk").write_bytes(b"\x00" * 64)
+    warm = tmp_path / "runners"
+
+    async def main() -> list:
+        from node.work.run.executor import usable_fork_server
+
+        await warm_runners(warm)
+        answers = [
+            await check_forked(args)
+            for args in (
+                [str(tmp_path / "missing")],
+                [str(tmp_path / "junk")],
+                ["--delta", str(good), "not a number", "j", "0", "b", "int4"],
+                ["--delta", str(good)],
+            )
+        ]
+        server = usable_fork_server()
+        assert server is not None
+        null = os.open(os.devnull, os.O_RDWR)
+        fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, np.array([null] * 3, np.int32).tobytes())]
+        try:
+            answers.append(server._ask(b"C\xff\xfe", fds))
+        finally:
+            os.close(null)
+        answers.append(await check_forked([str(good)]))
+        return answers
+
+    *failed, refused, ok = trio.run(main)
+    problems = ["No such file", "header", "must be integers", "got 2"]
+    for (code, printed), problem in zip(failed, problems, strict=True):
+        assert code == 1 and problem in printed and printed.count("\n") == 1, printed
+    assert refused == -1
+    assert ok == (0, "ok\n")
+    for pid in training_processes(warm, "training.run.forkserver"):
+        os.kill(pid, 9)
