@@ -62,7 +62,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 from protocol import Limits, ProtocolError, decode
 from protocol.rounds import MAX_SLOT
@@ -82,7 +82,7 @@ REQUEST_LIMITS = Limits(
     max_bin_len=0,
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-TASKS = (
+Task = Literal[
     "train",
     "replay",
     "elastic_init",
@@ -90,7 +90,8 @@ TASKS = (
     "elastic_outer",
     "elastic_validate",
     "model_shapes",
-)
+]
+TASKS: tuple[str, ...] = get_args(Task)
 
 
 class RequestError(ValueError):

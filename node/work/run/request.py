@@ -17,17 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from protocol.rounds import RoundShare
+from training.run.runner import Task  # what the runner does with the request
 
-#: what the runner does with the request (`training.run.runner.TASKS`)
-Task = Literal[
-    "train",
-    "replay",
-    "elastic_init",
-    "elastic_inner",
-    "elastic_outer",
-    "elastic_validate",
-    "model_shapes",
-]
 Device = Literal["auto", "cpu", "cuda"]
 
 

@@ -10,17 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlite_utils
 import trio
-from factories import capacity_ad, peer_id_of
+from contexts import offline_context
+from factories import peer_id_of
 from nacl.signing import SigningKey
 
-from node.identity import Identity
-from node.net.peers import PeerTable
-from node.preferences import Preferences
-from node.work.blobs import BlobStore
 from node.work.context import WorkContext
-from node.work.jobs import Job, JobStore, Unit
+from node.work.jobs import Job, Unit
 from node.work.trust import (
     Commitments,
     FetchedStates,
@@ -44,23 +40,7 @@ def _sha(i: int) -> str:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> WorkContext:
-    db = sqlite_utils.Database(tmp_path / "node.db")
-    identity = Identity(SigningKey.generate())
-    own = capacity_ad(identity.peer_id, 1)
-    return WorkContext(
-        identity=identity,
-        host=None,  # type: ignore[arg-type]  (no network: nothing is fetched here)
-        peers=PeerTable(db, ttl_s=60.0),
-        jobs=JobStore(db),
-        blobs=BlobStore(tmp_path),
-        data_dir=tmp_path,
-        own_ad=lambda: own,
-        policy=None,  # type: ignore[arg-type]
-        preferences=Preferences,
-        ledger=None,  # type: ignore[arg-type]
-        publish_receipt=None,  # type: ignore[arg-type]
-        publish_evidence=None,  # type: ignore[arg-type]
-    )
+    return offline_context(tmp_path)
 
 
 def _owner(ctx: WorkContext) -> tuple[Commitments, Unit]:

@@ -9,19 +9,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import sqlite_utils
 import trio
-from factories import capacity_ad
-from nacl.signing import SigningKey
+from contexts import offline_context
 
-from node.identity import Identity
-from node.net.peers import PeerTable
-from node.preferences import Preferences
-from node.work.blobs import BlobStore
 from node.work.context import WorkContext
-from node.work.jobs import JobStore
 from node.work.trust import model_shapes
-from protocol import Policy
 from training.errors import SpecError
 from training.evidence.result_check import delta_numel, expected_tensors, known_shapes
 from training.spec.job import parse_spec, spec_to_plain
@@ -53,23 +45,7 @@ class CountingContext(WorkContext):
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> CountingContext:
-    db = sqlite_utils.Database(tmp_path / "node.db")
-    identity = Identity(SigningKey.generate())
-    own = capacity_ad(identity.peer_id, 1)
-    context = CountingContext(
-        identity=identity,
-        host=None,  # type: ignore[arg-type]  (no network: nothing is fetched here)
-        peers=PeerTable(db, ttl_s=60.0),
-        jobs=JobStore(db),
-        blobs=BlobStore(tmp_path),
-        data_dir=tmp_path,
-        own_ad=lambda: own,
-        policy=Policy,
-        preferences=Preferences,
-        ledger=None,  # type: ignore[arg-type]
-        publish_receipt=None,  # type: ignore[arg-type]
-        publish_evidence=None,  # type: ignore[arg-type]
-    )
+    context = offline_context(tmp_path, CountingContext)
     context.tasks = []
     return context
 
