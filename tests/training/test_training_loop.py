@@ -17,7 +17,8 @@ from training.errors import TrainingError
 from training.model.weights import weights_bytes
 from training.run.local import train_local
 from training.run.optim import lr_factor
-from training.spec.job import OptimSpec, parse_spec
+from training.spec.job import parse_spec
+from training.spec.optim import OptimSpec
 
 
 def make_spec(text: str) -> object:

@@ -16,7 +16,10 @@ import numpy as np
 from training.data import formats
 from training.data.sources import TOKEN_FORMATS
 from training.errors import SpecError
-from training.spec.job import CharTransformerSpec, DataSpec, JobSpec, ProgramSpec, local_files
+from training.spec.data import DataSpec
+from training.spec.job import JobSpec, local_files
+from training.spec.model import CharTransformerSpec
+from training.spec.program import ProgramSpec
 
 DIGITS_SAMPLES, DIGITS_FEATURES, DIGITS_CLASSES = 1797, 64, 10
 SYNTHETIC_SAMPLES, SYNTHETIC_FEATURES = 1024, 8

@@ -16,7 +16,7 @@ from torch import nn
 from training.model.dropout import Dropout
 from training.model.layers import LAYER_TYPES
 from training.model.plan import ModelPlan
-from training.spec.job import CharTransformerSpec
+from training.spec.model import CharTransformerSpec
 
 
 class LayerStack(nn.Module):

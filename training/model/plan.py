@@ -18,14 +18,14 @@ from typing import Any
 from training.data.info import DatasetInfo
 from training.errors import SpecError
 from training.model.layers import IMAGE_INPUT, SEQUENCE_INPUT, SHAPE_AGNOSTIC, Shape, propagate
-from training.spec.job import (
+from training.spec.model import (
     CharTransformerSpec,
     CnnSpec,
     LayerStackSpec,
     MlpSpec,
     ModelSpec,
-    ProgramSpec,
 )
+from training.spec.program import ProgramSpec
 
 ACTIVATION_LAYERS = {"relu": "ReLU", "gelu": "GELU", "tanh": "Tanh", "silu": "SiLU"}
 

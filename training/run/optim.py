@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from training.spec.job import OptimSpec
+from training.spec.optim import OptimSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -7,6 +7,8 @@ docs/jobspec.md.
 
 - `job`: the job spec (`JobSpec`): what to train, on which data, how, what it needs;
   `parse_spec`, `load_spec`, `spec_to_plain`.
+- `model`, `data`, `optim`: the `[model]` (declarative archs), `[data]` and `[optim]`
+  tables, each parsed and written back as plain data.
 - `fields`: typed, path-naming reads from a parsed TOML table.
 - `start`: `model.init` and `model.trainable`, for every arch (fine-tuning).
 - `program`: a program's `[model]` table (`arch = "program"`; docs/programs.md).
