@@ -56,7 +56,7 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
     lock = threading.Lock()
 
     def remember(spec_plain: dict[str, Any], data_file: DataFiles, value: T) -> None:
-        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
+        key = _memo_key(spec_plain, data_file)
         with lock:
             memo[key] = value
             memo.move_to_end(key)
@@ -69,7 +69,7 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
         data_file: DataFiles = None,
         locate: Callable[[str], Path] | None = None,
     ) -> T:
-        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
+        key = _memo_key(spec_plain, data_file)
         with lock:
             if key in memo:
                 memo.move_to_end(key)
@@ -79,13 +79,16 @@ def _memo_by_spec(fn: Callable[..., T]) -> Callable[..., T]:
         return value
 
     def peek(spec_plain: dict[str, Any], data_file: DataFiles = None) -> T | None:
-        key = json.dumps([spec_plain, data_file], sort_keys=True, default=str)
         with lock:
-            return memo.get(key)
+            return memo.get(_memo_key(spec_plain, data_file))
 
     memoized.remember = remember  # type: ignore[attr-defined]
     memoized.peek = peek  # type: ignore[attr-defined]
     return memoized
+
+
+def _memo_key(spec_plain: dict[str, Any], data_file: DataFiles) -> str:
+    return json.dumps([spec_plain, data_file], sort_keys=True, default=str)
 
 
 class WeightsRejected(ValueError):
