@@ -87,6 +87,14 @@ def _fork(cwd: str, fds: list[int], control: socket.socket, check: list[str] | N
         os._exit(code)
 
 
+def _text(raw: bytes) -> str | None:
+    """A message's UTF-8 text (a cwd, or a check's arguments), or None if it is not."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def serve(parent_pid: int, idle_s: float, control_fd: int) -> int:
     from training.run.isolation import die_with_parent
 
@@ -121,8 +129,8 @@ def serve(parent_pid: int, idle_s: float, control_fd: int) -> int:
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        text = message[1:].decode(errors="replace")
-        if message[:1] in (b"F", b"C") and len(fds) == 3 and "\ufffd" not in text:
+        text = _text(message[1:])
+        if message[:1] in (b"F", b"C") and len(fds) == 3 and text is not None:
             check = text.split("\0") if message[:1] == b"C" else None
             pid = _fork("/" if check else text, list(fds), control, check)
             live.add(pid)
