@@ -303,28 +303,40 @@ def _gpt_job(folder: Path, corpus: Path, workers: int, rounds: int, inner: int) 
     return spec
 
 
+# (starts, spot checks): the defaults, eager starts, and the defaults without checks
+UTILISATION_RUNS = (("default", True), ("eager", True), ("default", False))
+
+
 def utilisation(
     root: Path, workers: int, rounds: int, inners: list[int], width: int, model: str = "char"
 ) -> Result:
-    """Each H twice: with the default spot checks of every share, and with none; the
-    demo's character model, or (`model = "gpt"`) the program GPT on sharded data."""
+    """Each H three times: at the defaults, with `elastic.eager`, and with no spot
+    checks; the demo's character model, or (`model = "gpt"`) the program GPT on
+    sharded data."""
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     result = Result(
         f"elastic: worker utilisation ({model})",
-        ["H", "spot checks", "round s", "utilisation per worker", "from round 1"],
+        ["H", "starts", "spot checks", "round s", "utilisation per worker", "from round 1"],
     )
     for inner in inners:
-        for checked in (True, False):
-            name = f"h{inner}-{'checked' if checked else 'unchecked'}"
+        for starts, checked in UTILISATION_RUNS:
+            name = f"h{inner}-{starts}-{'checked' if checked else 'unchecked'}"
             with _network(root / name, workers) as net:
-                spec: str | Path = _spec(corpus, workers, rounds, inner, workers, width)
+                job_file = None  # the GPT's spec names its files relative to its folder
                 if model == "gpt":
-                    spec = _gpt_job(root / f"{name}-job", corpus, workers, rounds, inner)
-                    with spec.open("a") as handle:
-                        handle.write("" if checked else UNCHECKED)
-                else:
-                    spec += "" if checked else UNCHECKED
+                    job_file = _gpt_job(root / f"{name}-job", corpus, workers, rounds, inner)
+                text = (
+                    job_file.read_text()
+                    if job_file
+                    else _spec(corpus, workers, rounds, inner, workers, width)
+                )
+                if starts == "eager":
+                    text = text.replace("[elastic]\n", "[elastic]\neager = true\n", 1)
+                spec: str | Path = text + ("" if checked else UNCHECKED)
+                if job_file:
+                    job_file.write_text(str(spec))
+                    spec = job_file
                 job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
                 assert job["state"] == "completed", job["reason"]
                 rounds_ = job["rounds"]
@@ -333,10 +345,10 @@ def utilisation(
                 later = rounds_[-1]["closed_at"] - first
                 shares = [_train_seconds(n, job["id"]) / wall for n in net.nodes[1:]]
                 steady = [_train_seconds(n, job["id"], units) / later for n in net.nodes[1:]]
-            checks = "default" if checked else "off"
             result.add(
                 inner,
-                checks,
+                starts,
+                "default" if checked else "off",
                 wall / rounds,
                 ", ".join(f"{s:.2f}" for s in shares),
                 ", ".join(f"{s:.2f}" for s in steady),

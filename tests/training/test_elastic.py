@@ -35,6 +35,11 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
     plain = spec_to_plain(spec)
     assert plain["elastic"]["outer_lr"] == 1.0 and plain["elastic"]["compression"] == "int4"
     assert parse_spec(plain) == spec
+    # eager starts are off, and left out so, as specs from before the key read
+    assert not spec.elastic.eager and "eager" not in plain["elastic"]
+    eager = parse_spec(_spec(eager=True))
+    assert spec_to_plain(eager)["elastic"]["eager"] is True
+    assert parse_spec(spec_to_plain(eager)) == eager
 
 
 @pytest.mark.parametrize(
@@ -43,6 +48,7 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
         ({"elastic": {"workers": 0}}, "elastic.workers"),
         ({"elastic": {"workers": 2, "min_workers": 3}}, "elastic.min_workers"),
         ({"elastic": {"compression": "fp8"}}, "elastic.compression"),
+        ({"elastic": {"eager": "yes"}}, "elastic.eager"),
         ({"elastic": {"outer_momentum": 1.0}}, "elastic.outer_momentum"),
         ({"elastic": {"round_timeout_s": 3}}, "elastic.round_timeout_s"),
         ({"elastic": {"inner_step": 5}}, "elastic.inner_step is not a known key"),
@@ -119,16 +125,20 @@ def _runner(
     return result
 
 
-@pytest.mark.parametrize(("compression", "fraction"), [("int8", 1 / 3), ("int4", 1 / 6)])
+@pytest.mark.parametrize(
+    ("compression", "fraction", "eager"),
+    [("int8", 1 / 3, True), ("int4", 1 / 6, True), ("int4", 1 / 6, False)],
+)
 def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
-    tmp_path: Path, compression: str, fraction: float
+    tmp_path: Path, compression: str, fraction: float, eager: bool
 ) -> None:
     """The network path's arithmetic, step by step through runner requests (as on the
-    owner and on each worker), against train-local's simulation. From round 1 on each
-    share starts eagerly, from the round before's weights and its slot's delta of that
-    round; in round 2 slot 0's worker rebuilds those weights from the ones before and
-    the owner's quantized update, slot 1's (a newcomer) fetches them whole."""
-    spec = spec_to_plain(parse_spec(_spec(compression=compression, rounds=3)))
+    owner and on each worker), against train-local's simulation. Each share starts
+    from its round's weights, or `eager`ly from round 1 on, from the round before's
+    weights and its slot's delta of that round; slot 0's worker rebuilds the weights
+    it starts from out of the ones before and the owner's quantized update (eager:
+    from round 2 on), slot 1's (a newcomer) fetches them whole."""
+    spec = spec_to_plain(parse_spec(_spec(compression=compression, rounds=3, eager=eager)))
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
@@ -144,8 +154,10 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
         previous, deltas = deltas, []
         for slot in range(2):
             start = {"weights": file_sha256(weights[r])}
-            if r >= 1:  # eager: from the weights before the outer step, and its own delta
+            if eager and r >= 1:  # from the weights before the outer step, and its own delta
                 start = {"weights": file_sha256(weights[r - 1]), "start_delta": previous[slot]}
+            rebuilds = slot == 0 and r >= (2 if eager else 1)
+            held = r - 1 if eager else r  # the round whose weights the share starts from
             share = _runner(
                 tmp_path,
                 spec,
@@ -158,15 +170,15 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
                 kept=states.get(slot),
                 state_out="state.safetensors",
                 **start,
-                **(way_down[r - 1] if slot == 0 and r >= 2 else {}),
+                **(way_down[held] if rebuilds else {}),
             )
-            if slot == 0 and r >= 2:
+            if rebuilds:
                 rebuilt = share["folder"] / "weights.safetensors"
-                assert file_sha256(rebuilt) == file_sha256(weights[r - 1])
+                assert file_sha256(rebuilt) == file_sha256(weights[held])
             states[slot] = share["folder"] / "state.safetensors"
             blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
             deltas.append(share["weights_sha256"])
-        bases = [file_sha256(weights[max(0, r - 1)])] * 2
+        bases = [file_sha256(weights[max(0, r - 1) if eager else r])] * 2
         previous_momentum = momentum
         outer = _runner(
             tmp_path,

@@ -65,7 +65,7 @@ def simulate(
             deltas, bases, losses, delta_bytes = [], [], [], 0
             for slot in range(elastic.workers):
                 start, base = weights, None
-                if before is not None:  # eager: from the round before's weights and delta
+                if before is not None and elastic.eager:  # from the round before's and a delta
                     start = eager_start(
                         run,
                         before,
@@ -98,8 +98,12 @@ def simulate(
                 update_out=update,
                 bases=bases,
             )
-            # round r's shares start from round r - 1's weights (round 0: its own)
-            bytes_out = sizes[max(0, r - 1)] * elastic.workers if r != 1 else 0
+            # what each worker fetches: round r's weights (eager: round r - 1's, and
+            # round 1 nothing, its start is built from what the worker holds)
+            if elastic.eager:
+                bytes_out = sizes[max(0, r - 1)] * elastic.workers if r != 1 else 0
+            else:
+                bytes_out = sizes[r] * elastic.workers
             sizes.append(update.stat().st_size if update.exists() else new_weights.stat().st_size)
             for path in [*kept, update, before, momentum]:
                 if path is not None:

@@ -63,6 +63,9 @@ class ElasticSpec:
     compression: str = "int4"  # both ways on the wire: blockwise int8 or int4, or float32
     round_timeout_s: float = 0.0  # 0: adaptive (see node/work/owner/modes/elastic.py)
     delta_clip: float = 2.0  # a delta's norm is capped at this x the round's median (0: off)
+    # start a slot's next share before the round closes (training.elastic.starts): off,
+    # it cost 1-7% of final loss on jobs of 6-20 rounds (docs/design/elastic.md)
+    eager: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.elastic is not None:
         plain["elastic"] = dataclasses.asdict(spec.elastic)
+        if spec.elastic.eager == ElasticSpec.eager:  # left out at its default, like [trust]
+            del plain["elastic"]["eager"]
     if spec.sweep is not None:
         plain["sweep"] = spec.sweep.to_plain()
     if spec.trust != TrustSpec():  # left out at its defaults: specs from before it stay equal
@@ -288,6 +293,7 @@ def _parse_elastic(section: Section) -> ElasticSpec:
         compression=section.string("compression", "int4", choices=COMPRESSIONS),
         round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
         delta_clip=section.number("delta_clip", ElasticSpec.delta_clip, lo=0, hi=1e6),
+        eager=section.boolean("eager", ElasticSpec.eager),
     )
     section.finish()
     if elastic.min_workers > elastic.workers:

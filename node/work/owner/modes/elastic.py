@@ -19,11 +19,12 @@ One task per elastic job drives its rounds (`drive`). A round:
    next round trains (`_validations`, one round after another); the job completes
    once the last round's figures are in.
 
-Rounds overlap: the moment a slot's delta is fetched (`delta_fetched`), the slot's
-share of the next round is offered (`_offer_ahead`), starting eagerly from this
-round's weights and that delta (`training.elastic.starts`), so no worker waits for
-the checks or the outer step. A slot of a round whose delta of the round before came
-in starts that way whenever it is offered; docs/design/elastic.md.
+With `elastic.eager` rounds overlap: the moment a slot's delta is fetched
+(`delta_fetched`), the slot's share of the next round is offered (`_offer_ahead`),
+starting eagerly from this round's weights and that delta (`training.elastic.starts`),
+so no worker waits for the checks or the outer step. A slot of a round whose delta of
+the round before came in starts that way whenever it is offered. Off by default: it
+costs final loss on jobs of tens of rounds (docs/design/elastic.md).
 
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
 slowest applied share of the last closed round (at least 60 s; 600 s before any round
@@ -304,7 +305,7 @@ class ElasticRounds(ManyUnits):
         (`training.elastic.starts`), so its worker trains on while this round's other
         deltas, their checks and its outer step are still to come."""
         following = current.round + 1
-        if following >= int(job.spec["elastic"]["rounds"]):
+        if not _eager(job) or following >= int(job.spec["elastic"]["rounds"]):
             return
         started = {u.slot for u in self._units(job.id, following, "done", *LIVE_UNIT_STATES)}
         waiting = [slot for slot in self._delivered(job.id, current.round) if slot not in started]
@@ -323,7 +324,7 @@ class ElasticRounds(ManyUnits):
         """Start an offer of each of `slots` of `round_` that has a peer to ask; how many
         started (each peer asked joins `busy`). A slot whose delta of the round before
         came in starts eagerly from it; others from the round's own weights."""
-        delivered = self._delivered(job.id, round_ - 1)
+        delivered = self._delivered(job.id, round_ - 1) if _eager(job) else {}
         previous = {  # who held each slot: its kept inner optimizer state is there
             u.slot: u.worker
             for u in self._units(job.id, round_ - 1, "done", "expired", "verifying")
@@ -429,3 +430,8 @@ class ElasticRounds(ManyUnits):
                 "history": history[-500:],
             },
         )
+
+
+def _eager(job: Job) -> bool:
+    """Whether the job's shares start eagerly (`elastic.eager`, left out when off)."""
+    return bool(job.spec["elastic"].get("eager", False))
