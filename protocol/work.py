@@ -9,6 +9,7 @@ worker learns the spec, the blob grant and the job key. Worker -> owner: a signe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -282,18 +283,33 @@ class ProgressAck:
     have: int = 0
     keep: tuple[int, ...] = ()
     drop: tuple[int, ...] = ()
+    # a round's share that takes its round's global weights on its way
+    # (`ElasticSpec.takes_weights_at`), once the round before closed: their sha256,
+    # the `RoundUpdate` that gives them from the weights the share started from ("":
+    # fetch them whole), and a `BlobGrant` envelope to fetch that one blob
+    weights_sha256: str = ""
+    update_sha256: str = ""
+    weights_grant: bytes = b""
+
+
+MAX_ACK_GRANT_BYTES = 8 * 1024
 
 
 def encode_progress_ack(ack: ProgressAck) -> bytes:
-    return encode(
-        {
-            "ok": ack.ok,
-            "reason": ack.reason[:1000],
-            "have": ack.have,
-            "keep": list(ack.keep),
-            "drop": list(ack.drop),
+    value = {
+        "ok": ack.ok,
+        "reason": ack.reason[:1000],
+        "have": ack.have,
+        "keep": list(ack.keep),
+        "drop": list(ack.drop),
+    }
+    if ack.weights_sha256:
+        value |= {
+            "weights_sha256": ack.weights_sha256,
+            "update_sha256": ack.update_sha256,
+            "weights_grant": ack.weights_grant,
         }
-    )
+    return encode(value)
 
 
 def decode_progress_ack(data: bytes) -> ProgressAck:
@@ -312,7 +328,24 @@ def decode_progress_ack(data: bytes) -> ProgressAck:
         or not all(type(i) is int and 0 <= i < MAX_CHECKPOINTS for i in indices)
     ):
         raise DecodeError("a progress acknowledgement with bad checkpoint decisions")
-    return ProgressAck(value["ok"], str(value.get("reason", ""))[:1000], have, *map(tuple, lists))
+    ack = ProgressAck(value["ok"], str(value.get("reason", ""))[:1000], have, *map(tuple, lists))
+    if "weights_sha256" not in value:
+        return ack
+    weights, update, grant = (
+        value.get(k) for k in ("weights_sha256", "update_sha256", "weights_grant")
+    )
+    require(isinstance(weights, str), "ProgressAck.weights_sha256", "must be a string")
+    require_sha256(weights, "ProgressAck.weights_sha256")
+    require(isinstance(update, str), "ProgressAck.update_sha256", "must be a string")
+    require_sha256(update, "ProgressAck.update_sha256", allow_empty=True)
+    require(
+        isinstance(grant, bytes) and 0 < len(grant) <= MAX_ACK_GRANT_BYTES,
+        "ProgressAck.weights_grant",
+        f"must be 1..{MAX_ACK_GRANT_BYTES} bytes",
+    )
+    return dataclasses.replace(
+        ack, weights_sha256=weights, update_sha256=update, weights_grant=grant
+    )
 
 
 def decode_ack(data: bytes) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ class HeldWeights:
     def __init__(self, blobs: BlobStore) -> None:
         self._blobs = blobs
         self._held: dict[str, str] = {}  # job id -> sha256 of its newest global weights
+        self._stale: set[str] = set()  # weights held before, still read by a unit here
 
     def rebuilds(self, job_id: str, share: RoundShare) -> bool:
         """Whether this share's weights come as the update to weights held here."""
@@ -36,8 +37,12 @@ class HeldWeights:
 
     def keep(self, job_id: str, sha: str, in_use: set[str]) -> None:
         """`sha` (in the blob store) is the newest weights of `job_id` held here; the
-        ones before go unless a unit still training here reads them."""
+        ones before go once no unit here reads them (`in_use`: a share that took its
+        round's weights on its way still names those it started from)."""
         before = self._held.get(job_id)
         self._held[job_id] = sha
-        if before and before != sha and before not in in_use:
-            self._blobs.remove(before)
+        if before and before != sha:
+            self._stale.add(before)
+        for old in self._stale - in_use - set(self._held.values()):
+            self._blobs.remove(old)
+            self._stale.discard(old)

@@ -31,12 +31,14 @@ from node.work.held_weights import HeldWeights
 from node.work.offers import NO_ID, Declined
 from node.work.run import (
     REBUILT_WEIGHTS,
+    TAKEN_WEIGHTS,
     RequestBuilder,
     UnitFailed,
     inner_state_for,
     keep_inner_state,
     share_request,
 )
+from node.work.taken_weights import fetch_taken, takes_weights
 from node.work.trust import MAX_HELD, HeldStates, drawn_by_commitment, spot_checked
 from protocol import (
     ProtocolError,
@@ -45,7 +47,6 @@ from protocol import (
 )
 from protocol.blobs import BlobGrant
 from protocol.names import PROGRESS_PROTOCOL
-from protocol.rounds import RoundShare
 from protocol.work import (
     WORK_LIMITS,
     Progress,
@@ -62,6 +63,7 @@ T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
 MIN_HEARTBEAT_S = 0.1  # heartbeats come at most this often, checkpoints or not
+TAKES_HEARTBEAT_S = 0.2  # ... and this often while a share waits for its round's weights
 OWNER_BACK_S = 60.0  # an owner unreachable while we fetch: the time a restart may take
 
 
@@ -80,6 +82,9 @@ class RunningUnit:
     held_lock: trio.Lock = field(default_factory=trio.Lock)  # heartbeats vs. the result
     committed: trio.Event = field(default_factory=trio.Event)  # a new state to commit to
     evidence_grant: bytes = b""  # the worker's grant to the states the owner asked for
+    takes: bool = False  # an eager share that takes its round's weights on its way
+    taking: bool = False  # ... and fetches them now
+    taken: str = ""  # ... the blob it fetched for them
 
 
 class WorkerRole:
@@ -165,7 +170,7 @@ class WorkerRole:
         ctx.grant_keys[(pkg.job_id, pkg.unit_id)] = pkg.job_key
         try:
             async with trio.open_nursery() as heartbeat:
-                heartbeat.start_soon(self._heartbeat, unit)
+                heartbeat.start_soon(self._heartbeat, unit, heartbeat)
                 outcome = await self._outcome(unit)
                 unit.phase = "uploading"  # heartbeats hold the lease while it is delivered
                 ctx.release(pkg.unit_id)  # its runner is gone: room for the next unit
@@ -258,7 +263,8 @@ class WorkerRole:
         request = self._runner_request(unit.spec, {s: str(ctx.blobs.path(s)) for s in blobs}, out)
         if share is not None:  # one share of an elastic round: it returns a delta
             kept = inner_state_for(ctx.data_dir, pkg.job_id, share.slot, share.round)
-            request = share_request(request, pkg.job_id, share, kept, out, rebuilds)
+            unit.takes = takes_weights(unit.spec, share)
+            request = share_request(request, pkg.job_id, share, kept, out, rebuilds, unit.takes)
         if share is None and spot_checked(unit.spec):  # the owner evaluates the weights
             request = request.without_final_validation()
         if pkg.resume is not None:  # it goes on from a lost unit's state
@@ -290,7 +296,7 @@ class WorkerRole:
             await trio.to_thread.run_sync(
                 keep_inner_state, ctx.data_dir, pkg.job_id, share.slot, share.round, state
             )
-            await self._keep_weights(pkg.job_id, share, rebuilds, out.parent)
+            await self._keep_weights(unit, rebuilds, out.parent)
         unit.phase = "uploading"
         sha = await trio.to_thread.run_sync(ctx.blobs.put_file, out)
         size = ctx.blobs.size(sha)
@@ -336,13 +342,15 @@ class WorkerRole:
             checkpoints=checkpoints,
         )
 
-    async def _keep_weights(
-        self, job_id: str, share: RoundShare, rebuilt: bool, folder: Path
-    ) -> None:
-        """The round's weights stay as the base of the job's next update; a used
-        update goes."""
-        others = [u for u in self.units.values() if u.package.round_share is not share]
-        in_use = {sha for u in others for sha in u.package.blobs}
+    async def _keep_weights(self, unit: RunningUnit, rebuilt: bool, folder: Path) -> None:
+        """The round's weights (or those the share took on its way) stay as the base
+        of the job's next update; a used update goes."""
+        job_id, share = unit.package.job_id, unit.package.round_share
+        assert share is not None
+        others = [u for u in self.units.values() if u is not unit]
+        in_use = {sha for u in others for sha in [*u.package.blobs, u.taken]}
+        if unit.taken:  # its own delivery reads the weights it started from
+            in_use.add(share.weights_sha256)
         if rebuilt:
             path = folder / REBUILT_WEIGHTS
             size = self.ctx.blobs.size(share.update_sha256)
@@ -357,7 +365,19 @@ class WorkerRole:
                 size,
                 path.stat().st_size,
             )
-        self._weights.keep(job_id, share.weights_sha256, in_use)
+        newest = share.weights_sha256
+        if unit.taken:
+            size = self.ctx.blobs.size(unit.taken)
+            newest = await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / TAKEN_WEIGHTS)
+            if unit.taken != newest and unit.taken not in in_use:  # the update they came as
+                self.ctx.blobs.remove(unit.taken)
+            log.info(
+                "job %s: round %d's weights taken on the share's way, from a %d-byte blob",
+                job_id,
+                share.round,
+                size,
+            )
+        self._weights.keep(job_id, newest, in_use)
 
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:
         return Result(pkg.job_id, pkg.unit_id, False, error[:4000], "", 0, b"", retryable=retryable)
@@ -369,10 +389,12 @@ class WorkerRole:
             return "paused"
         return unit.phase
 
-    async def _heartbeat(self, unit: RunningUnit) -> None:
+    async def _heartbeat(self, unit: RunningUnit, nursery: trio.Nursery) -> None:
         """Progress to the owner every second, and soon after each new checkpoint (its
         commitment); the answer renews the lease or says stop, and decides which
-        committed states the worker keeps for the owner and which may go."""
+        committed states the worker keeps for the owner and which may go. A share
+        that takes its round's weights on its way asks more often until the answer
+        names them, and fetches them (in `nursery`)."""
         pkg = unit.package
         interval = min(HEARTBEAT_S, pkg.lease_s / 3)
         reached = True  # whether the last heartbeat got an answer
@@ -411,6 +433,9 @@ class WorkerRole:
                     unit.scope.cancel()
                     return
                 await self._decided(unit, ack)
+                if ack.weights_sha256 and unit.takes and not (unit.taken or unit.taking):
+                    unit.taking = True
+                    nursery.start_soon(self._take, unit, ack)
                 if not reached:
                     log.info("unit %s: owner %s answers again", pkg.unit_id, unit.owner)
                 reached = True
@@ -421,10 +446,22 @@ class WorkerRole:
                 # libp2p would refuse to dial it for 60 s: longer than the owner waits
                 # after its restart for this heartbeat
                 self.ctx.host.allow_redial(unit.owner)
-            with trio.move_on_after(interval):
+            waiting = unit.takes and not unit.taken
+            with trio.move_on_after(TAKES_HEARTBEAT_S if waiting else interval):
                 await unit.committed.wait()
             unit.committed = trio.Event()
             await trio.sleep(MIN_HEARTBEAT_S)
+
+    async def _take(self, unit: RunningUnit, ack: ProgressAck) -> None:
+        """Fetch the round's weights the owner named, for the runner to take."""
+        pkg = unit.package
+        folder = self.ctx.unit_dir(pkg.unit_id)
+        try:
+            unit.taken = await fetch_taken(self.ctx, unit.owner, pkg, unit.spec, ack, folder)
+        except Exception as exc:  # the next answer names them again
+            log.info("unit %s: the round's weights not fetched (%s)", pkg.unit_id, exc)
+        finally:
+            unit.taking = False
 
     async def _decided(self, unit: RunningUnit, ack: ProgressAck) -> None:
         """Keep what the owner will replay until it has it; let the rest go."""

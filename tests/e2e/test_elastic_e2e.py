@@ -27,10 +27,14 @@ def _receipts(node: LocalNode, job_id: str) -> set[tuple[str, str]]:
         return set(rows.fetchall())
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["default", "eager"])
+@pytest.mark.parametrize("overlap", [None, 0.0, 1.0], ids=["default", "none", "never-taken"])
 def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
-    localnet: LocalNetwork, tmp_path: Path, eager: bool
+    localnet: LocalNetwork, tmp_path: Path, overlap: float | None
 ) -> None:
+    """Three workers, three rounds: the weights are train-local's, bit for bit, with
+    each way of overlapping rounds: by default a share starts eagerly and takes its
+    round's weights after a quarter of its steps; with `overlap = 0` it waits for
+    them; with 1 it starts eagerly and never takes them."""
     owner = localnet.add(["--not-accepting"])
     workers = localnet.add_many(3)
     localnet.wait_all_see_each_other(timeout=30)
@@ -41,7 +45,7 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
         inner_steps=20,
         rounds=3,
         hidden=(32,),
-        extra="eager = true" if eager else "",
+        extra="" if overlap is None else f"overlap = {overlap}",
     )
     job = request_json(owner.api, "POST", "/api/v1/jobs", {"spec": spec})
     done = owner.wait_job_end(job["id"], 240)
@@ -55,19 +59,23 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
         assert r["val_loss"] is not None
     assert rounds[-1]["val_loss"] < rounds[0]["val_loss"]
     notes = [e["note"] for e in done["timeline"]]
-    # round 0's weights whole; then each round's from the round before's and how they
-    # changed. Eager: round 1 starts from round 0's weights and the worker's own delta,
-    # both held, and round 2 from round 1's weights
-    updates = ["round 1's weights update"] + ([] if eager else ["round 2's weights update"])
+    # round 0's weights whole; then each round's update, except when a share starts
+    # eagerly and never takes them: round 1 then starts from round 0's weights and the
+    # worker's own delta, both held, and round 2 from round 1's weights
+    eager, never = overlap != 0.0, overlap == 1.0
+    updates = ["round 1's weights update"] + ([] if never else ["round 2's weights update"])
+    log = "weights rebuilt from the round before's" if never else "weights taken on the share's way"
+    if not eager:
+        log = "weights rebuilt from the round before's"
     for worker in workers:  # on loopback each fetch of the weights takes the data channel
         fetched = [n for n in notes if "'s weights" in n and worker.peer_id in n]
         assert [n.split(" (")[0] for n in fetched] == ["round 0's weights", *updates], notes
         assert fetched[0].endswith("(direct channel)"), notes
-        assert "weights rebuilt from the round before's" in worker.log_tail(400)
+        assert log in worker.log_tail(400)
     assert rounds[0]["bytes_out"] >= rounds[0]["full_bytes"]  # the weights, whole, to each
     # 4-bit updates (the default): about an eighth of the weights
     assert 0 < rounds[2]["bytes_out"] < rounds[2]["full_bytes"] / 6, rounds[2]
-    if eager:
+    if never:
         assert rounds[1]["bytes_out"] == 0, rounds[1]
     else:
         assert 0 < rounds[1]["bytes_out"] < rounds[1]["full_bytes"] / 6, rounds[1]

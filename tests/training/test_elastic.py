@@ -4,6 +4,7 @@ and the runner's elastic tasks giving bitwise the weights of train-local's simul
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import tomllib
 from pathlib import Path
@@ -36,10 +37,12 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
     assert plain["elastic"]["outer_lr"] == 1.0 and plain["elastic"]["compression"] == "int4"
     assert parse_spec(plain) == spec
     # eager starts are off, and left out so, as specs from before the key read
-    assert not spec.elastic.eager and "eager" not in plain["elastic"]
-    eager = parse_spec(_spec(eager=True))
-    assert spec_to_plain(eager)["elastic"]["eager"] is True
+    assert spec.elastic.overlap == 0.25 and "overlap" not in plain["elastic"]
+    assert spec.elastic.takes_weights_at == 3  # of 10 inner steps
+    eager = parse_spec(_spec(overlap=1))
+    assert spec_to_plain(eager)["elastic"]["overlap"] == 1
     assert parse_spec(spec_to_plain(eager)) == eager
+    assert eager.elastic.takes_weights_at == 10  # never: the guess stays
 
 
 @pytest.mark.parametrize(
@@ -48,7 +51,7 @@ def test_an_elastic_spec_round_trips_with_every_default_written_out() -> None:
         ({"elastic": {"workers": 0}}, "elastic.workers"),
         ({"elastic": {"workers": 2, "min_workers": 3}}, "elastic.min_workers"),
         ({"elastic": {"compression": "fp8"}}, "elastic.compression"),
-        ({"elastic": {"eager": "yes"}}, "elastic.eager"),
+        ({"elastic": {"overlap": 1.5}}, "elastic.overlap"),
         ({"elastic": {"outer_momentum": 1.0}}, "elastic.outer_momentum"),
         ({"elastic": {"round_timeout_s": 3}}, "elastic.round_timeout_s"),
         ({"elastic": {"inner_step": 5}}, "elastic.inner_step is not a known key"),
@@ -103,7 +106,7 @@ def _runner(
     """One runner request in its own folder; `kept` is the inner state a worker kept,
     copied in beside the request's output as the worker does."""
     folder = tmp_path / name
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # a share's notice of its round's weights may be there
     if kept is not None:
         shutil.copyfile(kept, folder / "state_in.safetensors")
         elastic["state_in"] = str(folder / "state_in.safetensors")
@@ -126,19 +129,22 @@ def _runner(
 
 
 @pytest.mark.parametrize(
-    ("compression", "fraction", "eager"),
-    [("int8", 1 / 3, True), ("int4", 1 / 6, True), ("int4", 1 / 6, False)],
+    ("compression", "fraction", "overlap"),
+    [("int8", 1 / 3, 0.25), ("int4", 1 / 6, 0.25), ("int4", 1 / 6, 1.0), ("int4", 1 / 6, 0.0)],
 )
 def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
-    tmp_path: Path, compression: str, fraction: float, eager: bool
+    tmp_path: Path, compression: str, fraction: float, overlap: float
 ) -> None:
     """The network path's arithmetic, step by step through runner requests (as on the
-    owner and on each worker), against train-local's simulation. Each share starts
-    from its round's weights, or `eager`ly from round 1 on, from the round before's
-    weights and its slot's delta of that round; slot 0's worker rebuilds the weights
-    it starts from out of the ones before and the owner's quantized update (eager:
-    from round 2 on), slot 1's (a newcomer) fetches them whole."""
-    spec = spec_to_plain(parse_spec(_spec(compression=compression, rounds=3, eager=eager)))
+    owner and on each worker), against train-local's simulation. With `overlap` 0
+    each share starts from its round's weights; else from round 1 on eagerly, from
+    the round before's weights and its slot's delta of that round, and (below 1)
+    takes its round's weights after a quarter of its steps: slot 0 rebuilds them
+    from the ones before and the owner's quantized update, slot 1 is handed them
+    whole. Without overlap slot 0 rebuilds the weights it starts from, slot 1 (a
+    newcomer) fetches them whole."""
+    spec = spec_to_plain(parse_spec(_spec(compression=compression, rounds=3, overlap=overlap)))
+    eager, takes = overlap > 0, 0 < overlap < 1
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
@@ -156,8 +162,16 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             start = {"weights": file_sha256(weights[r])}
             if eager and r >= 1:  # from the weights before the outer step, and its own delta
                 start = {"weights": file_sha256(weights[r - 1]), "start_delta": previous[slot]}
-            rebuilds = slot == 0 and r >= (2 if eager else 1)
+            rebuilds = slot == 0 and not takes and r >= (2 if eager else 1)
             held = r - 1 if eager else r  # the round whose weights the share starts from
+            if takes and r >= 1:  # told where the round's weights are, as the worker is
+                notice = tmp_path / f"r{r}s{slot}" / "takes.json"
+                notice.parent.mkdir()
+                whole = {"weights": str(weights[r])}
+                rebuilt = {"update": str(blobs[way_down[r]["update"]])}
+                told = {"weights_sha256": file_sha256(weights[r]), **(whole if slot else rebuilt)}
+                notice.write_text(json.dumps(told))
+                start |= {"takes": str(notice), "takes_out": "taken.safetensors"}
             share = _runner(
                 tmp_path,
                 spec,
@@ -175,10 +189,13 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             if rebuilds:
                 rebuilt = share["folder"] / "weights.safetensors"
                 assert file_sha256(rebuilt) == file_sha256(weights[held])
+            if takes and r >= 1:
+                taken = share["folder"] / "taken.safetensors"
+                assert file_sha256(taken) == file_sha256(weights[r])
             states[slot] = share["folder"] / "state.safetensors"
             blobs[share["weights_sha256"]] = share["folder"] / "out.bin"
             deltas.append(share["weights_sha256"])
-        bases = [file_sha256(weights[max(0, r - 1) if eager else r])] * 2
+        bases = [file_sha256(weights[max(0, r - 1) if eager and not takes else r])] * 2
         previous_momentum = momentum
         outer = _runner(
             tmp_path,

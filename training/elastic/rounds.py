@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 
 from protocol.rounds import CODE_BITS, RoundDelta, decode_round_delta
 from training.elastic.flat import flatten, float_names, unflatten
+from training.elastic.starts import take_weights
 from training.elastic.updates import RESIDUAL, compress_change, write_update
 from training.errors import TrainingError
 from training.evidence.checkpoints import Course
@@ -151,16 +152,26 @@ def inner_round(
     checkpoint_dir: Path | None = None,
     hold: Hold = NO_BOUND,
     base_sha256: str | None = None,
+    takes: Callable[[], Path] | None = None,
 ) -> InnerOutcome:
     """Train one share of a round from `weights`; the inner optimizer state goes from
     `state_in` (None: a worker new to this job starts fresh) to `state_out`. With
     `checkpoint_dir`, the training state is written there at `share_checkpoints`
     (never more of them at once than `hold` allows) and `InnerOutcome.evidence` lists
     the files' sha256. `base_sha256`: the global weights an eager start was built from
-    (`training.elastic.starts`; default: `weights`' own)."""
+    (`training.elastic.starts`; default: `weights`' own). An eager share that `takes`
+    the round's global weights calls it after `takes_weights_at` steps (it returns
+    their file once they are there) and moves to them; its delta is then theirs."""
     spec = run.spec
     model = _load_model(run, weights)
     course = share_course(run, slot, round_)
+    taken: list[Path] = []
+
+    def take(step: int, optimizer: torch.optim.Optimizer) -> None:
+        if step == elastic_of(spec).takes_weights_at and takes is not None:
+            taken.append(takes())
+            take_weights(run, model, weights, taken[0])
+
     with deterministic(course.batch_seed):
         optimizer = make_optimizer(spec.optim, model.parameters())
         if state_in is not None:
@@ -178,17 +189,20 @@ def inner_round(
             optimizer=optimizer,
             batch_seed=course.batch_seed,
             validate=False,
+            after_step=take if takes is not None else None,
         )
         train_seconds = time.monotonic() - began
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
+    if takes is not None and not taken:
+        raise TrainingError("the share never reached the step where it takes the round's weights")
     message = round_delta(
         run,
         job_id=job_id,
         round_=round_,
         slot=slot,
-        weights=weights,
+        weights=taken[0] if taken else weights,
         trained=model.state_dict(),
-        base_sha256=base_sha256,
+        base_sha256=None if taken else base_sha256,
     )
     return InnerOutcome(
         message,

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +61,13 @@ def simulate(
         before: Path | None = None  # the round before's global weights (eager starts)
         kept: list[Path] = []  # the round before's deltas, in slot order
         sizes = [weights.stat().st_size]  # what a worker fetches to hold each round's weights
+        eager, takes_weights = elastic.eager, elastic.takes_weights
         for r in range(elastic.rounds):
             round_began = time.monotonic()
             deltas, bases, losses, delta_bytes = [], [], [], 0
             for slot in range(elastic.workers):
-                start, base = weights, None
-                if before is not None and elastic.eager:  # from the round before's and a delta
+                start, base, takes = weights, None, None
+                if before is not None and eager:  # from the round before's and a delta
                     start = eager_start(
                         run,
                         before,
@@ -76,7 +78,9 @@ def simulate(
                         slot=slot,
                     )
                     base = file_sha256(before)
-                outcome = train_share(slot_runs[slot], folder, start, r, slot, base)
+                    if takes_weights:  # ... and takes the round's own on its way
+                        takes = partial(Path, weights)
+                outcome = train_share(slot_runs[slot], folder, start, r, slot, base, takes)
                 path = folder / f"delta-{r}-{slot}.bin"
                 path.write_bytes(encode_round_delta(outcome.delta))
                 deltas.append(path)
@@ -98,9 +102,9 @@ def simulate(
                 update_out=update,
                 bases=bases,
             )
-            # what each worker fetches: round r's weights (eager: round r - 1's, and
-            # round 1 nothing, its start is built from what the worker holds)
-            if elastic.eager:
+            # what each worker fetches: round r's weights (eager, never taking them:
+            # round r - 1's, and round 1 nothing, its start built from what it holds)
+            if eager and not takes_weights:
                 bytes_out = sizes[max(0, r - 1)] * elastic.workers if r != 1 else 0
             else:
                 bytes_out = sizes[r] * elastic.workers
@@ -160,12 +164,18 @@ def _slot_runs(spec: JobSpec, run: Prepared, data_file: DataFiles, device: str) 
 
 
 def train_share(
-    run: Prepared, folder: Path, weights: Path, round_: int, slot: int, base: str | None = None
+    run: Prepared,
+    folder: Path,
+    weights: Path,
+    round_: int,
+    slot: int,
+    base: str | None = None,
+    takes: Callable[[], Path] | None = None,
 ) -> InnerOutcome:
     """Slot `slot`'s share of round `round_` from `weights` (an eager start built from
-    the global weights `base`), as the slot's worker trains it: from the inner
-    optimizer state the slot kept in `folder` (none in its first round), which it
-    leaves there for the slot's next round."""
+    the global weights `base`, which `takes` the round's on its way), as the slot's
+    worker trains it: from the inner optimizer state the slot kept in `folder` (none
+    in its first round), which it leaves there for the slot's next round."""
     state = folder / f"inner-{slot}.safetensors"
     kept = folder / f"inner-{slot}-next.safetensors"
     outcome = inner_round(
@@ -178,6 +188,7 @@ def train_share(
         state_out=kept,
         emit=lambda event: None,
         base_sha256=base,
+        takes=takes,
     )
     kept.replace(state)
     return outcome

@@ -5,14 +5,19 @@ last delta, its check and the outer step before it could train round r + 1. An
 eager start does not wait: slot s starts round r + 1 from the newest global weights
 it can hold, round r's own, minus `outer_lr` times its own delta of round r, the
 step the outer step would take if its delta were the round's mean (the "eager
-updates" variant of DiLoCo; docs/design/elastic.md measures what it costs). The
-outer step of round r + 1 then applies each delta to round r + 1's global weights as
-always, whatever point its share started from.
+updates" variant of DiLoCo).
 
-The start is computed, never sent: the worker, the owner's replay and `train-local`
-each build it here, from the same two files, with two correctly rounded float32
-operations per value (a product, then a difference, never fused), so all agree to
-the bit on any CPU.
+That guess lacks the other workers' deltas; trained from all the way, it cost 1-7 %
+of the final loss in jobs of 6-20 rounds (docs/design/elastic.md). So after
+`ElasticSpec.takes_weights_at` steps, by when round r + 1's weights exist, the share
+takes them (`take_weights`): every trained value moves by the new weights minus the
+guess, and the share goes on as if it had started from them, its delta taken from
+them. The outer step of round r + 1 then applies each delta to the weights it names.
+
+The start and the move are computed, never sent: the worker, the owner's replay and
+`train-local` each do them here, from the same files, with two correctly rounded
+float32 operations per value (a product and a difference; a difference and a sum;
+never fused), so all agree to the bit on any CPU.
 """
 
 from __future__ import annotations
@@ -75,3 +80,17 @@ def eager_start(
     step = torch.mul(values, elastic.outer_lr)
     write_weights(out, unflatten(state, names, torch.sub(params, step)), run.metadata)
     return out
+
+
+def take_weights(run: Prepared, model: torch.nn.Module, start: Path, weights: Path) -> None:
+    """Move an eager share's `model`, trained from `start` (its guess), as if it had
+    started from the round's global `weights`: each float value (the delta's, by
+    name) plus (`weights` - `start`). Its optimizer state stays as it is."""
+    guess = load_file(str(start), device="cpu")
+    target = load_file(str(weights), device="cpu")
+    state = model.state_dict()
+    with torch.no_grad():
+        for name in float_names(guess, run.frozen):
+            if name not in target or target[name].shape != guess[name].shape:
+                raise TrainingError(f"the round's weights do not fit the share: {name}")
+            state[name].add_(torch.sub(target[name], guess[name]).to(state[name].device))

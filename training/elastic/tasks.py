@@ -7,8 +7,11 @@ beside `out`). See `training.run.runner` for the request as a whole.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +24,17 @@ from training.data.info import DataFiles
 from training.elastic import rounds as elastic
 from training.elastic.starts import eager_start
 from training.elastic.updates import rebuild_weights
-from training.errors import SpecError
+from training.errors import SpecError, TrainingError
 from training.evidence.result_check import model_shapes
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
-from training.run.execute import emit_started, prepare
+from training.run.execute import Prepared, emit_started, prepare
 from training.run.loop import Emit
 from training.spec.fields import Section
 from training.spec.job import JobSpec
 
 BlobFile = Callable[[str], Path]  # sha256 -> its checked file
+NOTICE_POLL_S = 0.005  # how often a share that takes its round's weights looks for them
 
 
 def run_elastic_task(
@@ -112,8 +116,12 @@ def _inner(
     state_out = _beside(out, section.string("state_out", max_len=4096), "state_out")
     rebuild = _rebuild_request(section, out, blob_file) if section.has("update") else None
     start_delta = section.string("start_delta", None, max_len=64)
+    notice = _beside(out, section.string("takes", None, max_len=4096), "takes")
+    taken = _beside(out, section.string("takes_out", None, max_len=4096), "takes_out")
     section.finish()
     assert state_out is not None
+    if (notice is None) != (taken is None) or (notice is not None and start_delta is None):
+        raise SpecError("request.elastic.takes and takes_out come together, with start_delta")
     run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     if rebuild is None:
@@ -132,9 +140,11 @@ def _inner(
             )
         except (DecodeError, TooLarge) as exc:
             raise SpecError(f"request.elastic.update: {exc}") from None
-    base = None
+    base, takes = None, None
     if start_delta is not None:  # eager: from the round before's weights and own delta
         base = weights_sha
+        if notice is not None and taken is not None:
+            takes = partial(_awaited_weights, run, notice, weights, taken, job_id, round_)
         weights = eager_start(
             run,
             weights,
@@ -156,6 +166,7 @@ def _inner(
         checkpoint_dir=checkpoint_dir,
         hold=hold,
         base_sha256=base,
+        takes=takes,
     )
     write_atomic(out, encode_round_delta(outcome.delta))
     result = {
@@ -217,6 +228,34 @@ def _outer(
     if update_out is not None and update_out.is_file():  # an int8 job's way down
         result["update_sha256"] = file_sha256(update_out)
     return result
+
+
+def _awaited_weights(
+    run: Prepared, notice: Path, base: Path, out: Path, job_id: str, round_: int
+) -> Path:
+    """The round's global weights, once the worker's `notice` (JSON: their
+    `weights_sha256`, and the file of the owner's `update` from `base`, or of the
+    `weights` whole) is there; written to `out`, their hash checked."""
+    deadline = time.monotonic() + run.spec.requirements.max_hours * 3600
+    while not notice.is_file():
+        if time.monotonic() > deadline:
+            raise TrainingError("the round's weights never came (requirements.max_hours)")
+        time.sleep(NOTICE_POLL_S)
+    try:
+        told = json.loads(notice.read_text())
+        sha, update, whole = told["weights_sha256"], told.get("update"), told.get("weights")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrainingError(f"the notice of the round's weights is unreadable: {exc}") from None
+    if update:
+        try:
+            rebuild_weights(run, base, Path(update), out, job_id=job_id, round_=round_, weights=sha)
+        except (DecodeError, TooLarge) as exc:
+            raise TrainingError(f"the round's weights update: {exc}") from None
+        return out
+    if not whole or file_sha256(Path(whole)) != sha:
+        raise TrainingError("the round's weights are not those the owner named")
+    shutil.copyfile(whole, out)
+    return out
 
 
 def _rebuild_request(section: Section, out: Path, blob_file: BlobFile) -> tuple[Path, Path, Path]:

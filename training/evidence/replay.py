@@ -10,7 +10,8 @@ The request's `replay` table:
      "final_replayed": bool (optional),     a share's: its delta from the replayed
                                              segment that ends it, not from `final`
      "share": {"job_id", "round", "slot", "weights": sha256,
-               "start_delta": sha256 (optional)} (optional)}
+               "start_delta": sha256 (optional),
+               "takes": sha256 (optional)} (optional)}
                                              an elastic round's share, not a whole run
 
 For each segment the state in blob `from` (the worker's checkpoint at `start`) is
@@ -30,7 +31,10 @@ Its checkpoint 0 is not built from the seed: it is the share's start (the global
 `training.elastic.starts`), the inner optimizer state the worker brought (taken from
 its checkpoint 0: it is the worker's own) and the slot's seeded RNG, so `init`
 rebuilds exactly that and hashes it (another start, or weights not the share's:
-another hash). `final` is turned into the share's `RoundDelta` against its start, as
+another hash). An eager share that `takes` its round's weights on its way moves to
+them after `takes_weights_at` steps in the replay where the worker did (a segment
+starting there starts from the state before the move). `final` is turned into the
+share's `RoundDelta` against its start (or the weights it took), as
 the worker's runner builds it; its sha256 must be the delta's. With `final_replayed` the delta is
 built from the state the replay of the share's last segment ended on instead: when
 that state's hash is the worker's last checkpoint (the owner compares), it is the
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +59,7 @@ from protocol.ids import is_id
 from protocol.rounds import MAX_ROUND, MAX_SLOT, encode_round_delta
 from training.data.info import DataFiles
 from training.elastic.rounds import round_delta, share_course
-from training.elastic.starts import eager_start
+from training.elastic.starts import eager_start, take_weights
 from training.elastic.tasks import BlobFile
 from training.errors import SpecError
 from training.evidence.checkpoints import (
@@ -146,11 +151,12 @@ def run_replay(
             if not 0 <= start < end <= total:
                 raise SpecError(f"request.replay: segment {start}..{end} is not within 0..{total}")
             state = load(source, start)
+            walk = _Walk(run, state, course, _take(run, share, begins, start, end))
             before_last = {}
             if claimed:  # the last step's own movement: the measure across device kinds
-                advance(run, state, end - 1, course)
+                walk.to(end - 1)
                 before_last = {k: v.clone() for k, v in state.model.state_dict().items()}
-            advance(run, state, end, course)
+            walk.to(end)
             result["ends"].append(
                 save_checkpoint(scratch, state.model, state.optimizer, end, run.device)
             )
@@ -173,9 +179,9 @@ def run_replay(
                 job_id=share.job_id,
                 round_=share.round,
                 slot=share.slot,
-                weights=begins,
+                weights=share.takes or begins,
                 trained=state.model.state_dict(),
-                base_sha256=file_sha256(share.weights),
+                base_sha256=file_sha256(share.takes or share.weights),
             )
             result["weights_sha256"] = hashlib.sha256(encode_round_delta(delta)).hexdigest()
         elif final:
@@ -196,6 +202,7 @@ class _Share:
     slot: int
     weights: Path  # the global weights it starts from
     start_delta: Path | None  # an eager start's delta (`training.elastic.starts`)
+    takes: Path | None  # the round's weights an eager start takes on its way
 
 
 def _share(section: Section, blob_file: BlobFile) -> _Share:
@@ -206,8 +213,53 @@ def _share(section: Section, blob_file: BlobFile) -> _Share:
     slot = section.integer("slot", lo=0, hi=MAX_SLOT - 1)
     weights = blob_file(section.string("weights", max_len=64))
     start_delta = section.string("start_delta", None, max_len=64)
+    takes = section.string("takes", None, max_len=64)
     section.finish()
-    return _Share(job_id, round_, slot, weights, blob_file(start_delta) if start_delta else None)
+    if takes is not None and start_delta is None:
+        raise SpecError("request.replay.share.takes is for an eager start, with start_delta")
+    return _Share(
+        job_id,
+        round_,
+        slot,
+        weights,
+        blob_file(start_delta) if start_delta else None,
+        blob_file(takes) if takes else None,
+    )
+
+
+Take = tuple[int, Callable[[TrainState], None]]
+
+
+def _take(
+    run: Prepared, share: _Share | None, begins: Path | None, start: int, end: int
+) -> Take | None:
+    """Where in the segment `start`..`end` an eager share takes its round's weights
+    (`training.elastic.starts.take_weights`), and the move: after step
+    `takes_weights_at`, whose checkpoint holds the state before it."""
+    if share is None or share.takes is None or begins is None or run.spec.elastic is None:
+        return None
+    at, taken = run.spec.elastic.takes_weights_at, share.takes
+    if not start <= at < end:
+        return None
+    return at, lambda state: take_weights(run, state.model, begins, taken)
+
+
+@dataclass
+class _Walk:
+    """A segment's replay, step by step to where it is asked to go, taking the
+    round's weights on its way where the share did."""
+
+    run: Prepared
+    state: TrainState
+    course: Course
+    take: Take | None
+
+    def to(self, step: int) -> None:
+        if self.take is not None and self.take[0] <= step:
+            advance(self.run, self.state, self.take[0], self.course)
+            self.take[1](self.state)
+            self.take = None
+        advance(self.run, self.state, step, self.course)
 
 
 def _share_start(run: Prepared, claimed: TrainState, weights: Path, course: Course) -> TrainState:

@@ -30,7 +30,7 @@ from training.evidence.writer import NO_BOUND, Hold, checkpoints_written
 from training.model.modules import build_model
 from training.model.plan import ModelPlan, plan_model
 from training.model.weights import write_weights
-from training.run.loop import Emit, LoopResult, evaluate, train
+from training.run.loop import Emit, LoopResult, OnStep, evaluate, train
 from training.run.optim import make_loss
 from training.spec.job import JobSpec
 
@@ -238,14 +238,19 @@ def train_with_evidence(
     total_steps: int,
     plan: CheckpointPlan,
     emit: Emit,
+    after_step: OnStep | None = None,
     **loop: Any,
 ) -> tuple[LoopResult, dict[str, Any]]:
-    """`train` (`loop`: its other keywords) writing the checkpoints `plan` names;
-    its outcome, and what the result reports of the evidence: every checkpoint's
-    sha256 and the most states (and bytes) its folder held at once (nothing without
-    checkpoints)."""
+    """`train` (`loop`: its other keywords) writing the checkpoints `plan` names, and
+    calling `after_step` after each step's checkpoint (an eager share takes its round's
+    weights there); its outcome, and what the result reports of the evidence: every
+    checkpoint's sha256 and the most states (and bytes) its folder held at once
+    (nothing without checkpoints)."""
     folder, steps, hold = plan.folder, plan.steps, plan.hold
     with checkpoints_written(run, model, folder, steps, emit, hold) as writer:
+        on_step = writer.on_step if writer else None
+        if after_step is not None:
+            on_step = _in_turn(on_step, after_step)
         outcome = train(
             model,
             run.data,
@@ -255,13 +260,22 @@ def train_with_evidence(
             total_steps=total_steps,
             device=run.device,
             emit=emit,
-            on_step=writer.on_step if writer else None,
+            on_step=on_step,
             **loop,
         )
         if writer is None:
             return outcome, {}
         shas = writer.close()
     return outcome, {"checkpoints": shas, "evidence_peak": dataclasses.asdict(writer.peak)}
+
+
+def _in_turn(first: OnStep | None, then: OnStep) -> OnStep:
+    def both(step: int, optimizer: torch.optim.Optimizer) -> None:
+        if first is not None:
+            first(step, optimizer)
+        then(step, optimizer)
+
+    return both
 
 
 def validate(run: Prepared, model: torch.nn.Module) -> dict[str, float]:

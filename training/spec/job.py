@@ -63,9 +63,33 @@ class ElasticSpec:
     compression: str = "int4"  # both ways on the wire: blockwise int8 or int4, or float32
     round_timeout_s: float = 0.0  # 0: adaptive (see node/work/owner/modes/elastic.py)
     delta_clip: float = 2.0  # a delta's norm is capped at this x the round's median (0: off)
-    # start a slot's next share before the round closes (training.elastic.starts): off,
-    # it cost 1-7% of final loss on jobs of 6-20 rounds (docs/design/elastic.md)
-    eager: bool = False
+    # the share of a round's steps a worker trains from a guess of the round's weights
+    # (training.elastic.starts; docs/design/elastic.md#rounds-that-overlap)
+    overlap: float = 0.25
+
+    @property
+    def takes_weights_at(self) -> int:
+        """See `overlap_step`."""
+        return overlap_step(self.overlap, self.inner_steps)
+
+    @property
+    def eager(self) -> bool:
+        """Whether a slot's share starts before the round before closed."""
+        return self.takes_weights_at > 0
+
+    @property
+    def takes_weights(self) -> bool:
+        """Whether an eager share takes its round's weights on its way."""
+        return 0 < self.takes_weights_at < self.inner_steps
+
+
+def overlap_step(overlap: float, inner_steps: int) -> int:
+    """After how many of its steps an eager share takes its round's global weights:
+    0 when shares do not start eagerly (`overlap` 0), `inner_steps` when they never
+    take them (`overlap` 1; the guess stays in the share's delta)."""
+    if overlap <= 0:
+        return 0
+    return min(inner_steps, max(1, int(overlap * inner_steps + 0.5)))
 
 
 @dataclass(frozen=True)
@@ -203,8 +227,8 @@ def spec_to_plain(spec: JobSpec) -> dict[str, Any]:
     }
     if spec.elastic is not None:
         plain["elastic"] = dataclasses.asdict(spec.elastic)
-        if spec.elastic.eager == ElasticSpec.eager:  # left out at its default, like [trust]
-            del plain["elastic"]["eager"]
+        if spec.elastic.overlap == ElasticSpec.overlap:  # left out at its default
+            del plain["elastic"]["overlap"]
     if spec.sweep is not None:
         plain["sweep"] = spec.sweep.to_plain()
     if spec.trust != TrustSpec():  # left out at its defaults: specs from before it stay equal
@@ -282,6 +306,12 @@ def with_blob_shards(spec: JobSpec, shas: list[str]) -> JobSpec:
     return dataclasses.replace(spec, data=dataclasses.replace(spec.data, shards=shards))
 
 
+def elastic_of_plain(plain: dict[str, Any]) -> ElasticSpec:
+    """The `[elastic]` table of a plain spec already checked (`spec_to_plain`), for a
+    node that holds the spec as data and builds no model."""
+    return _parse_elastic(Section(plain.get("elastic", {}), "elastic"))
+
+
 def _parse_elastic(section: Section) -> ElasticSpec:
     elastic = ElasticSpec(
         workers=section.integer("workers", 4, lo=1, hi=1024),
@@ -293,7 +323,7 @@ def _parse_elastic(section: Section) -> ElasticSpec:
         compression=section.string("compression", "int4", choices=COMPRESSIONS),
         round_timeout_s=section.number("round_timeout_s", 0.0, lo=0, hi=7 * 24 * 3600),
         delta_clip=section.number("delta_clip", ElasticSpec.delta_clip, lo=0, hi=1e6),
-        eager=section.boolean("eager", ElasticSpec.eager),
+        overlap=section.number("overlap", ElasticSpec.overlap, lo=0, hi=1),
     )
     section.finish()
     if elastic.min_workers > elastic.workers:

@@ -11,6 +11,7 @@ training re-attaches with its next heartbeat, and one that is gone expires as us
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -94,7 +95,10 @@ class Leases:
             mode.resumable(job),
             metric in CHECKED_REPORTS,
         )
-        return encode_progress_ack(await self.commitments.heard(job, unit, terms, progress))
+        ack = await self.commitments.heard(job, unit, terms, progress)
+        if ack.ok and (taking := mode.weights_to_take(job, unit)):
+            ack = dataclasses.replace(ack, **taking)
+        return encode_progress_ack(ack)
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:
         """The job's timeline says when a worker's volunteer pauses its unit, and when

@@ -29,7 +29,7 @@ from training.evidence.result_check import (
     check_weights_values,
     max_weights_bytes,
 )
-from training.spec.job import relay_blob_bytes
+from training.spec.job import elastic_of_plain, relay_blob_bytes
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ async def fetch_and_check(
     start_delta: str = "",
 ) -> Fetched:
     """Fetch the weights (a round's share: its delta of `delta_round`, from that
-    round's weights, or from the round before's for an eager start, `start_delta`)
+    round's weights, or from the round before's for an eager start, `start_delta`,
+    that did not take the round's on its way)
     under the worker's grant, at most the plan's size, and check them; what fails is
     not kept."""
     grant = weights_grant(ctx, peer, result)
@@ -85,7 +86,8 @@ async def fetch_and_check(
     path = ctx.blobs.path(result.weights_sha256)
     try:
         if delta_round is not None:
-            started = RoundStore(ctx.jobs.db).share_weights(job.id, delta_round, start_delta)
+            takes = elastic_of_plain(spec).takes_weights
+            started = RoundStore(ctx.jobs.db).delta_base(job.id, delta_round, start_delta, takes)
             if not started:
                 raise WeightsRejected(f"round {delta_round} of this job is unknown here")
             await check_delta_file(

@@ -21,7 +21,14 @@ or a hostile spec ends the subprocess, never the daemon. Imports nothing else of
 from node.work.run.availability import Availability, TrainingDays, keep_checking
 from node.work.run.checks import check_forked
 from node.work.run.executor import UnitFailed, run_training, runner_env, warm_runners
-from node.work.run.request import REBUILT_WEIGHTS, RequestBuilder, RunnerRequest, share_request
+from node.work.run.request import (
+    REBUILT_WEIGHTS,
+    TAKEN_WEIGHTS,
+    TAKES_NOTICE,
+    RequestBuilder,
+    RunnerRequest,
+    share_request,
+)
 from node.work.run.unit_folders import (
     inner_state_for,
     keep_inner_state,
@@ -31,6 +38,8 @@ from node.work.run.unit_folders import (
 
 __all__ = [
     "REBUILT_WEIGHTS",
+    "TAKEN_WEIGHTS",
+    "TAKES_NOTICE",
     "Availability",
     "RequestBuilder",
     "RunnerRequest",

@@ -124,6 +124,8 @@ RequestBuilder = Callable[[dict[str, Any], dict[str, str], Path], RunnerRequest]
 
 
 REBUILT_WEIGHTS = "weights_in.safetensors"  # a share's weights, rebuilt beside `out`
+TAKES_NOTICE = "takes.json"  # where the round's weights an eager share takes are
+TAKEN_WEIGHTS = "weights_taken.safetensors"  # those weights, as the runner rebuilt them
 
 
 def share_request(
@@ -133,11 +135,13 @@ def share_request(
     kept: Path | None,
     out: Path,
     rebuild: bool = False,
+    takes: bool = False,
 ) -> RunnerRequest:
     """The runner request for one share of a round: the kept inner state (copied in
     beside `out`, since the runner reads nothing else of this node's), an eager
     start's delta, the files it writes back and, to `rebuild` the share's weights from
-    the round before's and the owner's update, those two and where the weights go."""
+    the round before's and the owner's update, those two and where the weights go.
+    A share that `takes` its round's weights on its way waits for their notice."""
     elastic: dict[str, Any] = {
         "job_id": job_id,
         "round": share.round,
@@ -151,6 +155,9 @@ def share_request(
         elastic["base"] = share.base_sha256
         elastic["update"] = share.update_sha256
         elastic["weights_out"] = str(out.parent / REBUILT_WEIGHTS)
+    if takes:
+        elastic["takes"] = str(out.parent / TAKES_NOTICE)
+        elastic["takes_out"] = str(out.parent / TAKEN_WEIGHTS)
     if kept is not None and kept.is_file():
         out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         state_in = out.parent / "state_in.safetensors"

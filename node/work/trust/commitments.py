@@ -248,7 +248,7 @@ class Commitments:
             table["segments"].append(segment)
         owned: set[str] = set()
         if delta_round is not None:
-            table["share"] = self._replays.share_table(unit)
+            table["share"] = self._replays.share_table(unit, spec)
             owned |= share_blobs(table["share"])
         shas = {chain.shas[i] for i in needed_states(ready, cross, False)} | owned
         replay = await self._replays.run(job, unit, spec, table, shas)

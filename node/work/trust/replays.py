@@ -23,6 +23,7 @@ from node.work.run import RequestBuilder
 from node.work.trust.shapes import model_shapes
 from training.evidence.bounds import BF16_TOLERANCE, TOLERANCE
 from training.evidence.result_check import max_weights_bytes
+from training.spec.job import elastic_of_plain
 
 
 def tolerance_of(spec: dict[str, Any]) -> float:
@@ -135,16 +136,21 @@ class Replays:
             await self.steps(job, spec, False)
         return self._state_limits[job.id]
 
-    def share_table(self, unit: Unit) -> dict[str, Any]:
-        """The replay's `share` table for an elastic `unit`: which round and slot, from
-        which weights (and for an eager start, which delta)."""
+    def share_table(self, unit: Unit, spec: dict[str, Any]) -> dict[str, Any]:
+        """The replay's `share` table for an elastic `unit` of a job of plain `spec`:
+        which round and slot, from which weights (and for an eager start, which
+        delta, and which weights it took on its way)."""
         store = RoundStore(self.ctx.jobs.db)
         started = store.share_weights(unit.job_id, unit.round, unit.start_delta)
-        if not started:
+        takes = elastic_of_plain(spec).takes_weights
+        taken = store.delta_base(unit.job_id, unit.round, unit.start_delta, takes)
+        if not started or not taken:
             raise RuntimeError(f"round {unit.round} of this job is unknown here")
         table = {"job_id": unit.job_id, "round": unit.round, "slot": unit.slot, "weights": started}
         if unit.start_delta:
             table["start_delta"] = unit.start_delta
+        if taken != started:
+            table["takes"] = taken
         return table
 
     async def run(
@@ -164,8 +170,8 @@ class Replays:
 
 def share_blobs(share: dict[str, Any]) -> set[str]:
     """The blobs of this node's own that a replay's `share` table names: the global
-    weights the share started from, and an eager start's delta."""
-    return {share["weights"], *([share["start_delta"]] if "start_delta" in share else [])}
+    weights the share started from, an eager start's delta, the weights it took."""
+    return {share["weights"], *(share[k] for k in ("start_delta", "takes") if k in share)}
 
 
 def _total_steps(parsed: Any, data: Any) -> int:

@@ -282,7 +282,7 @@ class SpotChecks:
 
     def _share(self, sub: Submitted) -> dict[str, Any]:
         assert sub.delta_round is not None
-        return self.replays.share_table(sub.unit)
+        return self.replays.share_table(sub.unit, sub.spec)
 
     async def _replay(
         self,

@@ -42,12 +42,15 @@ from typing import Any
 
 import trio
 
+from node.work.blobs import issue_grant
 from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit
+from node.work.offers import GRANT_SLACK_S
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import round_closed_reason
 from node.work.owner.modes.mode import ManyUnits, OwnerParts
 from node.work.owner.modes.round_tasks import RoundTasks
 from protocol.rounds import RoundShare
+from training.spec.job import elastic_of_plain
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,8 @@ class ElasticRounds(ManyUnits):
         self.tasks = RoundTasks(self.ctx, parts.runner_request)  # runner tasks on this node
         # bytes fetched for eager shares before their round opened: (job, round) -> bytes
         self._ahead_bytes: dict[tuple[str, int], int] = {}
+        # unit -> its grant to the weights it takes on its way (`weights_to_take`)
+        self._take_grants: dict[str, bytes] = {}
 
     # -- the engine's hooks (`JobMode`) -------------------------------------------------
 
@@ -84,11 +89,39 @@ class ElasticRounds(ManyUnits):
             self.store.sent(unit.job_id, unit.round, size)  # the round's bytes down
         if sha == unit.start_delta:
             return f"round {unit.round - 1}'s delta of slot {unit.slot} (an eager start)"
+        taken = self.store.get(unit.job_id, unit.round - 1) if unit.start_delta else None
+        if taken is not None and sha == taken.next_update_sha256:  # taken on its way
+            return f"round {unit.round}'s weights update"
+        if taken is not None and sha == taken.next_weights_sha256:
+            return f"round {unit.round}'s weights"
         weights_round = unit.round - 1 if unit.start_delta else unit.round
         before = self.store.get(unit.job_id, weights_round - 1) if weights_round else None
         if before is not None and sha == before.next_update_sha256:
             return f"round {weights_round}'s weights update"
         return f"round {weights_round}'s weights"
+
+    def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
+        """For an eager share that takes its round's weights on its way, once the
+        round before closed: their hash, the update that gives them from the weights
+        it started from (else it fetches them whole), and a grant to fetch that blob
+        (`ProgressAck`). Nothing for any other unit, or before."""
+        if not unit.start_delta or not elastic_of_plain(job.spec).takes_weights:
+            return {}
+        before = self.store.get(job.id, unit.round - 1)
+        if before is None or before.state != "closed" or not before.next_weights_sha256:
+            return {}
+        blob = before.next_update_sha256 or before.next_weights_sha256
+        if unit.unit_id not in self._take_grants:
+            valid_s = job.max_hours * 3600 + GRANT_SLACK_S
+            size = self.ctx.blobs.size(blob)
+            self._take_grants[unit.unit_id] = issue_grant(
+                self.ctx, job.id, unit.unit_id, unit.worker, [blob], size, valid_s
+            )
+        return {
+            "weights_sha256": before.next_weights_sha256,
+            "update_sha256": before.next_update_sha256,
+            "weights_grant": self._take_grants[unit.unit_id],
+        }
 
     def delta_fetched(self, unit: Unit, sha: str, size: int) -> None:
         """The slot's next share may start from this delta while it is checked
@@ -99,6 +132,7 @@ class ElasticRounds(ManyUnits):
     def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
         """A share that failed its check also ends its worker's later shares of the
         job: an eager one started from the delta that failed."""
+        self._take_grants.pop(unit.unit_id, None)
         super().unit_lost(unit, reason, state, at_fault)
         if state != "failed" or not at_fault:
             return
@@ -111,6 +145,7 @@ class ElasticRounds(ManyUnits):
         """A round's delta, checked: its unit is done; the round applies the delta
         when it closes."""
         result = checked.result
+        self._take_grants.pop(unit.unit_id, None)
         how = "checked" if checked.status == "verified" else "taken unchecked"
         if not self._lifecycle.share_done(
             unit.unit_id,
@@ -383,7 +418,8 @@ class ElasticRounds(ManyUnits):
         before = {u.worker for u in self._units(job.id, current.round - 1, "done")}
         workers = [u.worker for u in done]
         began = time.monotonic()
-        bases = [self.store.share_weights(job.id, u.round, u.start_delta) for u in done]
+        takes = elastic_of_plain(job.spec).takes_weights
+        bases = [self.store.delta_base(job.id, u.round, u.start_delta, takes) for u in done]
         weights, momentum, update = await self.tasks.outer_step(job, current, done, bases)
         numel_bytes = 4 * await self.tasks.delta_numel(job)
         closed = self.store.update(
@@ -433,5 +469,5 @@ class ElasticRounds(ManyUnits):
 
 
 def _eager(job: Job) -> bool:
-    """Whether the job's shares start eagerly (`elastic.eager`, left out when off)."""
-    return bool(job.spec["elastic"].get("eager", False))
+    """Whether the job's shares start eagerly (`elastic.overlap` above 0)."""
+    return elastic_of_plain(job.spec).eager

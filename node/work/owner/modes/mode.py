@@ -117,6 +117,11 @@ class JobMode:
         for the timeline (the mode may count it)."""
         return None
 
+    def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
+        """What the answer to `unit`'s heartbeat adds (`ProgressAck`'s weights fields):
+        the weights a unit takes on its way, once they exist."""
+        return {}
+
     # -- results -----------------------------------------------------------------------
 
     def stopped_steps(self, peer: str, job: Job, unit_id: str) -> int | None:
