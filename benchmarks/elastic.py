@@ -303,24 +303,25 @@ def _gpt_job(folder: Path, corpus: Path, workers: int, rounds: int, inner: int) 
     return spec
 
 
-# (starts, spot checks): the defaults, eager starts, and the defaults without checks
-UTILISATION_RUNS = (("default", True), ("eager", True), ("default", False))
+# (elastic.overlap, spot checks): the defaults, no overlap, the defaults without checks
+UTILISATION_RUNS = ((None, True), (0.0, True), (None, False))
 
 
 def utilisation(
     root: Path, workers: int, rounds: int, inners: list[int], width: int, model: str = "char"
 ) -> Result:
-    """Each H three times: at the defaults, with `elastic.eager`, and with no spot
-    checks; the demo's character model, or (`model = "gpt"`) the program GPT on
-    sharded data."""
+    """Each H three times: at the defaults, without overlapping rounds
+    (`elastic.overlap = 0`), and with no spot checks; the demo's character model, or
+    (`model = "gpt"`) the program GPT on sharded data."""
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     result = Result(
         f"elastic: worker utilisation ({model})",
-        ["H", "starts", "spot checks", "round s", "utilisation per worker", "from round 1"],
+        ["H", "overlap", "spot checks", "round s", "utilisation per worker", "from round 1"],
     )
     for inner in inners:
-        for starts, checked in UTILISATION_RUNS:
+        for overlap, checked in UTILISATION_RUNS:
+            starts = "default" if overlap is None else f"{overlap:g}"
             name = f"h{inner}-{starts}-{'checked' if checked else 'unchecked'}"
             with _network(root / name, workers) as net:
                 job_file = None  # the GPT's spec names its files relative to its folder
@@ -331,8 +332,8 @@ def utilisation(
                     if job_file
                     else _spec(corpus, workers, rounds, inner, workers, width)
                 )
-                if starts == "eager":
-                    text = text.replace("[elastic]\n", "[elastic]\neager = true\n", 1)
+                if overlap is not None:
+                    text = text.replace("[elastic]\n", f"[elastic]\noverlap = {overlap}\n", 1)
                 spec: str | Path = text + ("" if checked else UNCHECKED)
                 if job_file:
                     job_file.write_text(str(spec))

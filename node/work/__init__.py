@@ -18,6 +18,8 @@ Files:
 - `delivery`: the worker's result sent with retries, and the receipt countersigned.
 - `held_weights`: each elastic job's newest global weights on a worker, which the
   owner's next round update applies to.
+- `taken_weights`: the round's weights an eager share takes on its way: the owner's
+  grant checked, the blob fetched, the runner told.
 - `service`: the work service (`WorkService`): stores, the blob server, both roles, the
   stream handlers, and the calls the HTTP API makes.
 

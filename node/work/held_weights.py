@@ -11,8 +11,15 @@ keeps only its newest weights in the blob store.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import trio
+
 from node.work.blobs import BlobStore
 from protocol.rounds import RoundShare
+
+log = logging.getLogger(__name__)
 
 
 class HeldWeights:
@@ -46,3 +53,14 @@ class HeldWeights:
         for old in self._stale - in_use - set(self._held.values()):
             self._blobs.remove(old)
             self._stale.discard(old)
+
+    async def store(self, path: Path, came_as: str, in_use: set[str], what: str) -> str:
+        """Weights a runner rebuilt (from the update `came_as`, or fetched whole) into
+        the blob store, `what` they are in the log; the blob they came as goes unless
+        a unit here reads it. Returns their sha256."""
+        size = self._blobs.size(came_as)
+        sha = await trio.to_thread.run_sync(self._blobs.put_file, path)
+        if came_as != sha and came_as not in in_use:
+            self._blobs.remove(came_as)
+        log.info("%s a %d-byte blob (the weights are %d bytes)", what, size, path.stat().st_size)
+        return sha

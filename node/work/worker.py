@@ -351,32 +351,14 @@ class WorkerRole:
         in_use = {sha for u in others for sha in [*u.package.blobs, u.taken]}
         if unit.taken:  # its own delivery reads the weights it started from
             in_use.add(share.weights_sha256)
-        if rebuilt:
-            path = folder / REBUILT_WEIGHTS
-            size = self.ctx.blobs.size(share.update_sha256)
-            await trio.to_thread.run_sync(self.ctx.blobs.put_file, path)
-            if share.update_sha256 not in in_use:  # another share of the round may read it
-                self.ctx.blobs.remove(share.update_sha256)
-            log.info(
-                "job %s: round %d's weights rebuilt from the round before's and a %d-byte "
-                "update (the weights are %d bytes)",
-                job_id,
-                share.round,
-                size,
-                path.stat().st_size,
-            )
+        said = f"job {job_id}: round {share.round}'s weights"
+        if rebuilt:  # another share of the round may read the update
+            what = f"{said} rebuilt from the round before's and"
+            await self._weights.store(folder / REBUILT_WEIGHTS, share.update_sha256, in_use, what)
         newest = share.weights_sha256
         if unit.taken:
-            size = self.ctx.blobs.size(unit.taken)
-            newest = await trio.to_thread.run_sync(self.ctx.blobs.put_file, folder / TAKEN_WEIGHTS)
-            if unit.taken != newest and unit.taken not in in_use:  # the update they came as
-                self.ctx.blobs.remove(unit.taken)
-            log.info(
-                "job %s: round %d's weights taken on the share's way, from a %d-byte blob",
-                job_id,
-                share.round,
-                size,
-            )
+            what = f"{said} taken on the share's way, from"
+            newest = await self._weights.store(folder / TAKEN_WEIGHTS, unit.taken, in_use, what)
         self._weights.keep(job_id, newest, in_use)
 
     def _failure(self, pkg: WorkPackage, error: str, retryable: bool = False) -> Result:

@@ -100,6 +100,30 @@ def test_the_progress_ack_round_trips_and_reads_a_plain_ack() -> None:
     assert decode_progress_ack(encode({"ok": False, "reason": "the unit ended"})) == ProgressAck(
         False, "the unit ended"
     )
+    # a share's round weights, as an update or whole
+    for update in ("b" * 64, ""):
+        taking = ProgressAck(True, "", 2, (), (), "a" * 64, update, b"grant")
+        assert decode_progress_ack(encode_progress_ack(taking)) == taking
+
+
+TAKING = {"ok": True, "weights_sha256": "a" * 64, "update_sha256": "", "weights_grant": b"g"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"weights_sha256": "A" * 64}, "ProgressAck.weights_sha256 must be a lowercase sha256"),
+        ({"weights_sha256": 5}, "ProgressAck.weights_sha256 must be a string"),
+        ({"update_sha256": "b" * 63}, "ProgressAck.update_sha256 must be a lowercase sha256"),
+        ({"update_sha256": None}, "ProgressAck.update_sha256 must be a string"),
+        ({"weights_grant": b""}, "ProgressAck.weights_grant must be 1..8192 bytes"),
+        ({"weights_grant": "g"}, "ProgressAck.weights_grant must be 1..8192 bytes"),
+        ({"weights_grant": b"g" * 8193}, "ProgressAck.weights_grant must be 1..8192 bytes"),
+    ],
+)
+def test_a_bad_round_weights_answer_is_refused_by_name(changes: dict, words: str) -> None:
+    with pytest.raises(DecodeError, match=words):
+        decode_progress_ack(encode(TAKING | changes))
 
 
 @pytest.mark.parametrize(

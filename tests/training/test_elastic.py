@@ -251,11 +251,19 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
         assert not (tmp_path / f"bad{n}" / "weights.safetensors").exists()
     # an eager start from a delta of another slot, or of a round other than the one
     # before, is refused by name
+    told = {"takes": str(tmp_path / "eager{n}" / "takes.json"), "takes_out": "t"} if takes else {}
     for n, (slot, round_) in enumerate([(1, 3), (0, 2)]):
         with pytest.raises(TrainingError, match="the share's start delta: RoundDelta"):
             _runner(tmp_path, spec, f"eager{n}", "elastic_inner", blobs, job_id=job,
                     round=round_, slot=slot, weights=file_sha256(weights[2]),
-                    start_delta=deltas[0], state_out="state.safetensors")  # fmt: skip
+                    start_delta=deltas[0], state_out="state.safetensors",
+                    **{k: v.format(n=n) for k, v in told.items()})  # fmt: skip
+    # and a share that takes the round's weights exactly when the job says so
+    wrong = {} if takes else {"takes": str(tmp_path / "eager9" / "takes.json"), "takes_out": "t"}
+    with pytest.raises(SpecError, match="request.elastic.takes: exactly an eager share"):
+        _runner(tmp_path, spec, "eager9", "elastic_inner", blobs, job_id=job, round=3, slot=0,
+                weights=file_sha256(weights[2]), start_delta=deltas[0],
+                state_out="state.safetensors", **wrong)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -299,13 +307,17 @@ def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object)
     )
 
 
+@pytest.mark.parametrize("overlap", [0.25, 1.0])
 def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
-    tmp_path: Path,
+    tmp_path: Path, overlap: float
 ) -> None:
     """A share's checkpoints (its H steps in one segment, from the global weights and
     the inner state the worker kept) replay to the worker's chain, and its last one
-    rebuilds the delta: fetched, or as the replay ends on it."""
-    spec = spec_to_plain(parse_spec(_spec(inner_steps=12) | {"trust": {"checkpoints": 4}}))
+    rebuilds the delta: fetched, or as the replay ends on it. An eager share's replay
+    starts where it did, and takes the round's weights where it did (`overlap` below
+    1: after 3 of its 12 steps)."""
+    raw = _spec(inner_steps=12, overlap=overlap) | {"trust": {"checkpoints": 4}}
+    spec = spec_to_plain(parse_spec(raw))
     init = _runner(tmp_path, spec, "init", "elastic_init", {})
     weights = init["folder"] / "out.bin"
     sha = file_sha256(weights)
@@ -341,11 +353,21 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     without_last = {k: v for k, v in blobs.items() if k != cps[-1]}
     alone = replay("alone", 1, {"final_replayed": True}, without_last)  # nor fetched
     assert alone["ends"] == cps[1:] and alone["weights_sha256"] == share["weights_sha256"]
-    # an eager share: its start is built from the weights and its slot's delta before
+    # an eager share: its start is built from the weights and its slot's delta before;
+    # the round's weights it takes on its way: others of the same model (another seed)
     blobs[first["weights_sha256"]] = first["folder"] / "out.bin"
     eager = {"weights": sha, "start_delta": first["weights_sha256"]}
+    takes = {}
+    if overlap < 1:
+        other = _runner(tmp_path, spec | {"seed": 7}, "round-weights", "elastic_init", {})
+        taken = other["folder"] / "out.bin"
+        blobs[other["weights_sha256"]] = taken
+        (tmp_path / "r1e").mkdir()
+        notice = tmp_path / "r1e" / "takes.json"
+        notice.write_text(json.dumps({"weights_sha256": file_sha256(taken), "weights": str(taken)}))
+        takes = {"takes": str(notice), "takes_out": "taken.safetensors"}
     ahead = _share(
-        tmp_path, spec, "r1e", blobs, round=1, slot=1, kept=kept, checkpoints=True, **eager
+        tmp_path, spec, "r1e", blobs, round=1, slot=1, kept=kept, checkpoints=True, **eager, **takes
     )
     for path in (ahead["folder"] / "checkpoints").iterdir():
         blobs[file_sha256(path)] = path
@@ -355,14 +377,26 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
         "segments": [{"start": 0, "end": 12, "from": ahead["checkpoints"][0]}],
         "final_replayed": True,
     }
-    for name, start in (("eager", eager), ("not-eager", {"weights": sha})):
+    took = {"takes": other["weights_sha256"]} if takes else {}
+    table["share"] = {
+        "job_id": "ab" * 8,
+        "round": 1,
+        "slot": 1,
+        **eager,
+        **({} if took else {"takes": sha}),  # the other way round
+    }
+    with pytest.raises(SpecError, match="request.replay.share.takes: exactly an eager share"):
+        _replay_share(tmp_path / "taken-or-not", spec, blobs, table)  # as the job says
+    for name, start in (("eager", {**eager, **took}), ("not-eager", {"weights": sha})):
         table["share"] = {"job_id": "ab" * 8, "round": 1, "slot": 1, **start}
         replayed = _replay_share(tmp_path / name, spec, blobs, table)
-        same = replayed["init_sha256"] == ahead["checkpoints"][0]
-        assert same == (start == eager), name  # from another start: another checkpoint 0
-        if same:
-            assert replayed["ends"] == ahead["checkpoints"][1:]
-            assert replayed["weights_sha256"] == ahead["weights_sha256"]
+        same_start = replayed["init_sha256"] == ahead["checkpoints"][0]
+        assert same_start == (name != "not-eager"), name  # another start: checkpoint 0 too
+        # the segment goes on from the worker's checkpoint 0, not from the weights, and
+        # takes the round's weights where the share did
+        ends = name == "eager" or not takes
+        assert (replayed["ends"] == ahead["checkpoints"][1:]) == ends, name
+        assert (replayed["weights_sha256"] == ahead["weights_sha256"]) == (name == "eager"), name
 
 
 def _replay_share(folder: Path, spec: dict, blobs: dict, table: dict) -> dict:

@@ -120,8 +120,15 @@ def _inner(
     taken = _beside(out, section.string("takes_out", None, max_len=4096), "takes_out")
     section.finish()
     assert state_out is not None
-    if (notice is None) != (taken is None) or (notice is not None and start_delta is None):
-        raise SpecError("request.elastic.takes and takes_out come together, with start_delta")
+    if (notice is None) != (taken is None):
+        raise SpecError("request.elastic.takes and takes_out come together")
+    if spec.elastic is not None and (notice is not None) != (
+        start_delta is not None and spec.elastic.takes_weights
+    ):
+        raise SpecError(
+            "request.elastic.takes: exactly an eager share (start_delta) of a job whose "
+            "elastic.overlap is between 0 and 1 takes its round's weights on its way"
+        )
     run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     if rebuild is None:

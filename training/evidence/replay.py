@@ -103,6 +103,13 @@ def run_replay(
         raise SpecError("request.replay.init_claimed: a share's checkpoint 0 is rebuilt from it")
     if final_replayed and (share is None or final):
         raise SpecError("request.replay.final_replayed: only for a share, and without final")
+    if share is not None and spec.elastic is not None:
+        takes = share.start_delta is not None and spec.elastic.takes_weights
+        if takes != (share.takes is not None):
+            raise SpecError(
+                "request.replay.share.takes: exactly an eager share of a job whose "
+                "elastic.overlap is between 0 and 1 took its round's weights on its way"
+            )
     run = prepare(spec, data_file, device, blob_file)
     emit_started(run, emit)
     course = share_course(run, share.slot, share.round) if share else course_of(run)
