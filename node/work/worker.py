@@ -63,7 +63,7 @@ T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
 MIN_HEARTBEAT_S = 0.1  # heartbeats come at most this often, checkpoints or not
-TAKES_HEARTBEAT_S = 0.2  # ... and this often while a share waits for its round's weights
+TAKES_HEARTBEAT_S = 0.2  # ... and this often while a runner waits for its round's weights
 OWNER_BACK_S = 60.0  # an owner unreachable while we fetch: the time a restart may take
 
 
@@ -83,6 +83,7 @@ class RunningUnit:
     committed: trio.Event = field(default_factory=trio.Event)  # a new state to commit to
     evidence_grant: bytes = b""  # the worker's grant to the states the owner asked for
     takes: bool = False  # an eager share that takes its round's weights on its way
+    waiting: bool = False  # ... whose runner waits for them
     taking: bool = False  # ... and fetches them now
     taken: str = ""  # ... the blob it fetched for them
 
@@ -282,6 +283,9 @@ class WorkerRole:
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") in ("progress", "started"):
                 unit.progress.update({k: v for k, v in event.items() if k != "event"})
+            elif event.get("event") == "waiting":  # for the round's weights: ask now
+                unit.waiting = True
+                unit.committed.set()
             elif event.get("event") == "checkpoint":
                 held.written(event)
                 if held.pressing():
@@ -375,8 +379,8 @@ class WorkerRole:
         """Progress to the owner every second, and soon after each new checkpoint (its
         commitment); the answer renews the lease or says stop, and decides which
         committed states the worker keeps for the owner and which may go. A share
-        that takes its round's weights on its way asks more often until the answer
-        names them, and fetches them (in `nursery`)."""
+        that takes its round's weights on its way fetches them (in `nursery`) once an
+        answer names them, and asks every 0.2 s while its runner waits for them."""
         pkg = unit.package
         interval = min(HEARTBEAT_S, pkg.lease_s / 3)
         reached = True  # whether the last heartbeat got an answer
@@ -428,7 +432,7 @@ class WorkerRole:
                 # libp2p would refuse to dial it for 60 s: longer than the owner waits
                 # after its restart for this heartbeat
                 self.ctx.host.allow_redial(unit.owner)
-            waiting = unit.takes and not unit.taken
+            waiting = unit.waiting and not unit.taken
             with trio.move_on_after(TAKES_HEARTBEAT_S if waiting else interval):
                 await unit.committed.wait()
             unit.committed = trio.Event()

@@ -151,7 +151,7 @@ def _inner(
     if start_delta is not None:  # eager: from the round before's weights and own delta
         base = weights_sha
         if notice is not None and taken is not None:
-            takes = partial(_awaited_weights, run, notice, weights, taken, job_id, round_)
+            takes = partial(_awaited_weights, run, notice, weights, taken, job_id, round_, emit)
         weights = eager_start(
             run,
             weights,
@@ -238,12 +238,15 @@ def _outer(
 
 
 def _awaited_weights(
-    run: Prepared, notice: Path, base: Path, out: Path, job_id: str, round_: int
+    run: Prepared, notice: Path, base: Path, out: Path, job_id: str, round_: int, emit: Emit
 ) -> Path:
     """The round's global weights, once the worker's `notice` (JSON: their
     `weights_sha256`, and the file of the owner's `update` from `base`, or of the
-    `weights` whole) is there; written to `out`, their hash checked."""
+    `weights` whole) is there; written to `out`, their hash checked. A `waiting`
+    event first when they are not there yet: the worker then asks for them more often."""
     deadline = time.monotonic() + run.spec.requirements.max_hours * 3600
+    if not notice.is_file():
+        emit({"event": "waiting", "for": "the round's weights"})
     while not notice.is_file():
         if time.monotonic() > deadline:
             raise TrainingError("the round's weights never came (requirements.max_hours)")
