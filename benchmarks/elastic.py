@@ -303,16 +303,19 @@ def _gpt_job(folder: Path, corpus: Path, workers: int, rounds: int, inner: int) 
     return spec
 
 
-# (elastic.overlap, spot checks): the defaults, no overlap, the defaults without checks
-UTILISATION_RUNS = ((None, True), (0.0, True), (None, False))
+# (elastic.overlap, spot checks): the defaults, no overlap, eager starts never taking
+# the round's weights, the defaults without checks
+UTILISATION_RUNS = ((None, True), (0.0, True), (1.0, True), (None, False))
 
 
 def utilisation(
     root: Path, workers: int, rounds: int, inners: list[int], width: int, model: str = "char"
 ) -> Result:
-    """Each H three times: at the defaults, without overlapping rounds
-    (`elastic.overlap = 0`), and with no spot checks; the demo's character model, or
-    (`model = "gpt"`) the program GPT on sharded data."""
+    """Each H four times: at the defaults, without overlapping rounds
+    (`elastic.overlap = 0`), with eager starts that never take the round's weights
+    (`overlap = 1`), and with no spot checks; the demo's character model, or (`model =
+    "gpt"`) the program GPT on sharded data. A worker's utilisation is its shares'
+    `train_seconds`, which leave out any wait for the round's weights."""
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     result = Result(

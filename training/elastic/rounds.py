@@ -135,8 +135,9 @@ class InnerOutcome:
     train_loss: float
     steps: int
     samples: int
-    train_seconds: float  # in the inner steps alone (no start-up, no file work)
+    train_seconds: float  # in the inner steps alone (no start-up, no file work, no wait)
     evidence: dict[str, Any] = field(default_factory=dict)  # `execute.train_with_evidence`
+    wait_seconds: float = 0.0  # waiting for the round's weights it takes on its way
 
 
 def inner_round(
@@ -166,10 +167,14 @@ def inner_round(
     model = _load_model(run, weights)
     course = share_course(run, slot, round_)
     taken: list[Path] = []
+    waited = 0.0
 
     def take(step: int, optimizer: torch.optim.Optimizer) -> None:
+        nonlocal waited
         if step == elastic_of(spec).takes_weights_at and takes is not None:
+            began = time.monotonic()
             taken.append(takes())
+            waited = time.monotonic() - began
             take_weights(run, model, weights, taken[0])
 
     with deterministic(course.batch_seed):
@@ -191,7 +196,7 @@ def inner_round(
             validate=False,
             after_step=take if takes is not None else None,
         )
-        train_seconds = time.monotonic() - began
+        train_seconds = time.monotonic() - began - waited
         write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
     if takes is not None and not taken:
         raise TrainingError("the share never reached the step where it takes the round's weights")
@@ -211,6 +216,7 @@ def inner_round(
         outcome.samples,
         train_seconds,
         evidence,
+        waited,
     )
 
 

@@ -179,7 +179,11 @@ def _inner(
     result = {
         "steps": outcome.steps,
         "samples": outcome.samples,
-        "metrics": {"train_loss": outcome.train_loss, "train_seconds": outcome.train_seconds},
+        "metrics": {
+            "train_loss": outcome.train_loss,
+            "train_seconds": outcome.train_seconds,
+            "wait_seconds": outcome.wait_seconds,
+        },
         "weights_sha256": file_sha256(out),
         **outcome.evidence,
     }

@@ -108,14 +108,10 @@ class RoundStore:
         row = self.get(job_id, round_ - 1 if start_delta else round_)
         return row.weights_sha256 if row is not None else ""
 
-    def delta_base(self, job_id: str, round_: int, start_delta: str, takes: bool) -> str:
+    def delta_base(self, job_id: str, round_: int, start_delta: str, taken: str) -> str:
         """The global weights a share's delta is taken from: those it started from,
-        or the round's own when an eager share takes them on its way (`takes`, the
-        job's `ElasticSpec.takes_weights`); "" when not known here."""
-        if not (start_delta and takes):
-            return self.share_weights(job_id, round_, start_delta)
-        before = self.get(job_id, round_ - 1)
-        return before.next_weights_sha256 if before is not None else ""
+        or those it was told to take on its way (`taken`); "" when not known here."""
+        return taken or self.share_weights(job_id, round_, start_delta)
 
     def of_job(self, job_id: str) -> list[Round]:
         rows = self._db["rounds"].rows_where("job_id = ?", [job_id], order_by="round")

@@ -126,6 +126,8 @@ class Unit:
     resume_step: int = 0
     # an elastic share that starts eagerly: its slot's delta of the round before
     start_delta: str = ""
+    # ... and the round's weights it was told to take on its way (its delta's base)
+    taken: str = ""
 
 
 _JOB_COLUMNS = {f.name for f in fields(Job)}
@@ -161,6 +163,7 @@ class JobStore:
             ("resume_sha256", str, ""),
             ("resume_step", int, 0),
             ("start_delta", str, ""),
+            ("taken", str, ""),
         ):
             if column not in db["units"].columns_dict:
                 db["units"].add_column(column, kind, not_null_default=default)
@@ -393,6 +396,16 @@ class JobStore:
                 [sha256, size, unit_id],
             )
         return cursor.rowcount == 1
+
+    def unit_taken(self, unit_id: str, sha256: str) -> str:
+        """The round's weights a share takes on its way: `sha256`, unless it was told
+        others before (an answer once given stays); returns those it takes."""
+        with self._tx():
+            self._db.execute(
+                "UPDATE units SET taken = ? WHERE unit_id = ? AND taken = ''", [sha256, unit_id]
+            )
+        unit = self.unit(unit_id)
+        return unit.taken if unit is not None else sha256
 
     def renew_lease(self, unit_id: str, until: float) -> Unit | None:
         """Extend a live unit's lease to `until`, never past its deadline, and never

@@ -51,10 +51,11 @@ async def fetch_and_check(
     result: Result,
     delta_round: int | None,
     start_delta: str = "",
+    taken: str = "",
 ) -> Fetched:
     """Fetch the weights (a round's share: its delta of `delta_round`, from that
     round's weights, or from the round before's for an eager start, `start_delta`,
-    that did not take the round's on its way)
+    or from those it was told to take on its way, `taken`)
     under the worker's grant, at most the plan's size, and check them; what fails is
     not kept."""
     grant = weights_grant(ctx, peer, result)
@@ -86,8 +87,9 @@ async def fetch_and_check(
     path = ctx.blobs.path(result.weights_sha256)
     try:
         if delta_round is not None:
-            takes = elastic_of_plain(spec).takes_weights
-            started = RoundStore(ctx.jobs.db).delta_base(job.id, delta_round, start_delta, takes)
+            if start_delta and elastic_of_plain(spec).takes_weights and not taken:
+                raise WeightsRejected("the share was never told its round's weights to take")
+            started = RoundStore(ctx.jobs.db).delta_base(job.id, delta_round, start_delta, taken)
             if not started:
                 raise WeightsRejected(f"round {delta_round} of this job is unknown here")
             await check_delta_file(

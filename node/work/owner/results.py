@@ -110,7 +110,7 @@ class Results:
             spec = mode.unit_spec(job, unit)
             delta_round = mode.delta_round(unit)
             fetched = await fetch_and_check(
-                self.ctx, job, spec, peer, result, delta_round, unit.start_delta
+                self.ctx, job, spec, peer, result, delta_round, unit.start_delta, verifying.taken
             )
             if delta_round is not None:
                 mode.delta_fetched(unit, result.weights_sha256, result.weights_size)

@@ -142,15 +142,13 @@ class Replays:
         delta, and which weights it took on its way)."""
         store = RoundStore(self.ctx.jobs.db)
         started = store.share_weights(unit.job_id, unit.round, unit.start_delta)
-        takes = elastic_of_plain(spec).takes_weights
-        taken = store.delta_base(unit.job_id, unit.round, unit.start_delta, takes)
-        if not started or not taken:
+        if not started:
             raise RuntimeError(f"round {unit.round} of this job is unknown here")
         table = {"job_id": unit.job_id, "round": unit.round, "slot": unit.slot, "weights": started}
         if unit.start_delta:
             table["start_delta"] = unit.start_delta
-        if taken != started:
-            table["takes"] = taken
+        if unit.taken and elastic_of_plain(spec).takes_weights:
+            table["takes"] = unit.taken
         return table
 
     async def run(
