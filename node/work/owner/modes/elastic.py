@@ -19,12 +19,15 @@ One task per elastic job drives its rounds (`drive`). A round:
    next round trains (`_validations`, one round after another); the job completes
    once the last round's figures are in.
 
-With `elastic.eager` rounds overlap: the moment a slot's delta is fetched
+Rounds overlap (`elastic.overlap` above 0): the moment a slot's delta is fetched
 (`delta_fetched`), the slot's share of the next round is offered (`_offer_ahead`),
 starting eagerly from this round's weights and that delta (`training.elastic.starts`),
 so no worker waits for the checks or the outer step. A slot of a round whose delta of
-the round before came in starts that way whenever it is offered. Off by default: it
-costs final loss on jobs of tens of rounds (docs/design/elastic.md).
+the round before came in starts that way whenever it is offered. Such a share takes
+the next round's weights on its way (`weights_to_take`, answering its heartbeats):
+the outer step taken early, once every slot's delta is in and before their checks
+end (`_early_step`), which the close reuses when its deltas are the same;
+docs/design/elastic.md.
 
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
 slowest applied share of the last closed round (at least 60 s; 600 s before any round
