@@ -64,9 +64,9 @@ def test_fixed_workers_train_an_elastic_job_bitwise_equal_to_train_local(
     # worker's own delta, both held, and round 2 from round 1's weights
     eager, never = overlap != 0.0, overlap == 1.0
     updates = ["round 1's weights update"] + ([] if never else ["round 2's weights update"])
-    log = "weights rebuilt from the round before's" if never else "weights taken on the share's way"
-    if not eager:
-        log = "weights rebuilt from the round before's"
+    log = "weights rebuilt from the round before's"
+    if eager and not never:
+        log = "weights taken on the share's way"
     for worker in workers:  # on loopback each fetch of the weights takes the data channel
         fetched = [n for n in notes if "'s weights" in n and worker.peer_id in n]
         assert [n.split(" (")[0] for n in fetched] == ["round 0's weights", *updates], notes

@@ -168,10 +168,11 @@ def inner_round(
     course = share_course(run, slot, round_)
     taken: list[Path] = []
     waited = 0.0
+    at = elastic_of(spec).takes_weights_at
 
     def take(step: int, optimizer: torch.optim.Optimizer) -> None:
         nonlocal waited
-        if step == elastic_of(spec).takes_weights_at and takes is not None:
+        if step == at and takes is not None:
             began = time.monotonic()
             taken.append(takes())
             waited = time.monotonic() - began
