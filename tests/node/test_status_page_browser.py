@@ -238,6 +238,9 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     page.wait_for_url("**/jobs/*")
     job_id = page.url.rsplit("/", 1)[1]
     expect(page.locator("#job-state .state")).to_have_text("completed", timeout=120_000)
+    # the worker's countersignature re-renders the part after the job completes; a click
+    # while the link is swapped out downloads nothing
+    expect(page.locator("#receipt")).to_contain_text("co-signed by owner and worker")
     with page.expect_download() as download_info:
         page.click("#weights-link")
     weights = tmp_path / "weights.safetensors"
@@ -246,7 +249,6 @@ def test_a_job_submitted_from_the_page_trains_live_completes_and_lands_in_the_le
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == job["weights_sha256"]
     with safe_open(str(weights), framework="pt") as f:
         assert len(list(f.keys())) >= 2
-    expect(page.locator("#receipt")).to_contain_text("co-signed by owner and worker")
     expect(page.locator("svg.chart")).to_have_attribute("data-val-points", "1")  # the result
     page.screenshot(path=shots / "job.png", full_page=True)
 

@@ -25,8 +25,11 @@
     el._last = Date.now();
     try {
       const response = await fetch(el.dataset.live, { cache: "no-store", headers: { Accept: "text/html" } });
-      if (response.ok) {
-        el.innerHTML = await response.text();
+      const html = response.ok ? await response.text() : null;
+      // the same part again is left alone: a link or button under the pointer stays the one clicked
+      if (html !== null && html !== el._html) {
+        el.innerHTML = html;
+        el._html = html;
         el.dataset.version = String(Number(el.dataset.version || "0") + 1);
       }
     } catch (err) {
