@@ -34,6 +34,10 @@ from training.ops.quant import (
     quantize_blockwise,
 )
 from training.ops.wire import decode_delta, encode_delta, from_wire, to_wire
+from training.run.no_dynamo import skip_dynamo_wrappers
+
+# nothing here runs under torch.compile: the ops' kernels need not import torch._dynamo
+skip_dynamo_wrappers()
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",

@@ -23,6 +23,7 @@ from torch import nn
 
 from training.data.batches import Dataset, Split
 from training.errors import TrainingError
+from training.run.no_dynamo import optimizer_step
 from training.run.optim import LossFn, make_loss, make_optimizer, make_schedule
 from training.spec.job import JobSpec
 
@@ -154,7 +155,7 @@ def train_step(
     loss.backward()
     if spec.optim.grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), spec.optim.grad_clip)
-    optimizer.step()
+    optimizer_step(optimizer)
     schedule.step()
     return loss
 

@@ -15,13 +15,16 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from training.run.no_dynamo import skip_dynamo_wrappers
 from training.spec.optim import OptimSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def make_optimizer(spec: OptimSpec, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """The spec's optimizer over the parameters that train (`model.trainable`)."""
+    """The spec's optimizer over the parameters that train (`model.trainable`); step it
+    with `training.run.no_dynamo.optimizer_step`."""
+    skip_dynamo_wrappers()
     params = [p for p in params if p.requires_grad]
     if spec.name == "sgd":
         return torch.optim.SGD(

@@ -33,7 +33,10 @@ def limit_memory(memory_limit_mb: int, device_type: str) -> str | None:
         return "memory_limit_mb not applied: RLIMIT_AS breaks CUDA; watch the RSS instead"
     try:
         import torch
-        import torch._dynamo  # noqa: F401 - optimizers import it on first use
+
+        from training.run.no_dynamo import skip_dynamo_wrappers
+
+        skip_dynamo_wrappers()  # torch.optim's first use would import torch._dynamo here
 
         torch.ones(256, 256) @ torch.ones(256, 256)  # start the intra-op thread pool first
         limit = address_space_bytes() + memory_limit_mb * 2**20
