@@ -12,6 +12,8 @@ spec's `mode`. A new mode is one module with a `JobMode` subclass, added to `MOD
     elastic   DiLoCo rounds: shares offered per data slot, deltas, the outer step
     round_tasks  an elastic job's runner tasks on its owner: first weights, outer
               step, evaluation
+    early_weights  a round's next weights before its close: the early outer step,
+              and the answers to the shares that take them on their way
     sweep     an Optuna study asked and told: each trial is a unit on a peer
 """
 

@@ -26,7 +26,7 @@ so no worker waits for the checks or the outer step. A slot of a round whose del
 the round before came in starts that way whenever it is offered. Such a share takes
 the next round's weights on its way (`weights_to_take`, answering its heartbeats):
 the outer step taken early, once every slot's delta is in and before their checks
-end (`_early_step`), which the close reuses when its deltas are the same;
+end (`early_weights.py`), which the close reuses when its deltas are the same;
 docs/design/elastic.md.
 
 The deadline: `elastic.round_timeout_s`, or adaptive when 0: three times the
@@ -40,17 +40,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import trio
 
-from node.work.blobs import issue_grant
 from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit
-from node.work.offers import GRANT_SLACK_S
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import round_closed_reason
+from node.work.owner.modes.early_weights import EarlyWeights
 from node.work.owner.modes.mode import ManyUnits, OwnerParts
 from node.work.owner.modes.round_tasks import RoundTasks
 from protocol.rounds import RoundShare
@@ -74,10 +72,7 @@ class ElasticRounds(ManyUnits):
         self.tasks = RoundTasks(self.ctx, parts.runner_request)  # runner tasks on this node
         # bytes fetched for eager shares before their round opened: (job, round) -> bytes
         self._ahead_bytes: dict[tuple[str, int], int] = {}
-        # unit -> what it was told of the weights it takes on its way (`weights_to_take`)
-        self._take_answers: dict[str, dict[str, Any]] = {}
-        # (job, round) -> the round's outer step, taken before its deltas' checks end
-        self._early: dict[tuple[str, int], EarlyStep] = {}
+        self.early = EarlyWeights(self.ctx, self.store, self.tasks)  # steps before a close
 
     # -- the engine's hooks (`JobMode`) -------------------------------------------------
 
@@ -95,7 +90,7 @@ class ElasticRounds(ManyUnits):
             self.store.sent(unit.job_id, unit.round, size)  # the round's bytes down
         if sha == unit.start_delta:
             return f"round {unit.round - 1}'s delta of slot {unit.slot} (an eager start)"
-        told = self._take_answers.get(unit.unit_id, {})  # the weights it takes on its way
+        told = self.early.told(unit.unit_id)  # the weights it takes on its way
         if sha and sha == told.get("update_sha256"):
             return f"round {unit.round}'s weights update"
         if sha and sha == told.get("weights_sha256"):
@@ -107,42 +102,7 @@ class ElasticRounds(ManyUnits):
         return f"round {weights_round}'s weights"
 
     def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
-        """For an eager share that takes its round's weights on its way: their hash,
-        the update that gives them from the weights it started from (else it fetches
-        them whole), and a grant to fetch that blob (`ProgressAck`); nothing for any
-        other unit, or before they exist. They are the round before's outer step,
-        taken early (`_early_step`) or at its close; once told, a unit is told the
-        same weights again (`Unit.taken`, its delta's base)."""
-        if not unit.start_delta or not elastic_of_plain(job.spec).takes_weights:
-            return {}
-        if unit.unit_id in self._take_answers:
-            return self._take_answers[unit.unit_id]
-        weights, update = self._newest_weights(job.id, unit.round - 1)
-        if unit.taken and unit.taken != weights:  # told before this node restarted
-            weights, update = unit.taken, ""
-        if not weights:
-            return {}
-        weights = self.ctx.jobs.unit_taken(unit.unit_id, weights)
-        blob = update or weights
-        valid_s = job.max_hours * 3600 + GRANT_SLACK_S
-        grant = issue_grant(
-            self.ctx, job.id, unit.unit_id, unit.worker, [blob], self.ctx.blobs.size(blob), valid_s
-        )
-        answer = {"weights_sha256": weights, "update_sha256": update, "weights_grant": grant}
-        self._take_answers[unit.unit_id] = answer
-        return answer
-
-    def _newest_weights(self, job_id: str, round_: int) -> tuple[str, str]:
-        """The weights `round_`'s outer step gave, and their update from its own:
-        at its close, or early; ("", "") before either."""
-        row = self.store.get(job_id, round_)
-        if row is not None and row.state == "closed" and row.next_weights_sha256:
-            return row.next_weights_sha256, row.next_update_sha256
-        early = self._early.get((job_id, round_))
-        if early is not None and early.result is not None:
-            weights, _, update = early.result
-            return weights, update
-        return "", ""
+        return self.early.weights_to_take(job, unit)
 
     def delta_fetched(self, unit: Unit, sha: str, size: int) -> None:
         """The slot's next share may start from this delta while it is checked
@@ -153,7 +113,7 @@ class ElasticRounds(ManyUnits):
     def unit_lost(self, unit: Unit, reason: str, state: str, at_fault: bool) -> None:
         """A share that failed its check also ends its worker's later shares of the
         job: an eager one started from the delta that failed."""
-        self._take_answers.pop(unit.unit_id, None)
+        self.early.forget(unit.unit_id)
         super().unit_lost(unit, reason, state, at_fault)
         if state != "failed" or not at_fault:
             return
@@ -166,7 +126,7 @@ class ElasticRounds(ManyUnits):
         """A round's delta, checked: its unit is done; the round applies the delta
         when it closes."""
         result = checked.result
-        self._take_answers.pop(unit.unit_id, None)
+        self.early.forget(unit.unit_id)
         how = "checked" if checked.status == "verified" else "taken unchecked"
         if not self._lifecycle.share_done(
             unit.unit_id,
@@ -201,10 +161,13 @@ class ElasticRounds(ManyUnits):
         for earlier in self.store.of_job(job_id):  # closed before a restart, not evaluated
             if earlier.state == "closed" and earlier.val_loss is None and not earlier.metrics:
                 closed.send_nowait(earlier)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._validations, job_id, to_validate)
-            with closed:
-                current = await self._rounds(job_id, current, closed, nursery)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._validations, job_id, to_validate)
+                with closed:
+                    current = await self._rounds(job_id, current, closed, nursery)
+        finally:
+            self.early.drop_job(job_id)
         job = ctx.jobs.get(job_id)
         if current is not None and job is not None and job.state == "running":
             self._complete(job, self.store.get(job_id, current.round) or current)
@@ -321,7 +284,7 @@ class ElasticRounds(ManyUnits):
                     # one share at a time; a worker whose delta is being checked is free
                     busy = {u.worker for u in live + early if u.state != "verifying"}
                     await self._offer_ahead(ahead, job, current, busy)
-                    self._maybe_early(ahead, job, current, done, live)
+                    self.early.maybe_start(ahead, job, current, done, live)
                     now = time.time()
                     if len(done) >= workers:
                         break
@@ -343,38 +306,6 @@ class ElasticRounds(ManyUnits):
         finally:
             self._changed.pop(job.id, None)
         return await self._close(job, current)
-
-    def _maybe_early(
-        self, nursery: trio.Nursery, job: Job, current: Round, done: list[Unit], live: list[Unit]
-    ) -> None:
-        """Once every slot's delta is in (checked, or fetched and sound in form while
-        its check goes on), take the outer step early (`_early_step`): a share of the
-        next round that takes its round's weights on its way needs them after a
-        quarter of its steps, sooner than a drawn delta's replay (H steps) may end."""
-        key = (job.id, current.round)
-        if key in self._early or not elastic_of_plain(job.spec).takes_weights:
-            return
-        delivered = done + [u for u in live if u.state == "verifying" and u.output_sha256]
-        if len({u.slot for u in delivered}) < int(job.spec["elastic"]["workers"]):
-            return
-        units = sorted(delivered, key=lambda u: u.slot)
-        self._early[key] = EarlyStep(tuple(u.output_sha256 for u in units))
-        nursery.start_soon(self._early_step, job, current, units)
-
-    async def _early_step(self, job: Job, current: Round, units: list[Unit]) -> None:
-        """The outer step over `units`' deltas before all of them are checked. At the
-        close the same deltas give the same weights, bit for bit, so the close takes
-        this one's; a delta that failed its check meanwhile is left out there, and
-        the shares told these weights keep them as their deltas' base."""
-        early = self._early[(job.id, current.round)]
-        bases = [self.store.delta_base(job.id, u.round, u.start_delta, u.taken) for u in units]
-        try:
-            early.result = await self.tasks.outer_step(job, current, units, bases)
-        except Exception as exc:  # a delta unsound past its header: the close finds it
-            log.info("job %s: round %d's early outer step failed: %s", job.id, current.round, exc)
-        finally:
-            early.bases = tuple(bases)
-            early.ready.set()
 
     def _extend(self, job: Job, current: Round, have: int, need: int) -> Round:
         deadline = self._deadline(job)
@@ -473,19 +404,12 @@ class ElasticRounds(ManyUnits):
         workers = [u.worker for u in done]
         began = time.monotonic()
         bases = [self.store.delta_base(job.id, u.round, u.start_delta, u.taken) for u in done]
-        early = self._early.get((job.id, current.round))
-        if early is not None:
-            await early.ready.wait()
         deltas = tuple(u.output_sha256 for u in done)
-        if (
-            early is not None
-            and early.result
-            and (early.deltas, early.bases) == (deltas, tuple(bases))
-        ):
-            weights, momentum, update = early.result
-        else:
-            weights, momentum, update = await self.tasks.outer_step(job, current, done, bases)
-        self._early.pop((job.id, current.round), None)
+        stepped = await self.early.at_close(job, current, deltas, tuple(bases))
+        if stepped is None:
+            stepped = await self.tasks.outer_step(job, current, done, bases)
+        weights, momentum, update = stepped
+        self.early.closed(job.id, current.round)
         numel_bytes = 4 * await self.tasks.delta_numel(job)
         closed = self.store.update(
             job.id,
@@ -531,16 +455,6 @@ class ElasticRounds(ManyUnits):
                 "history": history[-500:],
             },
         )
-
-
-@dataclass
-class EarlyStep:
-    """A round's outer step taken before its deltas' checks end (`_early_step`)."""
-
-    deltas: tuple[str, ...]  # in slot order
-    bases: tuple[str, ...] = ()
-    result: tuple[str, str, str] | None = None  # weights, momentum, update
-    ready: trio.Event = field(default_factory=trio.Event)
 
 
 def _eager(job: Job) -> bool:
