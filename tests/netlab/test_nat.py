@@ -182,12 +182,21 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         # the owner dials both (through a relay); C's connection is hole-punched
         wait_for(lambda: _path(owner, cone.peer_id) == "direct", 45, "a hole-punched path to C")
 
-        spec = elastic_toml("behind-nats", workers=2, min_workers=2, inner_steps=20, rounds=1)
-        job = owner.wait_job_end(owner.submit_spec(spec), 240)
-        assert job["state"] == "completed", job["reason"]
-        local = train_local(parse_spec(tomllib.loads(spec)), tmp_path / "local.safetensors")
-        assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
-        notes = [e["note"] for e in job["timeline"]]
+        # on a loaded machine the owner's offer to B can fail to open its relayed stream
+        # (seen once in CI: a StreamFailure after 10 s); C then trains both slots, and
+        # the next job asks B again
+        for attempt in range(3):
+            spec = elastic_toml(
+                f"behind-nats-{attempt}", workers=2, min_workers=2, inner_steps=20, rounds=1
+            )
+            job = owner.wait_job_end(owner.submit_spec(spec), 240)
+            assert job["state"] == "completed", job["reason"]
+            local = train_local(parse_spec(tomllib.loads(spec)), tmp_path / "local.safetensors")
+            assert job["weights_sha256"] == local["weights_sha256"]  # bitwise train-local
+            notes = [e["note"] for e in job["timeline"]]
+            if any(f"delta from {symmetric.peer_id}" in n for n in notes):
+                break
+            print(f"job {attempt}: B trained no slot; the timeline: {notes}")
         for worker, path in ((symmetric, "through a relay"), (cone, "direct connection")):
             delta = [n for n in notes if f"delta from {worker.peer_id}" in n]
             assert delta and f"({path})" in delta[0], (worker.name, notes)
