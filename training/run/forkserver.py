@@ -43,15 +43,13 @@ PID = struct.Struct("!q")
 
 
 def _warm_up() -> None:
-    """Everything a task imports, and what `deterministic` imports lazily; torch.optim
-    and our custom ops set to run without importing torch._dynamo
-    (`training.run.no_dynamo`: 2.6 s of CPU less, here and in every runner)."""
+    """Everything a task imports, and what `deterministic` imports lazily. Importing
+    `training.ops` sets torch.optim and our custom ops to run without torch._dynamo
+    (`training.run.no_dynamo`), here and so in every runner forked from here."""
     import training.elastic.tasks  # noqa: F401  (torch, numpy and the training modules)
     import training.run.runner  # noqa: F401
     from training.run.execute import deterministic
-    from training.run.no_dynamo import skip_dynamo_wrappers
 
-    skip_dynamo_wrappers()
     with deterministic(0):
         pass
 

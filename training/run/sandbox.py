@@ -34,10 +34,6 @@ def limit_memory(memory_limit_mb: int, device_type: str) -> str | None:
     try:
         import torch
 
-        from training.run.no_dynamo import skip_dynamo_wrappers
-
-        skip_dynamo_wrappers()  # torch.optim's first use would import torch._dynamo here
-
         torch.ones(256, 256) @ torch.ones(256, 256)  # start the intra-op thread pool first
         limit = address_space_bytes() + memory_limit_mb * 2**20
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
