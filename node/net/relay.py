@@ -7,7 +7,11 @@ auto-reserve looks at peers only every 5 minutes) and made again when the relay
 connection drops; DCUtR gets a 3 s dial timeout (its 10 s default goes on a
 futile dial of the peer's private LAN address before every hole punch), and a hole
 punch starts with every relayed dial (the library's own loop punches one peer at a
-time).
+time). The library gives up on a peer after three tries until the connection drops;
+both ends try at once and refuse each other's session while their own runs, and a
+loaded machine misses a try's timing, so a peer still reached only through a relay is
+punched again after `REPUNCH_FIRST_S`, then at doubling waits up to `REPUNCH_MAX_S`
+(behind a symmetric NAT none will succeed; one try in minutes costs a few dials).
 
 Every node answers circuits (the STOP side); a node serves as a relay (HOP) when its
 settings say so, within `RelayOptions` limits.
@@ -16,6 +20,7 @@ settings say so, within `RelayOptions` limits.
 from __future__ import annotations
 
 import logging
+import random
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +30,7 @@ import trio
 from libp2p.abc import IHost
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits
@@ -40,6 +45,9 @@ CIRCUIT = "/p2p-circuit"
 RESERVATION_TTL_S = 600  # a relay forgets a reservation not refreshed this long
 DIAL_TIMEOUT_S = 10.0
 HOLE_PUNCH_DIAL_TIMEOUT_S = 3
+REPUNCH_FIRST_S = 10.0  # after the library's own tries are spent
+REPUNCH_MAX_S = 300.0
+REPUNCH_SCAN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Relay:
         ):
             await self._protocol.event_started.wait()
             self._nursery = nursery  # the reservations' refreshers run here
+            nursery.start_soon(self._punch_again)
             try:
                 yield self
             finally:
@@ -144,6 +153,37 @@ class Relay:
         with suppress(Exception):
             await self._dcutr.initiate_hole_punch(peer)
 
+    async def _punch_again(self) -> None:
+        """Punch again, at growing waits, to each peer reached only through a relay
+        whose tries the library has spent (it resets them only when the peer
+        disconnects). The waits are jittered so that the two ends do not collide."""
+        due: dict[ID, tuple[float, float]] = {}  # peer -> (when, the wait after that)
+        while True:
+            await trio.sleep(REPUNCH_SCAN_S)
+            now = trio.current_time()
+            spent = set(self._spent_relayed_peers())
+            for peer in set(due) - spent:
+                del due[peer]
+            for peer in spent:
+                when, wait = due.setdefault(peer, (now + _jitter(REPUNCH_FIRST_S), REPUNCH_FIRST_S))
+                if now < when:
+                    continue
+                wait = min(wait * 2, REPUNCH_MAX_S)
+                due[peer] = (now + _jitter(wait), wait)
+                log.debug("hole punch to %s again (next in about %.0f s)", peer, wait)
+                self._dcutr._hole_punch_attempts.pop(peer, None)
+                self._nursery.start_soon(self._punch, peer)
+
+    def _spent_relayed_peers(self) -> list[ID]:
+        attempts = self._dcutr._hole_punch_attempts
+        return [
+            peer
+            for peer, count in list(attempts.items())
+            if count >= MAX_HOLE_PUNCH_ATTEMPTS
+            and peer not in self._dcutr._in_progress
+            and self.path(peer.to_base58()) == "relayed"
+        ]
+
     def punching(self, peer_id: str) -> bool:
         """A hole punch with `peer_id` is under way (either side began it)."""
         with suppress(Exception):
@@ -170,3 +210,7 @@ class Relay:
         if not conns:
             return "none"
         return "direct" if any(_is_direct(conn) for conn in conns) else "relayed"
+
+
+def _jitter(seconds: float) -> float:
+    return seconds * random.uniform(0.75, 1.25)

@@ -1,7 +1,8 @@
 """Circuit relay v2 on our host, in process on loopback: a peer known only by its
 circuit address is reached through the relay, a request works over it, and the hole
-punch begun with the relayed dial upgrades the connection to a direct one.
-(Through real NATs, in network namespaces: tests/netlab/.)"""
+punch begun with the relayed dial upgrades the connection to a direct one, or a later
+one when the library's own tries are spent. (Through real NATs, in network namespaces:
+tests/netlab/.)"""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
 from nacl.signing import SigningKey
 
 from node.demo.localnet import free_port
 from node.identity import Identity
+from node.net import relay as relay_module
 from node.net.host import MeshHost
 from node.net.relay import RelayOptions
 
@@ -118,3 +120,47 @@ def test_a_circuit_that_ends_leaves_the_relays_other_circuits_to_that_peer_open(
     assert echoed == b"two"
     assert circuits == 1
     assert path == "relayed"
+
+
+@pytest.mark.process  # libp2p hosts
+def test_a_peer_whose_hole_punch_tries_are_spent_is_punched_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every try of the library's fails at first and spends its whole budget, as two
+    ends colliding or a loaded machine missing the timing do three times in a row; the
+    library would then keep the relayed connection for good. A later punch of ours
+    makes it direct."""
+    monkeypatch.setattr(relay_module, "REPUNCH_FIRST_S", 1.0)
+    punch = DCUtRProtocol.initiate_hole_punch
+    tries: list[bool] = []
+
+    async def failing_first(self: DCUtRProtocol, peer_id: ID) -> bool:
+        tries.append(any(tries) or len(tries) >= 3)
+        if not tries[-1]:
+            self._hole_punch_attempts[peer_id] = MAX_HOLE_PUNCH_ATTEMPTS
+            return False
+        return await punch(self, peer_id)
+
+    monkeypatch.setattr(DCUtRProtocol, "initiate_hole_punch", failing_first)
+
+    async def main() -> tuple[str, str]:
+        async with (
+            MeshHost.start(_identity(), _listen(), relay=RelayOptions(serve=True)) as relay,
+            MeshHost.start(_identity(), _listen()) as hidden,
+            MeshHost.start(_identity(), _listen()) as dialer,
+        ):
+            await hidden.connect(relay.addrs()[0])
+            circuit = await hidden.relay.reserve(relay.addrs()[0])
+            dialer.remember(hidden.peer_id, [circuit])
+            with trio.fail_after(20):
+                await dialer.reach(hidden.peer_id)
+            first = dialer.path_to(hidden.peer_id)
+            with trio.fail_after(30):
+                while dialer.path_to(hidden.peer_id) != "direct":
+                    await trio.sleep(0.1)
+            return first, dialer.path_to(hidden.peer_id)
+
+    first, then = trio.run(main)
+    assert first == "relayed"
+    assert then == "direct"
+    assert tries[:3] == [False, False, False] and tries[3]
