@@ -179,8 +179,9 @@ def test_nated_nodes_work_through_relays_hole_punching_and_a_relay_that_stops(
         found = wait_for(find_both, 90, "a search that finds both NAT'd workers", interval=2.0)
         assert found["dead"] == 0, found
         print(f"the owner found both NAT'd workers in {found['seconds']:.2f} s")
-        # the owner dials both (through a relay); C's connection is hole-punched
-        wait_for(lambda: _path(owner, cone.peer_id) == "direct", 45, "a hole-punched path to C")
+        # the owner dials both (through a relay); C's connection is hole-punched (when
+        # the first tries collide or miss on a loaded machine, again some 10-40 s later)
+        wait_for(lambda: _path(owner, cone.peer_id) == "direct", 90, "a hole-punched path to C")
 
         # on a loaded machine the owner's offer to B can fail to open its relayed stream
         # (seen once in CI: a StreamFailure after 10 s); C then trains both slots, and
