@@ -418,7 +418,7 @@ class MeshHost:
         try:
             with trio.fail_after(timeout):
                 await self._reach_by_relay(peer_id)
-                stream = await self._host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+                stream = await self._new_stream(peer_id, protocol)
                 try:
                     await write_frame(stream, data)
                     return await read_frame(stream, max_response)
@@ -430,6 +430,17 @@ class MeshHost:
             raise HostError(
                 f"{protocol} request to {peer_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
+
+    async def _new_stream(self, peer_id: str, protocol: str) -> INetStream:
+        """A stream to the peer; its connections dropped and dialled again once when
+        every one has closed (py-libp2p keeps closed connections listed and refuses a
+        stream then instead of dialling: "No valid connections")."""
+        pid = ID.from_base58(peer_id)
+        network = self._host.get_network()
+        listed = network.connections.get(pid) or []
+        if listed and all(conn.is_closed for conn in listed):
+            await network.close_peer(pid)
+        return await self._host.new_stream(pid, [TProtocol(protocol)])
 
     async def _reach_by_relay(self, peer_id: str) -> None:
         """Before a stream to a peer we are not connected to that advertises circuit
