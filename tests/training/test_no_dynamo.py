@@ -1,6 +1,8 @@
 """Training never imports torch._dynamo (`training.run.no_dynamo`), and its bits are
 those `optimizer.step()` gives: every optimizer, a schedule with warmup, gradient
-clipping, bf16, and an elastic job's rounds (our custom ops, the outer step)."""
+clipping, bf16, and an elastic job's rounds (our custom ops, the outer step). Nor
+does counting a job's tensors on the meta device, as the owner's first runner of an
+elastic job does."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import hashlib, json, sys, tomllib
 from pathlib import Path
 
 import training.run.loop
+from node.demo.elastic import write_corpus
+from training.evidence.result_check import model_shapes
 from training.run.local import train_local
-from training.spec.examples import digits_toml, elastic_toml
+from training.spec.examples import char_lm_elastic_toml, digits_toml, elastic_toml
 from training.spec.job import parse_spec
 
 out, plain = Path(sys.argv[1]), sys.argv[2] == "plain"
@@ -38,6 +42,10 @@ for name, extra in optims.items():
 for compression in ("int4", "none"):
     toml = elastic_toml(workers=2, inner_steps=4, rounds=2, hidden=(16,), compression=compression)
     train_local(parse_spec(tomllib.loads(toml)), out / f"elastic-{compression}.safetensors")
+# the owner's count of an elastic transformer's tensors (its init runs torch._refs)
+lm = char_lm_elastic_toml(str(write_corpus(out / "corpus.txt")), rounds=1)
+shapes = model_shapes(parse_spec(tomllib.loads(lm)), None, None)
+assert shapes["delta_numel"] > 0 and "tokens.weight" in shapes["tensors"], shapes
 for path in sorted(out.glob("*.safetensors")):
     hashes[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
 print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "hashes": hashes}))
