@@ -217,7 +217,9 @@ class Cluster:
             # nothing gossip-related and would delay and skew the start
             shutil.copy(self.nodes[0].data_dir / "capacity.json", data_dir)
         listen, http = free_port(), free_port()
-        cmd = [MESHMINER, "node", "run", "--no-mdns", "--data-dir", str(data_dir)]
+        # cold runners: a cluster measures discovery, and a fork server warming at every
+        # node's start (`warm_runners`) would take the CPU its joins are timed by
+        cmd = [MESHMINER, "node", "run", "--no-mdns", "--cold-runners", "--data-dir", str(data_dir)]
         cmd += ["--listen", f"/ip4/127.0.0.1/tcp/{listen}", "--http", f"127.0.0.1:{http}"]
         cmd += [*self.args, *extra, *(["--bootstrap", self.bootstrap] if self.bootstrap else [])]
         with open(data_dir / "stderr.log", "wb") as log:

@@ -223,6 +223,7 @@ async def _serve(
                     finder=PeerFinder(gossip, registration),
                 ),
                 memory_limit_mb=_memory_limit_mb(),
+                warm_runners=settings.warm_runners,
             )
             ctx = work.ctx
             stop.runner_pids = lambda: ctx.unit_pids | ctx.runner_pids

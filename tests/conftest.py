@@ -21,11 +21,15 @@ os.environ.update(ONE_THREAD)
 
 # short refresh and TTL so that joins and departures show within seconds
 FAST_GOSSIP = ["--publish-interval", "1", "--peer-ttl", "3"]
+# test nodes start their runners' fork server with their first task, not with the node
+# (`warm_runners`): most never train, and each warm server costs 1-3 s of CPU
+# (tests/node/work/run/test_forkserver.py checks the default)
+NODE_ARGS = [*FAST_GOSSIP, "--cold-runners"]
 
 
 @pytest.fixture
 def localnet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalNetwork]:
-    net = LocalNetwork(tmp_path / "net", FAST_GOSSIP)
+    net = LocalNetwork(tmp_path / "net", NODE_ARGS)
     try:
         yield net
     finally:

@@ -91,9 +91,10 @@ def note_served(
 
 
 class WorkService:
-    def __init__(self, ctx: WorkContext, memory_limit_mb: int) -> None:
+    def __init__(self, ctx: WorkContext, memory_limit_mb: int, warm_runners: bool = False) -> None:
         self.ctx = ctx
         self._memory_limit_mb = memory_limit_mb
+        self._warm_runners = warm_runners
         self.blob_server = BlobServer(
             ctx.blobs,
             ctx.identity,
@@ -146,6 +147,8 @@ class WorkService:
                 )
                 log.info("blob data channel on port %d", self.ctx.data_port)
                 nursery.start_soon(self.owner.run)
+                if self._warm_runners:
+                    nursery.start_soon(self._warm_at_start)
                 nursery.start_soon(
                     keep_removing_old_folders,
                     self.ctx.data_dir / "units",
@@ -157,6 +160,15 @@ class WorkService:
             # quick, but the node's stop bounds it (and the scope may already be cancelled)
             with trio.CancelScope(shield=True, deadline=trio.current_time() + BLOB_STOP_S):
                 await trio.to_thread.run_sync(self.blob_server.stop, abandon_on_cancel=True)
+
+    async def _warm_at_start(self) -> None:
+        """The runners' fork server, started with the node (`warm_runners`): the first
+        task then skips torch's import (2-6 s of CPU; on a machine whose nodes all
+        start at once, a job's first round waited for each node's in turn)."""
+        try:
+            await self.ctx.warm_runners()
+        except Exception as exc:  # its first task starts a runner fresh
+            log.warning("could not start the runners' fork server: %s", exc)
 
     # -- the API's calls -------------------------------------------------------------
 

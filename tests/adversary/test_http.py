@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNetwork]:
-    network = LocalNetwork(tmp_path_factory.mktemp("http"), ["--not-accepting"])
+    network = LocalNetwork(tmp_path_factory.mktemp("http"), ["--not-accepting", "--cold-runners"])
     try:
         yield network
     finally:

@@ -26,7 +26,7 @@ from training.spec.job import parse_spec
 pytestmark = pytest.mark.slow
 
 P2P_PORT = 4470
-FAST = ["--publish-interval", "1", "--peer-ttl", "5", "--no-mdns"]
+FAST = ["--publish-interval", "1", "--peer-ttl", "5", "--no-mdns", "--cold-runners"]
 LARGE = ["--gossip-max-peers", "1"]  # any directory's count is large: no ad is gossiped
 
 

@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from node.client import request_json
 from node.demo.localnet import LocalNetwork, LocalNode, free_port, wait_for
-from tests.conftest import FAST_GOSSIP
+from tests.conftest import NODE_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -99,12 +99,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalNode]]:
     """node1 (the job owner) and node2 on loopback, node3 with its API on 0.0.0.0."""
-    net = LocalNetwork(tmp_path_factory.mktemp("net"), FAST_GOSSIP)
+    net = LocalNetwork(tmp_path_factory.mktemp("net"), NODE_ARGS)
     try:
         first = net.add()
         named = ["--name", "Ada L.", "--team", "Analytical Engines"]
         for name, http_host in (("node2", "127.0.0.1"), ("node3", "0.0.0.0")):
-            args = [*FAST_GOSSIP, "--bootstrap", first.multiaddr]
+            args = [*NODE_ARGS, "--bootstrap", first.multiaddr]
             args += named if name == "node2" else []
             node = LocalNode(name, net.root / name, free_port(), free_port(), args, http_host)
             net.nodes.append(node)

@@ -256,7 +256,7 @@ def test_meshminer_submit_uploads_a_token_file(tmp_path: Path) -> None:
         '[data]\nsource = "train.bin"\nformat = "tokens16"\n[optim]\nsteps = 3\n'
     )
     (tmp_path / "net").mkdir()
-    net = LocalNetwork(tmp_path / "net", ["--not-accepting"])
+    net = LocalNetwork(tmp_path / "net", ["--not-accepting", "--cold-runners"])
     try:
         node = net.add()
         run = subprocess.run(

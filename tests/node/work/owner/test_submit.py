@@ -53,7 +53,7 @@ def _stored_blobs(node: LocalNode) -> list[Path]:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
     """One paused node for the whole module: refused submissions change nothing, so the
     cases cannot disturb each other (the one accepted job comes last)."""
-    net = LocalNetwork(tmp_path_factory.mktemp("submit"), ["--not-accepting"])
+    net = LocalNetwork(tmp_path_factory.mktemp("submit"), ["--not-accepting", "--cold-runners"])
     try:
         yield net.add()
     finally:

@@ -179,7 +179,7 @@ def _left_uploads(node: LocalNode) -> list[Path]:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
     """One paused node: its jobs stay queued, nothing trains."""
-    net = LocalNetwork(tmp_path_factory.mktemp("shards"), ["--not-accepting"])
+    net = LocalNetwork(tmp_path_factory.mktemp("shards"), ["--not-accepting", "--cold-runners"])
     try:
         yield net.add()
     finally:

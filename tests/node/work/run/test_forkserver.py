@@ -1,6 +1,6 @@
-"""The fork server: started with a node's first task, it forks every later task's
-runner with torch imported already, and each runner isolates itself for its task as
-a fresh one does."""
+"""The fork server: started with a node (or, with `--cold-runners`, its first task),
+it forks every task's runner with torch imported already, and each runner isolates
+itself for its task as a fresh one does."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from processes import training_processes
+from processes import gone, training_processes
 from safetensors.numpy import save_file
 
+from node.demo.localnet import LocalNetwork, wait_for
 from node.work.run import (
     RunnerRequest,
     UnitFailed,
@@ -73,6 +74,21 @@ def test_every_task_is_forked_by_one_server_and_isolates_itself(tmp_path: Path, 
     assert len(isolation) == 4 and len(set(isolation)) == 1  # each isolated itself
     assert "on" in isolation[0]
     os.kill(first[0], 9)
+
+
+def test_a_node_starts_its_fork_server_with_itself_unless_told_not_to(tmp_path: Path) -> None:
+    with LocalNetwork(tmp_path / "net", ["--not-accepting"]) as net:
+        warm, cold = net.add(), net.add(["--cold-runners"])
+        servers = wait_for(
+            lambda: training_processes(warm.data_dir / "runners", "training.run.forkserver"),
+            120,
+            "the warm node's fork server",
+        )
+        assert len(servers) == 1
+        assert training_processes(cold.data_dir, "training.run.forkserver") == []
+        assert not (cold.data_dir / "runners" / "forkserver.log").exists()
+        warm.stop()
+        wait_for(lambda: all(gone(pid) for pid in servers), 30, "the server to leave with its node")
 
 
 def _serve(tmp_path: Path, idle: str, threads: str) -> subprocess.CompletedProcess:
