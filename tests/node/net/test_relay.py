@@ -7,6 +7,8 @@ tests/netlab/.)"""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -32,18 +34,32 @@ def _listen() -> str:
     return f"/ip4/127.0.0.1/tcp/{free_port()}"
 
 
+@asynccontextmanager
+async def _behind_relay() -> AsyncIterator[tuple[MeshHost, MeshHost, MeshHost, str]]:
+    """A relay, a hidden host holding a slot there, and a dialer; the hidden host's
+    circuit address."""
+    async with (
+        MeshHost.start(_identity(), _listen(), relay=RelayOptions(serve=True)) as relay,
+        MeshHost.start(_identity(), _listen()) as hidden,
+        MeshHost.start(_identity(), _listen()) as dialer,
+    ):
+        await hidden.connect(relay.addrs()[0])
+        circuit = await hidden.relay.reserve(relay.addrs()[0])
+        yield relay, hidden, dialer, circuit
+
+
+async def _until_direct(dialer: MeshHost, peer_id: str, seconds: float) -> None:
+    with trio.fail_after(seconds):
+        while dialer.path_to(peer_id) != "direct":
+            await trio.sleep(0.1)
+
+
 @pytest.mark.process  # libp2p hosts
 def test_a_peer_known_only_by_its_circuit_address_is_reached_through_the_relay(
     tmp_path: Path,
 ) -> None:
     async def main() -> tuple[bytes, str, str, str]:
-        async with (
-            MeshHost.start(_identity(), _listen(), relay=RelayOptions(serve=True)) as relay,
-            MeshHost.start(_identity(), _listen()) as hidden,
-            MeshHost.start(_identity(), _listen()) as dialer,
-        ):
-            await hidden.connect(relay.addrs()[0])
-            circuit = await hidden.relay.reserve(relay.addrs()[0])
+        async with _behind_relay() as (relay, hidden, dialer, circuit):
             assert circuit in hidden.addrs()
 
             async def answer(peer: str, data: bytes) -> bytes:
@@ -54,9 +70,7 @@ def test_a_peer_known_only_by_its_circuit_address_is_reached_through_the_relay(
             with trio.fail_after(20):
                 reply = await dialer.request(hidden.peer_id, "/test/ask/1", b"hi", 128)
             first = dialer.path_to(hidden.peer_id)
-            with trio.fail_after(15):  # the hole punch begun with the relayed dial
-                while dialer.path_to(hidden.peer_id) != "direct":
-                    await trio.sleep(0.1)
+            await _until_direct(dialer, hidden.peer_id, 15)  # the punch begun with the dial
             status = await dialer.reachability.check([relay.peer_id])
             return reply, first, circuit, status.state
 
@@ -144,20 +158,12 @@ def test_a_peer_whose_hole_punch_tries_are_spent_is_punched_again(
     monkeypatch.setattr(DCUtRProtocol, "initiate_hole_punch", failing_first)
 
     async def main() -> tuple[str, str]:
-        async with (
-            MeshHost.start(_identity(), _listen(), relay=RelayOptions(serve=True)) as relay,
-            MeshHost.start(_identity(), _listen()) as hidden,
-            MeshHost.start(_identity(), _listen()) as dialer,
-        ):
-            await hidden.connect(relay.addrs()[0])
-            circuit = await hidden.relay.reserve(relay.addrs()[0])
+        async with _behind_relay() as (_, hidden, dialer, circuit):
             dialer.remember(hidden.peer_id, [circuit])
             with trio.fail_after(20):
                 await dialer.reach(hidden.peer_id)
             first = dialer.path_to(hidden.peer_id)
-            with trio.fail_after(30):
-                while dialer.path_to(hidden.peer_id) != "direct":
-                    await trio.sleep(0.1)
+            await _until_direct(dialer, hidden.peer_id, 30)
             return first, dialer.path_to(hidden.peer_id)
 
     first, then = trio.run(main)
