@@ -163,7 +163,7 @@ class WorkService:
 
     async def _warm_at_start(self) -> None:
         """The runners' fork server, started with the node (`warm_runners`): the first
-        task then skips torch's import (2-6 s of CPU; on a machine whose nodes all
+        task then skips torch's import (1-3 s of CPU; on a machine whose nodes all
         start at once, a job's first round waited for each node's in turn)."""
         try:
             await self.ctx.warm_runners()

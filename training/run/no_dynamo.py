@@ -6,14 +6,14 @@ they are used, only so that `torch.compile` leaves them alone: `Optimizer.step`
 imports it to mark a graph break, and the functions torch wraps in
 `torch._compile._disable_dynamo` (`add_param_group`, `zero_grad`, `state_dict`,
 `load_state_dict`, the functional `adam` and `sgd`, ...) import it to build their
-`torch._dynamo.disable`d version. So do the reference implementations that run a
-model's initialisation on the meta device (`torch._refs`' `normal_`, `mul`, ...),
-where we count a job's tensors without allocating them (`expected_tensors`): 1.5 s
-of CPU in the owner's first runner of an elastic job, between its submission and
-the first offer. That import costs as much CPU as `import torch`
+`torch._dynamo.disable`d version. That import costs as much CPU as `import torch`
 itself: 2.6 s on a 2-core VM (2026-11-29), in every runner's fork server, every
 fresh runner and every `train-local`, and on a machine whose nodes all start at once
-it was a third of the time before a job's first round ended. Nothing here compiles
+it was a third of the time before a job's first round ended. The reference
+implementations that run a model's initialisation on the meta device (`torch._refs`'
+`normal_`, `mul`, ...), where we count a job's tensors without allocating them
+(`expected_tensors`), import it the same way: 1.5 s of CPU in the owner's first
+runner of an elastic job, between its submission and the first offer. Nothing here compiles
 (no `torch.compile`; programs run in our own interpreter), so:
 
 - `skip_dynamo_wrappers` fills each such wrapper's cache with the plain function
@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import gc
 import inspect
+import sys
 import types
 from contextlib import suppress
 
 import torch
 
 CACHE = "__dynamo_disable"  # where torch's wrapper keeps the function it calls
+_scanned: tuple[int, int] | None = None  # (modules, custom ops) at the last scan
 
 
 def skip_dynamo_wrappers() -> int:
@@ -48,9 +50,17 @@ def skip_dynamo_wrappers() -> int:
     the meta device's reference implementations, the kernels of the custom ops
     registered so far, `training.ops`) run without torch._dynamo; how many wrappers
     were filled (0 when all were before, or when this torch builds them some other
-    way). The wrappers are found among the interpreter's objects: 30-40 ms a call."""
+    way). The wrappers are found among the interpreter's objects (30-40 ms); torch
+    makes them as its modules load and as ops are registered, so a call when neither
+    happened since the last does nothing (an elastic simulation makes an optimizer
+    for every share)."""
+    global _scanned
     from torch._compile import _disable_dynamo
+    from torch._library.custom_ops import OPDEFS
 
+    loaded = (len(sys.modules), len(OPDEFS))
+    if loaded == _scanned:
+        return 0
     wrapper_code = _disable_dynamo(_plain).__code__
     if "fn" not in wrapper_code.co_freevars:
         return 0
@@ -59,12 +69,12 @@ def skip_dynamo_wrappers() -> int:
     for candidate in gc.get_objects():
         if type(candidate) is not types.FunctionType or candidate.__code__ is not wrapper_code:
             continue
-        plain = candidate.__closure__[cell].cell_contents  # type: ignore[index]
-        if not callable(plain) or CACHE in getattr(plain, "__dict__", {}):
-            continue
-        with suppress(AttributeError, TypeError):  # an object that takes no attributes
-            setattr(plain, CACHE, plain)
-            filled += 1
+        with suppress(ValueError, AttributeError, TypeError):  # an empty cell; no attributes
+            plain = candidate.__closure__[cell].cell_contents  # type: ignore[index]
+            if callable(plain) and CACHE not in getattr(plain, "__dict__", {}):
+                setattr(plain, CACHE, plain)
+                filled += 1
+    _scanned = loaded
     return filled
 
 
