@@ -119,6 +119,8 @@ class Measured:
     start_s: float = 0.0
     speed_ms: float = 0.0  # the yardstick (`speed_ms`): mean of before and after the network
     per_volunteer: list[float] = field(default_factory=list)  # each one's CPU, ms/min
+    # gossip: each joiner's log lines that say a dial failed before its first table
+    join_warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         return {
@@ -198,6 +200,18 @@ def _find(
         wait_for(lambda j=joiner, n=others: len(j.get("/api/v1/peers")) >= n, 60, "all listed")
         times.append(joined_after_up(joiner, others))  # its first table holds them all
     return times, None
+
+
+def join_warnings(node: Node) -> list[str]:
+    """The node's warnings up to the first peer that joined (a failed first dial of
+    the bootstrap peer waits a second before the next): what a slow join looked like."""
+    said = []
+    for line in (node.data_dir / "stderr.log").read_text(errors="replace").splitlines():
+        if "peer joined:" in line:
+            break
+        if " WARNING " in line and "data dir" not in line:
+            said.append(line[11:200])
+    return said
 
 
 def joined_after_up(node: Node, k: int) -> float:
@@ -293,6 +307,8 @@ def measure(
             per_volunteer=per_min[m:],
         )
         measured.find_s, measured.probe_connected = _find(setup, cluster, nodes, finds)
+        for joiner in cluster.nodes[len(nodes) :]:
+            measured.join_warnings += join_warnings(joiner)
         measured.drop_s = _drop(setup, nodes, nodes[max(m, setup.nodes - kills) :])
     measured.speed_ms = (before + speed_ms()) / 2  # the machine's speed moves in minutes
     return measured

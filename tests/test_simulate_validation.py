@@ -11,9 +11,11 @@ another test's load would be counted in the nodes' CPU.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from benchmarks.discovery import Setup, compare, measure, simulated
+from benchmarks.discovery import Setup, compare, join_warnings, measure, simulated
 from benchmarks.simulate import load_costs
 
 pytestmark = pytest.mark.slow
@@ -70,6 +72,7 @@ def _misses(design: str) -> tuple[dict[str, float], dict]:
     report = {k: (round(real[k], 3), round(sim[k], 3)) for k in ratios}
     report["others_cores"] = round(measured.others_cores, 2)
     report["find_s_each"] = [round(seconds, 3) for seconds in measured.find_s]
+    report["join_warnings"] = measured.join_warnings[:5]
     misses = {}
     for figure, ratio in ratios.items():
         low, high = KNOWN_GAPS.get((design, figure), (1 - TOLERANCE, 1 + TOLERANCE))
@@ -101,3 +104,21 @@ def test_the_simulator_agrees_with_ten_real_nodes(design: str) -> None:
             f"real figures measured them ({said}); run it on an idle machine"
         )
     assert not misses, f"{said} ({report})"
+
+
+def test_a_joiners_warnings_before_its_first_peer_are_reported(tmp_path) -> None:
+    """What a slow join looked like (`join_warnings`): the warnings before the first
+    peer joined, not the data dir's mode nor anything after."""
+    log = [
+        "2026-11-29 23:24:57,413 WARNING node.store: data dir /x was mode 755; now 0700",
+        "2026-11-29 23:24:57,537 INFO    node.daemon: node 12D3 up: libp2p /ip4/127.0.0.1",
+        "2026-11-29 23:24:57,600 WARNING node.net.discovery.bootstrap: bootstrap /ip4/x: "
+        "could not connect; retrying in 1 s",
+        "2026-11-29 23:24:58,631 INFO    node.net.discovery.gossip: peer joined: 12D3 (x)",
+        "2026-11-29 23:24:59,000 WARNING node.net.reachability: later",
+    ]
+    (tmp_path / "stderr.log").write_text("\n".join(log) + "\n")
+    node = SimpleNamespace(data_dir=tmp_path)
+    said = join_warnings(node)  # type: ignore[arg-type]
+    assert len(said) == 1 and "retrying in 1 s" in said[0], said
+    assert said[0].startswith("23:24:57,600 WARNING")
