@@ -152,10 +152,11 @@ def _landlock(workdir: Path, read_files: list[Path]) -> dict[str, str]:
         _allow(fd, Path(__file__).resolve().parents[2], FS_READ_DIR)  # to find them
         for path in DEVICE_RW:
             _allow(fd, Path(path), fs)
-        # CUDA names its threads through /proc/self/task/*/comm: refused, it fails to
-        # start (error 304). Landlock keeps other processes' /proc/<pid>/mem out of
-        # reach (its ptrace scoping), and /proc/sys stays root's.
-        _allow(fd, Path("/proc"), (READ | FS_WRITE_FILE) & fs)
+        # CUDA names its threads through /proc/self/task/*/comm, opened as fopen's "w"
+        # opens it (O_TRUNC, its own right from ABI 3): refused, CUDA fails to start
+        # (error 304). Landlock keeps other processes' /proc/<pid>/mem out of reach
+        # (its ptrace scoping), and /proc/sys stays root's.
+        _allow(fd, Path("/proc"), (READ | FS_WRITE_FILE | FS_TRUNCATE) & fs)
         _allow(fd, workdir, fs)
         for path in read_files:
             _allow(fd, path, FS_READ_FILE)

@@ -59,6 +59,10 @@ def name_a_thread():  # as CUDA names its threads when it starts
     if err:
         raise OSError(err, os.strerror(err))
 
+def rename_through_comm():  # as the driver does: fopen(".../comm", "w"), so O_TRUNC
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+        comm.write("cuda-EvtHandlr")
+
 def write_parent_memory():
     with open(f"/proc/{os.getppid()}/mem", "r+b") as mem:
         mem.write(b"x")
@@ -72,6 +76,7 @@ print(json.dumps({
     "write outside": attempt(lambda: (Path(key).parent / "planted").write_text("x")),
     "connect": attempt(connect),
     "name a thread": attempt(name_a_thread),
+    "name a thread through its comm file": attempt(rename_through_comm),
     "write the parent's memory": attempt(write_parent_memory),
     "limits": {name: resource.getrlimit(getattr(resource, name))[0]
                for name in ("RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU")},
@@ -107,6 +112,7 @@ def test_a_runner_cannot_read_the_nodes_files_nor_reach_the_network(tmp_path: Pa
     assert seen["connect"] != "allowed"
     assert (seen["read blob"], seen["write unit"]) == ("allowed", "allowed")
     assert seen["name a thread"] == "allowed"  # refused, CUDA fails to start (error 304)
+    assert seen["name a thread through its comm file"] == "allowed"  # Landlock ABI >= 3: truncate
     assert seen["write the parent's memory"] == "PermissionError"
     assert not (data / "planted").exists()
     limits = seen["limits"]
