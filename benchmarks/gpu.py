@@ -40,10 +40,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from node.work.trust import tolerance_of
 from protocol import encode
 from tests.programs.export import export_pair
 from tests.programs.models import GPT
-from training.evidence.bounds import BF16_TOLERANCE, STEP_RATIO, TOLERANCE
+from training.evidence.bounds import STEP_RATIO
 from training.evidence.steps import checkpoint_steps
 from training.model.bind import bind_trainable
 from training.model.weights import file_sha256
@@ -154,10 +155,10 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
         device: timed(
             request(spec, blobs, folder / f"skip-{device}-{precision}", device=device,
                     task="replay", replay={"segments": skipped})
-        )["distances"]
+        )
         for device in ("cpu", DEVICE)
     }  # fmt: skip
-    tolerance = BF16_TOLERANCE if precision == "bf16" else TOLERANCE
+    tolerance = tolerance_of({"optim": {"precision": precision}}, kinds=True)
     return {
         "precision": precision,
         "steps": steps,
@@ -178,8 +179,9 @@ def determinism(folder: Path, precision: str, steps: int) -> dict[str, Any]:
             a == b for a, b in zip(across["ends"], cps[1:], strict=True)
         ],
         "segment_movement": [movement(files[i], files[i + 1]) for i in range(len(segments))],
-        "one_step_skipped_cpu_distance": cheat["cpu"],
-        "one_step_skipped_same_device_distance": cheat[DEVICE],
+        "one_step_skipped_cpu_distance": cheat["cpu"]["distances"],
+        "one_step_skipped_cpu_step_ratio": cheat["cpu"]["step_ratios"],
+        "one_step_skipped_same_device_distance": cheat[DEVICE]["distances"],
         "tolerance": tolerance,
         "within_tolerance": all(d <= tolerance for d in across["distances"]),
     }

@@ -35,7 +35,6 @@ from node.work.trust.commitments import (
 from node.work.trust.comparisons import compare_replay, replay_table
 from node.work.trust.draws import drawn, drawn_by_commitment, needed_states, replay_chance
 from node.work.trust.replays import (
-    BF16_TOLERANCE,
     TOLERANCE,
     FetchedStates,
     Replays,
@@ -54,7 +53,6 @@ from node.work.trust.spot_checks import (
 )
 
 __all__ = [
-    "BF16_TOLERANCE",
     "CHECKED_REPORTS",
     "UnitTerms",
     "MAX_HELD",

@@ -257,7 +257,8 @@ class Commitments:
         distances = replay["distances"] if cross else [0.0] * len(ready)
         ratios = replay.get("step_ratios") if cross else None
         ratios = ratios or [0.0] * len(ready)
-        tolerance, kinds = tolerance_of(spec), across_kinds(self.ctx, unit.worker)
+        kinds = across_kinds(self.ctx, unit.worker)
+        tolerance = tolerance_of(spec, kinds)
         for i, end, distance, ratio in zip(ready, replay["ends"], distances, ratios, strict=True):
             if cross:
                 agreed = agrees(distance, ratio, tolerance, kinds)

@@ -21,15 +21,17 @@ from node.work.context import WorkContext
 from node.work.jobs import Job, RoundStore, Unit
 from node.work.run import RequestBuilder
 from node.work.trust.shapes import model_shapes
-from training.evidence.bounds import BF16_TOLERANCE, TOLERANCE
+from training.evidence.bounds import BF16_ACROSS_KINDS, BF16_TOLERANCE, TOLERANCE
 from training.evidence.result_check import max_weights_bytes
 from training.spec.job import elastic_of_plain
 
 
-def tolerance_of(spec: dict[str, Any]) -> float:
-    """How far apart two classes' states of this job may be (relative L2)."""
-    bf16 = spec.get("optim", {}).get("precision") == "bf16"
-    return BF16_TOLERANCE if bf16 else TOLERANCE
+def tolerance_of(spec: dict[str, Any], kinds: bool = False) -> float:
+    """How far apart two classes' states of this job may be (relative L2); `kinds`:
+    the classes are a CPU and a GPU (`across_kinds`)."""
+    if spec.get("optim", {}).get("precision") != "bf16":
+        return TOLERANCE
+    return BF16_ACROSS_KINDS if kinds else BF16_TOLERANCE
 
 
 class FetchedStates:

@@ -9,7 +9,8 @@ its own sandboxed runner (`training.evidence.replay`). Checked, every time:
 - checkpoint 0 is the spec's own initial state (another seed, another model: caught);
 - each replayed segment ends on the worker's next checkpoint: the same sha256 within
   one determinism class, a relative distance of at most `TOLERANCE` across classes
-  (`BF16_TOLERANCE` for a job trained in bf16);
+  (`BF16_TOLERANCE` for a job trained in bf16, `BF16_ACROSS_KINDS` when a CPU
+  replays a GPU's bf16 segment: `tolerance_of`);
 - the worker's last checkpoint unpacks to exactly the weights it returned, and those
   are evaluated here: the job shows these metrics, not the worker's.
 
@@ -167,16 +168,10 @@ class SpotChecks:
             replay["init_sha256"] = resumed_from
             replay["init_distance"] = 0.0 if cps[0] == resumed_from else math.inf
         replay["replayed_steps"] += sum(steps[i + 1] - steps[i] for i in chosen if i not in rest)
-        tolerance = tolerance_of(sub.spec)
+        kinds = across_kinds(self.ctx, sub.peer)
+        tolerance = tolerance_of(sub.spec, kinds)
         failure = compare_replay(
-            replay,
-            steps,
-            chosen,
-            cps,
-            cross,
-            result.weights_sha256,
-            tolerance,
-            kinds=across_kinds(self.ctx, sub.peer),
+            replay, steps, chosen, cps, cross, result.weights_sha256, tolerance, kinds=kinds
         )
         if failure is None:
             failure = compare_reports(
@@ -203,12 +198,13 @@ class SpotChecks:
         optimizer state) when segment 0 is replayed; the delta from the replayed last
         state when the last one is (`docs/design/trust.md`)."""
         cps, last = sub.result.checkpoints, len(steps) - 2
+        kinds = across_kinds(self.ctx, sub.peer)
         verdict = Verdict(
             True,
             segments=chosen,
             total_steps=steps[-1],
             strict=not cross,
-            tolerance=tolerance_of(sub.spec),
+            tolerance=tolerance_of(sub.spec, kinds),
         )
         if not chosen:
             return verdict
@@ -235,7 +231,7 @@ class SpotChecks:
             verdict.tolerance,
             start=0 in chosen,
             end=last in chosen,
-            kinds=across_kinds(self.ctx, sub.peer),
+            kinds=kinds,
         )
         return self._with_failure(sub, verdict, failure)
 
