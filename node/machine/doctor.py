@@ -7,8 +7,11 @@ API, when one answers), the data dir, and the machine's torch. The command
 
 from __future__ import annotations
 
+import json
 import stat
 import statistics
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -201,7 +204,32 @@ def torch_findings() -> list[Finding]:
             )
         ]
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return [Finding("torch", OK, f"{version}, CUDA {torch.version.cuda}: {', '.join(names)}")]
+    found = Finding("torch", OK, f"{version}, CUDA {torch.version.cuda}: {', '.join(names)}")
+    return [found, sandboxed_cuda_finding()]
+
+
+def sandboxed_cuda_finding() -> Finding:
+    """Whether CUDA starts inside the runner's sandbox: where it does not, every unit
+    trains on the CPU (`device = "auto"`) although the node advertises its GPU."""
+    name = "isolation: CUDA"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "training.run.isolation", "--cuda"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        state = json.loads(done.stdout.strip().splitlines()[-1])["cuda"]
+    except (subprocess.TimeoutExpired, IndexError, KeyError, ValueError) as exc:
+        state = f"off: the probe failed ({exc})"
+    if state == "on":
+        return Finding(name, OK, "CUDA starts inside the runner's sandbox")
+    return Finding(
+        name,
+        PROBLEM,
+        f"CUDA does not start inside the runner's sandbox, so units train on the CPU ({state})",
+        "report it with `python -m training.run.isolation --cuda`'s output and your kernel",
+    )
 
 
 def worst(findings: list[Finding]) -> str:

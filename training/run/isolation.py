@@ -22,7 +22,8 @@ happens inside:
 Every mechanism the kernel refuses is reported, not fatal: `isolate` returns a map of
 mechanism -> "on" or the reason it is off, which the runner reports and the node
 shows (`meshminer status`, the status page). `python -m training.run.isolation` prints
-that map for this machine without isolating anything else.
+that map for this machine without isolating anything else; with `--cuda`, whether CUDA
+starts inside (what `meshminer doctor` asks on a machine whose torch sees a GPU).
 """
 
 from __future__ import annotations
@@ -214,5 +215,23 @@ def probe() -> dict[str, str]:
     return json.loads(data or b"{}")
 
 
+def cuda_inside() -> dict[str, str]:
+    """Isolate this process as a runner is, then start CUDA: {"cuda": "on"} or why not.
+    Run it in a throwaway interpreter (`python -m training.run.isolation --cuda`):
+    isolation is irreversible, and CUDA must not have started before the fork."""
+    import tempfile
+    import warnings
+
+    isolate(Path(tempfile.mkdtemp(prefix="meshminer-probe-")), [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch
+
+        if torch.cuda.is_available():
+            return {"cuda": "on"}
+    why = "; ".join(str(w.message) for w in caught) or "torch sees no CUDA device"
+    return {"cuda": f"off: {why}"}
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe()))
+    print(json.dumps(cuda_inside() if sys.argv[1:] == ["--cuda"] else probe()))

@@ -198,8 +198,10 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if spec.requirements.gpu == "required" and target.type != "cuda":
         raise TrainingError("requirements.gpu is required, but this run has no CUDA device")
     notes = []
+    if device == "auto" and target.type == "cpu" and Path("/dev/nvidiactl").exists():
+        notes.append("an NVIDIA GPU is here, but CUDA did not start: training on the CPU")
     if apply_limits:
-        notes = [n for n in (limit_memory(memory_mb, target.type),) if n]
+        notes += [n for n in (limit_memory(memory_mb, target.type),) if n]
         limit_gpu_memory(fraction, target)
     if task == "train":
         folder = out.parent / "checkpoints" if checkpoints else None

@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import trio
 from processes import gone, training_process_in
 
 from node.demo.localnet import LocalNetwork, wait_for
+from node.machine.doctor import OK, PROBLEM, sandboxed_cuda_finding
 from node.work.run import remove_old_unit_folders
 from node.work.run.executor import (
     UnitFailed,
@@ -239,3 +241,15 @@ def test_kill_9_of_the_daemon_leaves_no_runner(localnet: LocalNetwork) -> None:
     node.proc.wait()
     for dying in (pid, server):
         wait_for(lambda p=dying: gone(p), 10, "it to die")
+
+
+@pytest.mark.process
+def test_doctor_asks_whether_cuda_starts_inside_the_sandbox() -> None:
+    # where torch sees a GPU, CUDA must start in a runner's isolation too: on an H200
+    # with Landlock ABI 7 it did not (error 304), and every unit trained on the CPU
+    finding = sandboxed_cuda_finding()
+    if torch.cuda.is_available():
+        assert finding.state == OK, finding.detail
+    else:
+        assert finding.state == PROBLEM
+        assert "units train on the CPU (off: torch sees no CUDA device)" in finding.detail
