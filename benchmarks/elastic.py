@@ -29,8 +29,10 @@ module docstrings (`training.spec.examples.char_lm_elastic_toml`).
   rounds 1 and on, from the offer of the first of their shares (the steady state,
   without round 0's cold start, each worker's runner importing torch). Goal: >= 0.9
   at H = 200.
-- **util-gpt**: the same at H = 200 for the program GPT (10.7M parameters, exported
-  as a user would) on the corpus's bytes sharded one shard per worker (`--gpt-rounds`).
+- **util-gpt**: the same at H = 200 (`--gpt-inner-steps`) for the program GPT (10.7M
+  parameters, exported as a user would) on the corpus's bytes sharded one shard per
+  worker (`--gpt-rounds`). On a GPU the workers share it; `--util-runs default` runs
+  the defaults alone.
 - **wire**: real nodes (an owner that does not train, 3 workers) in a network
   namespace of their own, 8 rounds of 20 inner steps, trained once at the default
   `[trust]` and once with checks off: every byte the nodes send one another (the
@@ -303,19 +305,32 @@ def _gpt_job(folder: Path, corpus: Path, workers: int, rounds: int, inner: int) 
     return spec
 
 
-# (elastic.overlap, spot checks): the defaults, no overlap, eager starts never taking
-# the round's weights, the defaults without checks
-UTILISATION_RUNS = ((None, True), (0.0, True), (1.0, True), (None, False))
+# name -> (elastic.overlap, spot checks): the defaults, no overlap, eager starts never
+# taking the round's weights, the defaults without checks
+UTILISATION_RUNS = {
+    "default": (None, True),
+    "no-overlap": (0.0, True),
+    "never-take": (1.0, True),
+    "unchecked": (None, False),
+}
 
 
 def utilisation(
-    root: Path, workers: int, rounds: int, inners: list[int], width: int, model: str = "char"
+    root: Path,
+    workers: int,
+    rounds: int,
+    inners: list[int],
+    width: int,
+    model: str = "char",
+    runs: list[str] | None = None,
 ) -> Result:
-    """Each H four times: at the defaults, without overlapping rounds
-    (`elastic.overlap = 0`), with eager starts that never take the round's weights
-    (`overlap = 1`), and with no spot checks; the demo's character model, or (`model =
-    "gpt"`) the program GPT on sharded data. A worker's utilisation is its shares'
-    `train_seconds`, which leave out any wait for the round's weights."""
+    """Each H with each of `runs` (default: all of `UTILISATION_RUNS`): at the
+    defaults, without overlapping rounds (`elastic.overlap = 0`), with eager starts
+    that never take the round's weights (`overlap = 1`), and with no spot checks; the
+    demo's character model, or (`model = "gpt"`) the program GPT on sharded data. A
+    worker's utilisation is its shares' `train_seconds`, which leave out any wait for
+    the round's weights. Each run's row is printed as it ends (a run cut short by a
+    time limit keeps those before it)."""
     root.mkdir(parents=True)
     corpus = write_corpus(root / "corpus.txt")
     result = Result(
@@ -323,7 +338,7 @@ def utilisation(
         ["H", "overlap", "spot checks", "round s", "utilisation per worker", "from round 1"],
     )
     for inner in inners:
-        for overlap, checked in UTILISATION_RUNS:
+        for overlap, checked in (UTILISATION_RUNS[run] for run in runs or UTILISATION_RUNS):
             starts = "default" if overlap is None else f"{overlap:g}"
             name = f"h{inner}-{starts}-{'checked' if checked else 'unchecked'}"
             with _network(root / name, workers) as net:
@@ -358,6 +373,7 @@ def utilisation(
                 ", ".join(f"{s:.2f}" for s in steady),
             )
             result.meta[name] = {"wall_s": wall, "utilisation": shares, "from_round_1": steady}
+            print(f"util {name}: {json.dumps(result.meta[name])}", flush=True)
     return result
 
 
@@ -452,6 +468,15 @@ def main() -> None:
         help="the model's width (wider: longer steps, more bytes per round)",
     )
     parser.add_argument("--gpt-rounds", type=int, default=3, help="util-gpt: rounds")
+    parser.add_argument(
+        "--gpt-inner-steps", type=int, nargs="+", default=[200], help="util-gpt: each H"
+    )
+    parser.add_argument(
+        "--util-runs",
+        nargs="+",
+        choices=list(UTILISATION_RUNS),
+        help="util, util-gpt: these runs only (default: all)",
+    )
     parser.add_argument("--wire-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--unchecked", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -467,10 +492,21 @@ def main() -> None:
             root / "churn", max(3, args.net_workers), args.net_rounds, 50, args.width
         ),
         "util": lambda: utilisation(
-            root / "util", args.net_workers, args.net_rounds, [50, 200], args.width
+            root / "util",
+            args.net_workers,
+            args.net_rounds,
+            [50, 200],
+            args.width,
+            runs=args.util_runs,
         ),
         "util-gpt": lambda: utilisation(
-            root / "util-gpt", args.net_workers, args.gpt_rounds, [200], args.width, "gpt"
+            root / "util-gpt",
+            args.net_workers,
+            args.gpt_rounds,
+            args.gpt_inner_steps,
+            args.width,
+            "gpt",
+            args.util_runs,
         ),
         "wire": lambda: wire(root / "wire", args.width),
     }
