@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from training.errors import TrainingError
-from training.model.weights import weights_bytes
+from training.model.weights import file_sha256, weights_bytes, write_weights
 from training.run.local import train_local
 from training.run.optim import lr_factor
 from training.spec.job import parse_spec
@@ -154,6 +154,15 @@ def test_weights_bytes_do_not_depend_on_insertion_order() -> None:
     b = dict(reversed(list(a.items())))
     meta = {"name": "x", "arch": "mlp", "seed": "0", "task": "regression"}
     assert weights_bytes(a, meta) == weights_bytes(b, dict(reversed(list(meta.items()))))
+
+
+def test_weights_written_without_sync_are_the_same_file(tmp_path: Path) -> None:
+    tensors = {"w": torch.randn(3, 4), "b": torch.zeros(4, dtype=torch.bfloat16)}
+    synced = write_weights(tmp_path / "a.safetensors", tensors, {"k": "v"})
+    cached = write_weights(tmp_path / "b.safetensors", tensors, {"k": "v"}, sync=False)
+    assert synced == cached == file_sha256(tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == weights_bytes(tensors, {"k": "v"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors"]
 
 
 @pytest.mark.process

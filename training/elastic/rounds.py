@@ -198,7 +198,10 @@ def inner_round(
             after_step=take if takes is not None else None,
         )
         train_seconds = time.monotonic() - began - waited
-        write_weights(state_out, _optimizer_tensors(optimizer), {"format": "meshminer.inner/1"})
+        # not synced: the worker's own start for its next share of the slot, written on
+        # its critical path; a crash that loses it ends that share's continuity anyway
+        inner = _optimizer_tensors(optimizer)
+        write_weights(state_out, inner, {"format": "meshminer.inner/1"}, sync=False)
     if takes is not None and not taken:
         raise TrainingError("the share never reached the step where it takes the round's weights")
     message = round_delta(
