@@ -29,9 +29,12 @@ settings.
   samples column says what the swarm trained in all. So hivemind runs twice: *free*,
   as just said, and *held* to the task's samples, each peer stopping after its 8 x 20
   steps (`--max-steps`), whatever epoch it has reached. And meshminer runs a second
-  time last, with as many rounds as the free hivemind's samples fill (rounded, at
-  least the task's 8): the free hivemind's comparison at equal samples, since on this
-  task the loss follows how many steps one chain of updates takes.
+  time last, with rounds enough for the free hivemind's samples (at least the task's
+  8): the free hivemind's comparison at equal samples, since on this task the loss
+  follows how many steps one chain of updates takes. Its loss at exactly those
+  samples is read between the losses of the two rounds around them
+  (`loss_at_samples`); its time and bytes are the whole run's, up to a round more
+  than hivemind trained.
 
 Bytes, for both: what the namespace's loopback transmitted over the run (weights,
 deltas, data, checks, gossip, DHT traffic). The goal: meshminer at its default
@@ -50,6 +53,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import json
+import math
 import os
 import shlex
 import signal
@@ -74,6 +78,7 @@ VENV = ROOT / "benchmarks" / ".venvs" / "hivemind"
 TORCH = "2.13.0"  # the Makefile's pin: the CPU build on a machine without a GPU
 HIVEMIND = "1.1.12"
 WORKERS, ROUNDS, INNER, BATCH = 3, 8, 20, 16
+ROUND_SAMPLES = WORKERS * INNER * BATCH  # what one round trains, all slots together
 
 
 @dataclass(frozen=True)
@@ -237,6 +242,18 @@ def _side(folder: Path, raw: dict[str, Any], settings: Settings) -> dict[str, An
     return _in_namespace(flag, folder / "report.json", settings.flags())
 
 
+def loss_at_samples(losses: list[float], samples: float) -> float:
+    """The validation loss after `samples` of training, between the rounds' losses
+    (`losses[i]` after round i, that is after (i + 1) x ROUND_SAMPLES), linearly."""
+    at = samples / ROUND_SAMPLES - 1  # in rounds, from the first round's end
+    if at <= 0:
+        return losses[0]
+    if at >= len(losses) - 1:
+        return losses[-1]
+    low = math.floor(at)
+    return losses[low] + (at - low) * (losses[low + 1] - losses[low])
+
+
 def compare(root: Path, settings: Settings) -> Result:
     """Both systems on the task, one after the other, each in its own namespace:
     hivemind twice, free (each peer trains until its last epoch, however many samples
@@ -250,9 +267,9 @@ def compare(root: Path, settings: Settings) -> Result:
     runs = {}
     for side, knobs in sides.items():
         runs[side] = _side(root / side, raw, knobs)
-    # meshminer again, with as many rounds as the free hivemind's samples fill
+    # meshminer again, with rounds enough for the free hivemind's samples
     free = sum(p["samples"] for p in runs["hivemind"]["peers"] if p is not None)
-    matched = max(ROUNDS, round(free / (WORKERS * INNER * BATCH)))
+    matched = max(ROUNDS, math.ceil(free / ROUND_SAMPLES))
     longer = {**raw, "elastic": {**raw["elastic"], "rounds": matched}}
     runs["meshminer-matched"] = _side(root / "meshminer-matched", longer, settings)
     mesh = runs["meshminer"]
@@ -278,16 +295,17 @@ def compare(root: Path, settings: Settings) -> Result:
         "meshminer": mesh,
     }
     matched_run = runs["meshminer-matched"]
+    at_free = loss_at_samples(matched_run["val_losses"], free)
     result.add(
         "meshminer, the free hivemind's samples",
         matched_run["wall_s"],
         matched_run["bytes"],
         matched_run["shares"] * INNER * BATCH,
-        matched_run["val_loss"],
+        f"{at_free:.4f} at {free} ({matched_run['val_loss']:.4f} at the end)",
         f"{matched_run['rounds']} of {matched}",
         f"{matched_run['checked']} of {matched_run['shares']} shares",
     )
-    meta["meshminer_matched"] = matched_run
+    meta["meshminer_matched"] = matched_run | {"val_loss_at_free_samples": at_free}
     for side, name in (("hivemind", "free"), ("hivemind-held", "the task's samples")):
         hive = runs[side]
         peers = [p for p in hive["peers"] if p is not None]
