@@ -40,8 +40,9 @@ the model's shapes the owner checks results against
 (`training.evidence.result_check.model_shapes`), counted here so that the owner's
 daemon never imports torch to build the model.
 
-It answers with JSON lines on stdout (`started`, `progress`, `result`; or `error`
-and exit code 1) and writes the weights to `out` only on success. Everything in the
+It answers with JSON lines on stdout (`isolation`, `note` for each thing the node
+should log, such as no CUDA where a GPU is, then `started`, `progress`, `result`; or
+`error` and exit code 1) and writes the weights to `out` only on success. Everything in the
 request is checked before torch is imported, so a bad request fails in a fraction of
 a second. A runner forked by `training.run.forkserver` has torch imported already; it
 is otherwise the same: it reads one request, isolates itself, runs it. A runner
@@ -203,6 +204,8 @@ def run_request(request: dict, emit: Callable[[dict], None], *, apply_limits: bo
     if apply_limits:
         notes += [n for n in (limit_memory(memory_mb, target.type),) if n]
         limit_gpu_memory(fraction, target)
+    for note in notes:  # the node logs them, whatever the task
+        emit({"event": "note", "message": note})
     if task == "train":
         folder = out.parent / "checkpoints" if checkpoints else None
         return run_job(

@@ -111,6 +111,8 @@ async def run_training(
                         error = str(event.get("message", ""))[:2000]
                     elif kind == "isolation":
                         log.info("runner isolation: %s", event)
+                    elif kind == "note":  # no CUDA where a GPU is, a limit not applied
+                        log.warning("runner: %s", str(event.get("message", ""))[:500])
                     else:
                         on_event(event)
                 await wait_exited(proc)
