@@ -68,6 +68,10 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(width)
         self.lm_head = nn.Linear(width, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        # nanoGPT's 0.02: with the embedding's default N(0, 1) the tied head starts at
+        # logits of std ~sqrt(width), a first loss of ~16 for 512 tokens (ln 512 = 6.2)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
