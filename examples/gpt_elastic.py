@@ -55,6 +55,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(width)
         self.lm_head = nn.Linear(width, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        nn.init.normal_(self.wte.weight, std=0.02)  # torch's N(0, 1) starts the loss at ~16
+        nn.init.normal_(self.wpe.weight, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
