@@ -110,8 +110,7 @@ class RogueOwner:
         self.answered: dict[str, int] = {}  # variant -> heartbeats answered with it
         self.asked_before_honest: list[str] | None = None
         self.result: Result | None = None
-        self.host: MeshHost | None = None
-        self.each = HEARTBEATS_EACH
+        self.worker = ""  # its peer id, once `prepare` knows it
 
     @property
     def key(self) -> SigningKey:
@@ -181,9 +180,8 @@ class RogueOwner:
 
     async def handle_progress(self, peer: str, data: bytes) -> bytes:
         open_envelope(data, Progress, expected_signer=peer, limits=WORK_LIMITS)
-        variant, ack = next(
-            (v, a) for v, a in self.acks if v == "honest" or self.answered.get(v, 0) < self.each
-        )
+        done = {v for v, n in self.answered.items() if n >= HEARTBEATS_EACH} - {"honest"}
+        variant, ack = next((v, a) for v, a in self.acks if v not in done)
         if variant == "honest" and self.asked_before_honest is None:
             self.asked_before_honest = list(self.asked)
         self.answered[variant] = self.answered.get(variant, 0) + 1
@@ -217,7 +215,6 @@ class RogueOwner:
 async def _attack(rogue: RogueOwner, worker: LocalNode) -> None:
     listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
     async with MeshHost.start(rogue.identity, listen) as host:
-        rogue.host = host
         host.serve(PROGRESS_PROTOCOL, rogue.handle_progress, WORK_LIMITS.max_bytes)
         host.serve(RESULT_PROTOCOL, rogue.handle_result, WORK_LIMITS.max_bytes)
         serve_blobs_libp2p(host, rogue.store, rogue.job_key_for)
