@@ -3,7 +3,7 @@ hold on a GPU, whether the sandboxed runner trains on one, and what an elastic r
 costs there. The kernels' own figures are `benchmarks.ops`, the interpreter's speed
 `benchmarks.programs --device cuda`.
 
-    python -m benchmarks.gpu [--parts determinism sandbox elastic] [--steps 60]
+    python -m benchmarks.gpu [--parts cuda_start determinism sandbox elastic] [--steps 60]
 
 The job is a GPT written in plain PyTorch (tests/programs/models.py, dropout on),
 exported and converted as an owner's node does, on token ids drawn from a fixed
@@ -19,6 +19,8 @@ Markov chain (so the loss has somewhere to go), in fp32 and in bf16 autocast.
 - **sandbox**: `python -m training.run.runner` as the node starts it (rlimits,
   Landlock, no network, a GPU memory share): it must train and write the same
   weights as the unsandboxed run.
+- **cuda_start**: what each runner forked by a node's fork server pays to start CUDA
+  (its context, then cuBLAS's first product), three times.
 - **elastic**: `train-local` of an elastic job on the GPU (the simulation goes
   through the network's round functions): seconds per round and validation loss.
 
@@ -251,9 +253,42 @@ def elastic(folder: Path, precision: str, rounds: int) -> dict[str, Any]:
     }
 
 
+def cuda_start(repeats: int = 3) -> dict[str, Any]:
+    """What each forked runner pays to start CUDA: a node's fork server imports torch
+    and never starts CUDA (it does not survive a fork), so every share's runner starts
+    it afresh. Forked from this process before it touches CUDA itself: the first
+    tensor (the context) and the first matrix product (cuBLAS's handle), each timed."""
+    runs = []
+    for _ in range(repeats):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the runner's part
+            os.close(read_end)
+            report: dict[str, Any] = {}
+            try:
+                began = time.monotonic()
+                torch.zeros(1, device=DEVICE).sum().item()
+                report["context_s"] = round(time.monotonic() - began, 3)
+                began = time.monotonic()
+                x = torch.ones(256, 256, device=DEVICE)
+                (x @ x).sum().item()
+                report["first_matmul_s"] = round(time.monotonic() - began, 3)
+            except Exception as exc:
+                report["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            os.write(write_end, json.dumps(report).encode())
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            runs.append(json.loads(pipe.read() or b"{}"))
+        os.waitpid(pid, 0)
+    return {"forked_runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", default=["determinism", "sandbox", "elastic"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["cuda_start", "determinism", "sandbox", "elastic"]
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
@@ -264,6 +299,7 @@ def main() -> None:
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
+    started = cuda_start() if "cuda_start" in args.parts else None  # before CUDA here
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: benchmarks.gpu needs a GPU")
     folder = args.folder
@@ -288,6 +324,8 @@ def main() -> None:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
+    if started is not None:
+        part("cuda_start", lambda: started)
     for precision in ("fp32", "bf16"):
         if "determinism" in args.parts:
             part(f"determinism_{precision}", lambda p=precision: determinism(folder, p, args.steps))
