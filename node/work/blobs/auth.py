@@ -78,11 +78,18 @@ class TransferError(Exception):
     """A blob could not be fetched; nothing was stored. `reason` is a short label."""
 
     reason = "failed"
+    #: how a fetch fails when its peer no longer answers (not: when it sends something wrong)
+    GONE = ("unreachable", "timeout", "connection")
 
     def __init__(self, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         if reason is not None:
             self.reason = reason
+
+    @property
+    def peer_gone(self) -> bool:
+        """The fetch failed because the serving peer no longer answers."""
+        return self.reason in self.GONE
 
 
 class TransferRefused(TransferError):

@@ -115,7 +115,7 @@ class Results:
             if delta_round is not None:
                 mode.delta_fetched(unit, result.weights_sha256, result.weights_size)
         except Exception as exc:
-            if isinstance(exc, TransferError) and worker_gone(exc):
+            if isinstance(exc, TransferError) and exc.peer_gone:
                 return self._unverified(unit.unit_id, peer, f"its weights: {exc}")
             reason = f"weights from {peer} rejected: {exc}"
             log.info("unit %s: %s", unit.unit_id, reason)
@@ -233,7 +233,7 @@ class Results:
             )
             verdict = await self._spot_checks.check(sub)
         except TransferError as exc:
-            if worker_gone(exc):
+            if exc.peer_gone:
                 return Verdict(False, f"its evidence: {exc}", unverified=True)
             log.info("unit %s: spot check could not run: %s", unit.unit_id, exc)
             return Verdict(False, f"the spot check could not run: {exc}")
@@ -284,12 +284,3 @@ class Results:
 
     def _reply(self, accepted: bool, reason: str, receipt: bytes = b"") -> bytes:
         return seal(ReceiptReply(accepted, reason, receipt), self.ctx.identity.signing_key)
-
-
-#: how a fetch fails when its worker is gone (not: when it sends something wrong)
-GONE = ("unreachable", "timeout", "connection")
-
-
-def worker_gone(exc: TransferError) -> bool:
-    """The fetch failed because the worker no longer answers."""
-    return exc.reason in GONE

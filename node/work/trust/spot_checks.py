@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.work.blobs import fetch_granted
+from node.work.blobs import TransferError, fetch_granted
 from node.work.context import WorkContext
 from node.work.jobs import Job, Unit
 from node.work.run import RequestBuilder
@@ -117,11 +117,20 @@ class SpotChecks:
 
     async def check(self, sub: Submitted) -> Verdict:
         """Replay the segments chosen (as it trained, or now); the verdict, with
-        evidence when it fails."""
+        evidence when it fails. A check cut short because the worker no longer answers
+        leaves its job's resume point: the unit is lost, not failed, and the next one
+        goes on from there."""
+        gone = False
         try:
             return await self._check(sub)
+        except TransferError as exc:
+            gone = exc.peer_gone
+            raise
         finally:
-            self.commitments.forget(sub.unit.unit_id)
+            if gone:
+                self.commitments.unit_ended(sub.unit.unit_id)
+            else:
+                self.commitments.forget(sub.unit.unit_id)
 
     async def _check(self, sub: Submitted) -> Verdict:
         steps, bound = await self._steps(sub)

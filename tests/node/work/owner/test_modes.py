@@ -32,7 +32,8 @@ from node.work.owner import MAX_ATTEMPTS, OwnerRole, round_closed_reason
 from node.work.owner.modes import MODES, ElasticRounds, SingleJob, SweepTrials
 from node.work.owner.modes.single import HISTORY_POINTS
 from node.work.owner.modes.sweep import sweep_of
-from node.work.owner.results import CheckedResult, worker_gone
+from node.work.owner.results import CheckedResult
+from node.work.trust.resume import ResumePoint, resume_point, save_point
 from protocol.receipts import flops_to_credit, partial_credit
 from protocol.work import Progress, Result
 from training.spec.examples import sweep_toml
@@ -147,8 +148,31 @@ def test_a_worker_that_vanished_after_delivering_ends_unverified_at_no_fault(
     assert (fresh.state, fresh.excluded) == ("queued", [])
     assert owner.ctx.jobs.receipt(unit.unit_id) is None
     gone, wrong = TransferUnreachable("no route"), TransferCorrupt("bad bytes", "truncated")
-    assert worker_gone(gone) and worker_gone(TransferError("slow", "timeout"))
-    assert not worker_gone(wrong) and not worker_gone(TransferRefused("no", "bad_grant"))
+    assert gone.peer_gone and TransferError("slow", "timeout").peer_gone
+    assert not wrong.peer_gone and not TransferRefused("no", "bad_grant").peer_gone
+
+
+@pytest.mark.parametrize(
+    ("error", "kept"),
+    [(TransferUnreachable("no route"), True), (TransferCorrupt("bad bytes", "truncated"), False)],
+)
+def test_a_check_cut_short_by_a_vanished_worker_keeps_the_jobs_resume_point(
+    owner: OwnerRole, error: Exception, kept: bool
+) -> None:
+    """The unit is lost, not failed: the next one goes on from the state the owner
+    trusts. A worker that sent something wrong leaves no point (the next starts over)."""
+    job = _job(owner)
+    unit = _unit(owner, job)
+    save_point(owner.ctx.jobs.db, ResumePoint(job.id, unit.unit_id, "a" * 64, 100))
+    checks = owner.results._spot_checks
+
+    async def cut_short(sub: object) -> None:
+        raise error
+
+    checks._check = cut_short  # type: ignore[method-assign]
+    with pytest.raises(type(error)):
+        trio.run(checks.check, dataclasses.make_dataclass("Sub", ["unit"])(unit))
+    assert (resume_point(owner.ctx.jobs.db, job.id) is not None) == kept
 
 
 def test_a_single_job_fails_after_max_attempts_times_its_replicas(owner: OwnerRole) -> None:
