@@ -203,8 +203,7 @@ def probe() -> dict[str, str]:
     if pid == 0:  # the child isolates itself and reports
         os.close(read_end)
         try:
-            workdir = Path(os.environ.get("TMPDIR", "/tmp"))
-            report = isolate(workdir, [])
+            report = isolate(_probe_workdir(), [])
             os.write(write_end, json.dumps(report).encode())
         finally:
             os._exit(0)
@@ -215,14 +214,18 @@ def probe() -> dict[str, str]:
     return json.loads(data or b"{}")
 
 
+def _probe_workdir() -> Path:
+    """The folder a probe may write, as a runner writes its unit's: nothing is left."""
+    return Path(os.environ.get("TMPDIR", "/tmp"))
+
+
 def cuda_inside() -> dict[str, str]:
     """Isolate this process as a runner is, then start CUDA: {"cuda": "on"} or why not.
     Run it in a throwaway interpreter (`python -m training.run.isolation --cuda`):
-    isolation is irreversible, and CUDA must not have started before the fork."""
-    import tempfile
+    isolation is irreversible."""
     import warnings
 
-    isolate(Path(tempfile.mkdtemp(prefix="meshminer-probe-")), [])
+    isolate(_probe_workdir(), [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import torch
