@@ -50,7 +50,7 @@ from protocol.work import (
     WorkPackage,
     encode_progress_ack,
 )
-from training.run.runner import run_request
+from tests.elastic_tasks import run_task
 from training.spec.examples import elastic_toml
 from training.spec.job import parse_spec, spec_to_plain
 
@@ -79,21 +79,6 @@ def _spec(seed: int) -> dict[str, Any]:
         elastic_toml("eager", workers=1, inner_steps=8, rounds=3, seed=seed) + UNCHECKED
     )
     return spec_to_plain(parse_spec(raw))
-
-
-def _runner(folder: Path, spec: dict, task: str, blobs: dict[str, Path], **elastic: Any) -> dict:
-    folder.mkdir(parents=True)
-    request = {
-        "spec": spec,
-        "blobs": {sha: str(path) for sha, path in blobs.items()},
-        "out": str(folder / "out.bin"),
-        "device": "cpu",
-        "task": task,
-        **({"elastic": elastic} if elastic else {}),
-    }
-    result = run_request(request, lambda event: None)
-    result["out"] = folder / "out.bin"
-    return result
 
 
 class RogueOwner:
@@ -134,22 +119,23 @@ class RogueOwner:
         weights of the same model (what the answers name), and a blob over the bound."""
         self.worker = worker
         self.spec = _spec(seed=0)
-        init = _runner(root / "init", self.spec, "elastic_init", {})
-        self.weights = self.store.put_file(init["out"])
-        share = _runner(
-            root / "r0s0",
+        init = run_task(root, self.spec, "init", "elastic_init", {})["folder"] / "out.bin"
+        self.weights = self.store.put_file(init)
+        share = run_task(
+            root,
             self.spec,
+            "r0s0",
             "elastic_inner",
-            {self.weights: init["out"]},
+            {self.weights: init},
             job_id=self.job_id,
             round=0,
             slot=0,
             weights=self.weights,
-            state_out=str(root / "r0s0" / "state.safetensors"),
+            state_out="state.safetensors",
         )
-        self.delta = self.store.put_file(share["out"])
-        other = _runner(root / "other", _spec(seed=1), "elastic_init", {})
-        self.taken = self.store.put_file(other["out"])
+        self.delta = self.store.put_file(share["folder"] / "out.bin")
+        other = run_task(root, _spec(seed=1), "other", "elastic_init", {})
+        self.taken = self.store.put_file(other["folder"] / "out.bin")
         bound = self.store.size(self.weights) + SIZE_MARGIN
         self.oversized = self.store.put_bytes(secrets.token_bytes(bound + 1))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import tomllib
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from protocol.errors import DecodeError, TooLarge
 from protocol.rounds import RoundDelta, decode_round_delta, encode_round_delta
+from tests.elastic_tasks import run_task
 from training.elastic.rounds import slot_seed
 from training.errors import SpecError, TrainingError
 from training.evidence.result_check import delta_numel, expected_tensors
@@ -93,41 +93,6 @@ def test_train_local_simulates_the_rounds_deterministically(tmp_path: Path) -> N
     assert all(r["bytes_in"] > 0 for r in rounds)
 
 
-def _runner(
-    tmp_path: Path,
-    spec: dict,
-    name: str,
-    task: str,
-    blobs: dict,
-    kept: Path | None = None,
-    checkpoints: bool = False,
-    **elastic: object,
-) -> dict:
-    """One runner request in its own folder; `kept` is the inner state a worker kept,
-    copied in beside the request's output as the worker does."""
-    folder = tmp_path / name
-    folder.mkdir(exist_ok=True)  # a share's notice of its round's weights may be there
-    if kept is not None:
-        shutil.copyfile(kept, folder / "state_in.safetensors")
-        elastic["state_in"] = str(folder / "state_in.safetensors")
-    request = {
-        "spec": spec,
-        "blobs": {sha: str(path) for sha, path in blobs.items()},
-        "out": str(folder / "out.bin"),
-        "device": "cpu",
-        "task": task,
-    }
-    if checkpoints:
-        request["checkpoints"] = True
-    if elastic:
-        request["elastic"] = {
-            k: str(folder / v) if k.endswith("_out") else v for k, v in elastic.items() if v != ""
-        }
-    result = run_request(request, lambda event: None)
-    result["folder"] = folder
-    return result
-
-
 @pytest.mark.parametrize(
     ("compression", "fraction", "overlap"),
     [("int8", 1 / 3, 0.25), ("int4", 1 / 6, 0.25), ("int4", 1 / 6, 1.0), ("int4", 1 / 6, 0.0)],
@@ -147,7 +112,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     eager, takes = overlap > 0, 0 < overlap < 1
     expected = train_local(parse_spec(spec), tmp_path / "sim.safetensors")["weights_sha256"]
     job = "ab" * 8
-    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    init = run_task(tmp_path, spec, "init", "elastic_init", {})
     # what the owner checks deltas and spot checks against, without building the model
     assert init["delta_numel"] == delta_numel(spec)
     assert {n: (tuple(s), d) for n, (s, d) in init["tensors"].items()} == expected_tensors(spec)
@@ -172,7 +137,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
                 told = {"weights_sha256": file_sha256(weights[r]), **(whole if slot else rebuilt)}
                 notice.write_text(json.dumps(told))
                 start |= {"takes": str(notice), "takes_out": "taken.safetensors"}
-            share = _runner(
+            share = run_task(
                 tmp_path,
                 spec,
                 f"r{r}s{slot}",
@@ -197,7 +162,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
             deltas.append(share["weights_sha256"])
         bases = [file_sha256(weights[max(0, r - 1) if eager and not takes else r])] * 2
         previous_momentum = momentum
-        outer = _runner(
+        outer = run_task(
             tmp_path,
             spec,
             f"outer{r}",
@@ -228,12 +193,12 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
         assert "val_loss" in outer["metrics"]
         # the owner's way: the outer step without its validation, then the validation
         # on its own while the next round trains: the same weights, the same figures
-        quick = _runner(tmp_path, spec, f"quick{r}", "elastic_outer", blobs, job_id=job, round=r,
+        quick = run_task(tmp_path, spec, f"quick{r}", "elastic_outer", blobs, job_id=job, round=r,
                         weights=base, momentum=previous_momentum, deltas=deltas, bases=bases,
                         momentum_out="momentum.safetensors", update_out="update.bin",
                         validate=False)  # fmt: skip
         assert quick["metrics"] == {} and quick["weights_sha256"] == outer["weights_sha256"]
-        checked = _runner(tmp_path, spec, f"validate{r}", "elastic_validate", blobs, job_id=job,
+        checked = run_task(tmp_path, spec, f"validate{r}", "elastic_validate", blobs, job_id=job,
                           round=r, weights=outer["weights_sha256"])  # fmt: skip
         assert checked["metrics"] == outer["metrics"]
     assert file_sha256(weights[-1]) == expected
@@ -246,7 +211,7 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     blobs[init["weights_sha256"]] = init["folder"] / "out.bin"
     for n, (given, message) in enumerate(wrong):
         with pytest.raises(SpecError, match=f"request.elastic.update: {message}"):
-            _runner(tmp_path, spec, f"bad{n}", "elastic_inner", blobs, job_id=job, round=3,
+            run_task(tmp_path, spec, f"bad{n}", "elastic_inner", blobs, job_id=job, round=3,
                     slot=0, weights="f" * 64, state_out="state.safetensors", **given)  # fmt: skip
         assert not (tmp_path / f"bad{n}" / "weights.safetensors").exists()
     # an eager start from a delta of another slot, or of a round other than the one
@@ -254,14 +219,14 @@ def test_the_runners_elastic_tasks_give_the_simulations_weights_bitwise(
     told = {"takes": str(tmp_path / "eager{n}" / "takes.json"), "takes_out": "t"} if takes else {}
     for n, (slot, round_) in enumerate([(1, 3), (0, 2)]):
         with pytest.raises(TrainingError, match="the share's start delta: RoundDelta"):
-            _runner(tmp_path, spec, f"eager{n}", "elastic_inner", blobs, job_id=job,
+            run_task(tmp_path, spec, f"eager{n}", "elastic_inner", blobs, job_id=job,
                     round=round_, slot=slot, weights=file_sha256(weights[2]),
                     start_delta=deltas[0], state_out="state.safetensors",
                     **{k: v.format(n=n) for k, v in told.items()})  # fmt: skip
     # and a share that takes the round's weights exactly when the job says so
     wrong = {} if takes else {"takes": str(tmp_path / "eager9" / "takes.json"), "takes_out": "t"}
     with pytest.raises(SpecError, match="request.elastic.takes: exactly an eager share"):
-        _runner(tmp_path, spec, "eager9", "elastic_inner", blobs, job_id=job, round=3, slot=0,
+        run_task(tmp_path, spec, "eager9", "elastic_inner", blobs, job_id=job, round=3, slot=0,
                 weights=file_sha256(weights[2]), start_delta=deltas[0],
                 state_out="state.safetensors", **wrong)  # fmt: skip
 
@@ -283,19 +248,19 @@ def test_a_bad_outer_or_validation_request_is_refused_by_name(
     wrong type, a base for each delta missing, an unknown key or weights it was not
     given are refused, and nothing is written."""
     spec = spec_to_plain(parse_spec(_spec()))
-    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    init = run_task(tmp_path, spec, "init", "elastic_init", {})
     blobs = {init["weights_sha256"]: init["folder"] / "out.bin"}
     elastic = {"job_id": "ab" * 8, "round": 0, "weights": init["weights_sha256"]}
     if task == "elastic_outer":
         elastic.update(deltas=["e" * 64], momentum_out="momentum.safetensors")
     with pytest.raises((RequestError, SpecError), match=message):
-        _runner(tmp_path, spec, "bad", task, blobs, **{**elastic, **fields})
+        run_task(tmp_path, spec, "bad", task, blobs, **{**elastic, **fields})
     assert not (tmp_path / "bad" / "out.bin").exists()
     assert not (tmp_path / "bad" / "momentum.safetensors").exists()
 
 
 def _share(tmp_path: Path, spec: dict, name: str, blobs: dict, **kwargs: object) -> dict:
-    return _runner(
+    return run_task(
         tmp_path,
         spec,
         name,
@@ -318,7 +283,7 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     1: after 3 of its 12 steps)."""
     raw = _spec(inner_steps=12, overlap=overlap) | {"trust": {"checkpoints": 4}}
     spec = spec_to_plain(parse_spec(raw))
-    init = _runner(tmp_path, spec, "init", "elastic_init", {})
+    init = run_task(tmp_path, spec, "init", "elastic_init", {})
     weights = init["folder"] / "out.bin"
     sha = file_sha256(weights)
     blobs = {sha: weights}
@@ -359,7 +324,7 @@ def test_a_share_replays_bitwise_from_the_rounds_weights_and_its_kept_state(
     eager = {"weights": sha, "start_delta": first["weights_sha256"]}
     takes = {}
     if overlap < 1:
-        other = _runner(tmp_path, spec | {"seed": 7}, "round-weights", "elastic_init", {})
+        other = run_task(tmp_path, spec | {"seed": 7}, "round-weights", "elastic_init", {})
         taken = other["folder"] / "out.bin"
         blobs[other["weights_sha256"]] = taken
         (tmp_path / "r1e").mkdir()
