@@ -131,7 +131,7 @@ class OfferReply:
         require(len(self.reason) <= 1000, f"{path}.reason", "must be <= 1000 chars")
 
 
-PHASES = ("fetching", "training", "paused", "uploading")
+PHASES = ("fetching", "training", "waiting", "paused", "uploading")
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,10 @@ class Progress:
 
     job_id: str
     unit_id: str
-    phase: str  # "fetching" | "training" | "paused" (by its volunteer) | "uploading"
+    # "fetching" | "training" | "waiting" (an eager share's runner, for its round's
+    # weights: the owner may hold its answer until they exist) | "paused" (by its
+    # volunteer) | "uploading"
+    phase: str
     step: int
     total_steps: int
     loss: float | None
@@ -174,7 +177,7 @@ class Progress:
         require(
             self.phase in PHASES,
             f"{path}.phase",
-            "must be fetching, training, paused or uploading",
+            "must be fetching, training, waiting, paused or uploading",
         )
         require(
             0 <= self.step <= max(self.total_steps, 0), f"{path}.step", "must be 0..total_steps"

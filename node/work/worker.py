@@ -370,27 +370,32 @@ class WorkerRole:
 
     def _phase(self, unit: RunningUnit) -> str:
         """What the owner is told: a training unit is "paused" while the volunteer's
-        preferences hold its runner stopped."""
-        if unit.phase == "training" and self.ctx.paused_because():
+        preferences hold its runner stopped, and "waiting" while its runner waits for
+        its round's weights (the owner answers once they exist)."""
+        if unit.phase != "training":
+            return unit.phase
+        if self.ctx.paused_because():
             return "paused"
-        return unit.phase
+        return "waiting" if unit.waiting and not unit.taken else "training"
 
     async def _heartbeat(self, unit: RunningUnit, nursery: trio.Nursery) -> None:
         """Progress to the owner every second, and soon after each new checkpoint (its
         commitment); the answer renews the lease or says stop, and decides which
         committed states the worker keeps for the owner and which may go. A share
         that takes its round's weights on its way fetches them (in `nursery`) once an
-        answer names them, and asks every 0.2 s while its runner waits for them."""
+        answer names them, and asks at once when its runner begins to wait for them
+        (the owner holds that answer until they exist), then every 0.3 s."""
         pkg = unit.package
         interval = min(HEARTBEAT_S, pkg.lease_s / 3)
         reached = True  # whether the last heartbeat got an answer
         while True:
+            told = self._phase(unit)
             p = unit.progress
             commit_from, commitments = unit.held.unsent() if unit.held else (0, [])
             message = Progress(
                 job_id=pkg.job_id,
                 unit_id=pkg.unit_id,
-                phase=self._phase(unit),
+                phase=told,
                 step=int(p.get("step", 0)),
                 total_steps=int(p.get("total_steps", 0)),
                 loss=p.get("loss"),
@@ -436,7 +441,8 @@ class WorkerRole:
             with trio.move_on_after(TAKES_HEARTBEAT_S if waiting else interval):
                 await unit.committed.wait()
             unit.committed = trio.Event()
-            await trio.sleep(MIN_HEARTBEAT_S)
+            if told == "waiting" or self._phase(unit) != "waiting":  # else: ask now
+                await trio.sleep(MIN_HEARTBEAT_S)
 
     async def _take(self, unit: RunningUnit, ack: ProgressAck) -> None:
         """Fetch the round's weights the owner named, for the runner to take."""

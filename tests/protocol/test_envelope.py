@@ -61,6 +61,7 @@ from protocol.rounds import MAX_ROUND, MAX_SLOT, RoundDelta, RoundShare, RoundUp
 from protocol.schema import to_plain
 from protocol.tensors import CompressedTensor
 from protocol.work import (
+    PHASES,
     WORK_LIMITS,
     OfferReply,
     Progress,
@@ -266,7 +267,7 @@ progresses = st.integers(0, 10_000).flatmap(
             Progress,
             job_id=ids,
             unit_id=ids,
-            phase=st.sampled_from(["fetching", "training", "uploading"]),
+            phase=st.sampled_from(PHASES),
             step=st.just(step),
             total_steps=st.just(total),
             loss=st.none() | finite,

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 0.5
 RECONNECT_S = 30.0  # after an owner restart, extra time for its workers to reconnect
 PAST_MAX_HOURS = "the unit ran past the job's max_hours"
+# how long the answer to a "waiting" heartbeat may wait for the round's weights; well
+# within the worker's request timeout (node.work.worker: at least 5 s)
+TAKE_HOLD_S = 2.0
 
 
 def unit_deadline(ctx: WorkContext, job: Job, now: float) -> float:
@@ -96,8 +99,10 @@ class Leases:
             metric in CHECKED_REPORTS,
         )
         ack = await self.commitments.heard(job, unit, terms, progress)
-        if ack.ok and (taking := mode.weights_to_take(job, unit)):
-            ack = dataclasses.replace(ack, **taking)
+        if ack.ok:  # a runner that waits for its round's weights gets them at once
+            hold_s = TAKE_HOLD_S if progress.phase == "waiting" else 0.0
+            if taking := await mode.weights_to_take(job, unit, hold_s):
+                ack = dataclasses.replace(ack, **taking)
         return encode_progress_ack(ack)
 
     def _note_pause(self, unit: Unit, peer: str, phase: str) -> None:

@@ -9,7 +9,9 @@ share in every round with a drawn delta. So once each slot's delta of round r is
 taken at once (`EarlyWeights.maybe_start`); its weights answer the takers' heartbeats
 (`weights_to_take`), and the close reuses them when it applies the same deltas on the
 same bases (`at_close`). A unit once told keeps its answer (`Unit.taken` in node.db,
-its delta's base), whatever the close does after.
+its delta's base), whatever the close does after. The heartbeat of a share whose
+runner already waits is answered the moment the weights exist (up to `hold_s`), not
+at its next heartbeat: that wait is on every round's critical path.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import trio
 
 from node.work.blobs import issue_grant
 from node.work.context import WorkContext
-from node.work.jobs import Job, Round, RoundStore, Unit
+from node.work.jobs import LIVE_UNIT_STATES, Job, Round, RoundStore, Unit
 from node.work.offers import GRANT_SLACK_S
 from node.work.owner.modes.round_tasks import RoundTasks
 from training.spec.job import elastic_of_plain
@@ -51,6 +53,7 @@ class EarlyWeights:
         self.tasks = tasks
         self._steps: dict[tuple[str, int], EarlyStep] = {}  # (job, round) ->
         self._answers: dict[str, dict[str, Any]] = {}  # unit -> what it was told
+        self._ready: dict[tuple[str, int], trio.Event] = {}  # set once the weights exist
 
     def told(self, unit_id: str) -> dict[str, Any]:
         """What `unit_id` was told of the weights it takes ({} if nothing yet)."""
@@ -64,17 +67,30 @@ class EarlyWeights:
         """The job's rounds ended or stopped: its steps and answers go."""
         for key in [k for k in self._steps if k[0] == job_id]:
             del self._steps[key]
+        for key in [k for k in self._ready if k[0] == job_id]:
+            self._ready.pop(key).set()
         for unit in self.ctx.jobs.units_of(job_id):
             self._answers.pop(unit.unit_id, None)
 
-    def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
+    async def weights_to_take(self, job: Job, unit: Unit, hold_s: float = 0.0) -> dict[str, Any]:
         """For an eager share that takes its round's weights on its way: their hash,
         the update that gives them from the weights it started from (else it fetches
         them whole), and a grant to fetch that blob (`ProgressAck`); nothing for any
-        other unit, or before they exist. Once told, a unit is told the same weights
-        again (`Unit.taken`, its delta's base)."""
+        other unit, or before they exist. Before they exist, waits up to `hold_s` for
+        them. Once told, a unit is told the same weights again (`Unit.taken`, its
+        delta's base)."""
         if not unit.start_delta or not elastic_of_plain(job.spec).takes_weights:
             return {}
+        answer = self._answer(job, unit)
+        if answer or hold_s <= 0:
+            return answer
+        with trio.move_on_after(hold_s):
+            await self._ready.setdefault((job.id, unit.round - 1), trio.Event()).wait()
+        fresh = self.ctx.jobs.unit(unit.unit_id)  # it may have ended meanwhile
+        live = fresh is not None and fresh.state in LIVE_UNIT_STATES
+        return self._answer(job, fresh) if live else {}
+
+    def _answer(self, job: Job, unit: Unit) -> dict[str, Any]:
         if unit.unit_id in self._answers:
             return self._answers[unit.unit_id]
         weights, update = self._newest(job.id, unit.round - 1)
@@ -130,6 +146,8 @@ class EarlyWeights:
         finally:
             early.bases = tuple(bases)
             early.ready.set()
+        if early.result is not None:
+            self._announce(job.id, current.round)
 
     async def at_close(
         self, job: Job, current: Round, deltas: tuple[str, ...], bases: tuple[str, ...]
@@ -149,3 +167,10 @@ class EarlyWeights:
     def closed(self, job_id: str, round_: int) -> None:
         """The round closed: its next weights are in node.db from now on."""
         self._steps.pop((job_id, round_), None)
+        self._announce(job_id, round_)
+
+    def _announce(self, job_id: str, round_: int) -> None:
+        """`round_`'s next weights exist: the heartbeats held for them are answered."""
+        ready = self._ready.pop((job_id, round_), None)
+        if ready is not None:
+            ready.set()

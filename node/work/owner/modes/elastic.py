@@ -101,8 +101,8 @@ class ElasticRounds(ManyUnits):
             return f"round {weights_round}'s weights update"
         return f"round {weights_round}'s weights"
 
-    def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
-        return self.early.weights_to_take(job, unit)
+    async def weights_to_take(self, job: Job, unit: Unit, hold_s: float = 0.0) -> dict[str, Any]:
+        return await self.early.weights_to_take(job, unit, hold_s)
 
     def delta_fetched(self, unit: Unit, sha: str, size: int) -> None:
         """The slot's next share may start from this delta while it is checked

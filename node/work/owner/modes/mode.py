@@ -117,9 +117,10 @@ class JobMode:
         for the timeline (the mode may count it)."""
         return None
 
-    def weights_to_take(self, job: Job, unit: Unit) -> dict[str, Any]:
+    async def weights_to_take(self, job: Job, unit: Unit, hold_s: float = 0.0) -> dict[str, Any]:
         """What the answer to `unit`'s heartbeat adds (`ProgressAck`'s weights fields):
-        the weights a unit takes on its way, once they exist."""
+        the weights a unit takes on its way, once they exist (waiting up to `hold_s`
+        for them)."""
         return {}
 
     # -- results -----------------------------------------------------------------------
