@@ -68,3 +68,31 @@ def test_training_imports_no_dynamo_and_steps_as_torch_does(tmp_path: Path) -> N
     assert torchs["dynamo"]  # the reference did take torch's own path
     assert len(ours["hashes"]) == 5
     assert ours["hashes"] == torchs["hashes"]
+
+
+def test_a_scan_for_wrappers_waits_for_a_module_of_torchs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner forked from a warm server imports a few modules of its own; only a
+    module of torch's can bring new wrappers, so only one brings a new scan."""
+    import gc
+    import types
+
+    from training.run import no_dynamo
+
+    scans: list[int] = []
+
+    def get_objects() -> list:
+        scans.append(1)
+        return gc.get_objects()
+
+    monkeypatch.setattr(no_dynamo, "gc", types.SimpleNamespace(get_objects=get_objects))
+    no_dynamo.skip_dynamo_wrappers()  # up to date with what this process imported
+    scans.clear()
+    monkeypatch.setitem(sys.modules, "meshminer_plain", types.ModuleType("meshminer_plain"))
+    no_dynamo.skip_dynamo_wrappers()
+    assert scans == []
+    monkeypatch.setitem(sys.modules, "torch._meshminer", types.ModuleType("torch._meshminer"))
+    no_dynamo.skip_dynamo_wrappers()
+    no_dynamo.skip_dynamo_wrappers()
+    assert scans == [1]

@@ -49,9 +49,11 @@ def _warm_up() -> None:
     import training.elastic.tasks  # noqa: F401  (torch, numpy and the training modules)
     import training.run.runner  # noqa: F401
     from training.run.execute import deterministic
+    from training.run.no_dynamo import skip_dynamo_wrappers
 
     with deterministic(0):
         pass
+    skip_dynamo_wrappers()  # after every import of torch's: no runner scans again
 
 
 def _threads() -> int:

@@ -42,7 +42,7 @@ from contextlib import suppress
 import torch
 
 CACHE = "__dynamo_disable"  # where torch's wrapper keeps the function it calls
-_scanned: tuple[int, int] | None = None  # (modules, custom ops) at the last scan
+_scanned: tuple[int, int] | None = None  # (torch's modules, custom ops) at the last scan
 
 
 def skip_dynamo_wrappers() -> int:
@@ -50,15 +50,19 @@ def skip_dynamo_wrappers() -> int:
     the meta device's reference implementations, the kernels of the custom ops
     registered so far, `training.ops`) run without torch._dynamo; how many wrappers
     were filled (0 when all were before, or when this torch builds them some other
-    way). The wrappers are found among the interpreter's objects (30-40 ms); torch
-    makes them as its modules load and as ops are registered, so a call when neither
-    happened since the last does nothing (an elastic simulation makes an optimizer
-    for every share)."""
+    way). The wrappers are found among the interpreter's objects (30-50 ms); torch
+    makes them as its own modules load and as ops are registered, so a call when
+    neither happened since the last does nothing (an elastic simulation makes an
+    optimizer for every share; a runner forked from a warm server imports a few
+    modules of its own, none of them torch's, and then skips the scan)."""
     global _scanned
     from torch._compile import _disable_dynamo
     from torch._library.custom_ops import OPDEFS
 
-    loaded = (len(sys.modules), len(OPDEFS))
+    loaded = (
+        sum(1 for name in list(sys.modules) if name.partition(".")[0] == "torch"),
+        len(OPDEFS),
+    )
     if loaded == _scanned:
         return 0
     wrapper_code = _disable_dynamo(_plain).__code__
