@@ -25,13 +25,13 @@ from training.elastic import rounds as elastic
 from training.elastic.starts import eager_start
 from training.elastic.updates import rebuild_weights
 from training.errors import SpecError, TrainingError
-from training.evidence.result_check import model_shapes
+from training.evidence.result_check import model_shapes, remember_written
 from training.evidence.writer import NO_BOUND, Hold
 from training.model.weights import file_sha256, write_atomic
 from training.run.execute import Prepared, emit_started, prepare
 from training.run.loop import Emit
 from training.spec.fields import Section
-from training.spec.job import JobSpec
+from training.spec.job import JobSpec, spec_to_plain
 
 BlobFile = Callable[[str], Path]  # sha256 -> its checked file
 NOTICE_POLL_S = 0.005  # how often a share that takes its round's weights looks for them
@@ -59,6 +59,7 @@ def run_elastic_task(
         run = prepare(spec, data_file, device, blob_file)
         emit_started(run, emit)
         result: dict[str, Any] = {"weights_sha256": elastic.init_weights(run, out)}
+        remember_written(spec_to_plain(spec), data_file, out)
         result |= model_shapes(spec, data_file, blob_file)
     else:
         job_id = section.string("job_id", max_len=32)
