@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Result, run_parts
+from benchmarks.loopback import loopback_bytes
 from node.client import submit_job
 from node.demo.elastic import write_corpus
 from node.demo.localnet import LocalNetwork, LocalNode, wait_for
@@ -413,16 +414,6 @@ def wire(root: Path, width: int) -> Result:
 WIRE_WORKERS, WIRE_ROUNDS, WIRE_INNER = 3, 8, 20
 
 
-def _loopback_bytes() -> int:
-    """What this process's network namespace sent on its loopback (/proc/net/dev is
-    per namespace; /sys/class/net is the mounting namespace's)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == "lo":
-            return int(counters.split()[8])  # transmitted bytes
-    raise RuntimeError("no loopback in /proc/net/dev")
-
-
 def wire_run(out: Path, width: int, checked: bool) -> None:
     """One `wire` job, inside its namespace: from the first node's start to the job's
     end, what crossed the loopback."""
@@ -431,11 +422,11 @@ def wire_run(out: Path, width: int, checked: bool) -> None:
     corpus = write_corpus(root / "corpus.txt")
     spec = _spec(corpus, WIRE_WORKERS, WIRE_ROUNDS, WIRE_INNER, WIRE_WORKERS, width)
     spec += "" if checked else UNCHECKED
-    before = _loopback_bytes()
+    before = loopback_bytes()
     began = time.monotonic()
     with _network(root / "net", WIRE_WORKERS) as net:
         job = _run_job(net, net.nodes[0], spec, corpus, churn=False)
-        sent = _loopback_bytes() - before
+        sent = loopback_bytes() - before
     assert job["state"] == "completed", job["reason"]
     notes = [entry["note"] for entry in job["timeline"]]
     report = {

@@ -11,8 +11,9 @@ settings.
 - **meshminer**: real nodes (an owner that does not train, and 3 workers) at their
   default settings in a network namespace of their own (`unshare --net`, as
   `benchmarks.elastic`'s wire part), the job submitted to the owner. Wall time: from
-  the first node's start to the job's end. Rounds applied: the rounds that closed;
-  shares replayed: the owner's timeline notes of a spot-checked share.
+  the first node's start to the job's end (its last round evaluated). Rounds
+  applied: the rounds that closed; shares replayed: the owner's timeline notes of a
+  spot-checked share.
 - **hivemind**: a DHT bootstrap and 3 peers (`benchmarks/hivemind_peer.py`, one
   process each), in a namespace of their own too, run by a virtualenv made for them in
   benchmarks/.venvs/hivemind (created here when missing: the CPU torch that the
@@ -22,26 +23,29 @@ settings.
   =True, delay_state_averaging=False)` with a target batch of 3 x 16 x 20 samples, so
   that one hivemind epoch is one meshminer round; it stops at epoch 8 (`--epochs`; or
   at `--deadline` seconds) and computes the validation loss as meshminer's owner does
-  after a round. Wall time: from the bootstrap's start to the last peer's end. Rounds
-  applied: each peer's state averagings that formed a group of 2 or more. hivemind's
-  epochs hold only about the target batch (peers go on training while the first to
-  close an epoch waits for its group, and its peers need not train alike): the
-  samples column says what the swarm trained in all. So hivemind runs twice: *free*,
-  as just said, and *held* to the task's samples, each peer stopping after its 8 x 20
-  steps (`--max-steps`), whatever epoch it has reached. And meshminer runs a second
-  time last, with rounds enough for the free hivemind's samples (at least the task's
-  8): the free hivemind's comparison at equal samples, since on this task the loss
-  follows how many steps one chain of updates takes. Its loss at exactly those
-  samples is read between the losses of the two rounds around them
-  (`loss_at_samples`); its time and bytes are the whole run's, up to a round more
-  than hivemind trained.
+  after a round. Wall time: from the bootstrap's start to the last peer's validation
+  loss (before the peers' goodbyes and shutdown; `exited_s` in the results runs to
+  their exit). Rounds applied: each peer's state averagings that formed a group of 2
+  or more. hivemind's epochs hold only about the target batch (peers go on training
+  while the first to close an epoch waits for its group, and its peers need not train
+  alike): the samples column says what the swarm trained in all. So hivemind runs
+  twice: *free*, as just said, and *held* to the task's samples, each peer stopping
+  after its 8 x 20 steps (`--max-steps`), whatever epoch it has reached.
+- **meshminer, longer**: the job again last, with more rounds (twice the task's, or
+  1.5 times the free hivemind's samples), read where it reaches each hivemind run's
+  loss (the first round at or below its lowest peer's), and at the free hivemind's
+  samples exactly (`at_samples`, between the two rounds around them). Each figure is
+  taken when that round's loss was known (the round's `evaluated_at`), with the bytes
+  the loopback had sent by then (`benchmarks.loopback.LoopbackTrace`). The default
+  outer step does not depend on the job's rounds, so those rounds are a shorter
+  job's, bit for bit.
 
-Bytes, for both: what the namespace's loopback transmitted over the run (weights,
-deltas, data, checks, gossip, DHT traffic). The goal: meshminer at its default
-settings takes less wall time and sends fewer bytes than hivemind, at an equal or
-lower final validation loss, with every round applied and checked (every delta is
-decoded, bounded and clipped before it joins its round; shares are replayed at the
-default `[trust]` chance, the "replayed" column).
+Bytes, for all: what the namespace's loopback transmitted (weights, deltas, data,
+checks, gossip, DHT traffic). The goal: meshminer at its default settings takes less
+wall time and sends fewer bytes than hivemind, at an equal or lower validation loss,
+with every round applied and checked (every delta is decoded, bounded and clipped
+before it joins its round; shares are replayed at the default `[trust]` chance, the
+"replayed" column).
 
 Prints a table and writes benchmarks/results/hivemind.json.
 """
@@ -62,12 +66,14 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.elastic import _loopback_bytes, _network, _run_job
+from benchmarks.elastic import _network, _run_job
 from benchmarks.harness import Result, run_parts
+from benchmarks.loopback import LoopbackTrace
 from node.demo.elastic import write_corpus
 from node.demo.localnet import ONE_THREAD, wait_for
 from node.web.filters import to_toml
@@ -142,28 +148,35 @@ def _in_namespace(flag: str, out: Path, extra: list[str]) -> dict[str, Any]:
 
 
 def meshminer_run(out: Path) -> None:
-    """Inside the namespace: the job on real nodes, as `benchmarks.elastic.wire_run`."""
+    """Inside the namespace: the job on real nodes, as `benchmarks.elastic.wire_run`.
+    Its time and bytes run to the job's end (the last round evaluated), and to each
+    round's evaluation (`evaluated_s`, `bytes_by_round`): when its loss was known."""
     root = out.parent
     raw = json.loads((root / "spec.json").read_text())
     corpus = Path(raw["data"]["source"].removeprefix("builtin:text:"))
-    before = _loopback_bytes()
-    began, began_at = time.monotonic(), time.time()
-    with _network(root / "net", WORKERS, defaults=True) as net:
+    with LoopbackTrace() as trace, _network(root / "net", WORKERS, defaults=True) as net:
         job = _run_job(net, net.nodes[0], to_toml(raw), corpus, churn=False)
-        sent = _loopback_bytes() - before
-    wall = time.monotonic() - began
     assert job["state"] == "completed", job["reason"]
     notes = [entry["note"] for entry in job["timeline"]]
+    ended_at = next(e["t"] for e in job["timeline"] if e.get("state") == "completed")
+    evaluated = [r["evaluated_at"] for r in job["rounds"]]
+    began_at = trace.began_at
     report = {
-        "bytes": sent,
-        "wall_s": wall,
+        "bytes": trace.sent_by(ended_at),
+        "wall_s": ended_at - began_at,
         "val_loss": job["rounds"][-1]["val_loss"],
         "val_losses": [r.get("val_loss") for r in job["rounds"]],
+        "evaluated_s": [t - began_at for t in evaluated],
+        "bytes_by_round": [trace.sent_by(t) for t in evaluated],
         "rounds": sum(1 for r in job["rounds"] if r["state"] == "closed"),
         "until_round_0_s": job["rounds"][0]["opened_at"] - began_at,
         "round_s": [r["closed_at"] - r["opened_at"] for r in job["rounds"]],
         "shares": sum(1 for note in notes if "; receipt issued" in note),
         "checked": sum(1 for note in notes if " checked; receipt issued" in note),
+        "checked_by_round": [
+            sum(1 for n in notes if n.startswith(f"round {r['round']}: ") and " checked;" in n)
+            for r in job["rounds"]
+        ],
     }
     out.write_text(json.dumps(report))
 
@@ -178,7 +191,8 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
 
 def hivemind_run(out: Path, settings: Settings) -> None:
     """Inside the namespace: the bootstrap, then the peers at once; bytes and time from
-    the bootstrap's start to the last peer's exit."""
+    the bootstrap's start to the last peer's validation loss (`exited_s`: to the last
+    peer's exit, after its goodbye to the others and its shutdown)."""
     root = out.parent
     python = str(VENV / "bin" / "python")
     env = {**ONE_THREAD, **os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -196,42 +210,56 @@ def hivemind_run(out: Path, settings: Settings) -> None:
             )
 
     addrs = root / "bootstrap.addrs"
-    before = _loopback_bytes()
-    began = time.monotonic()
-    boot, peers = start("bootstrap", ["bootstrap", str(addrs)]), []
-    try:
-        wait_for(lambda: addrs.exists() and addrs.read_text().split(), 120, "the DHT bootstrap")
-        common = [f"--peers={WORKERS}", f"--inner-steps={INNER}", *settings.flags()]
-        common += [f"--initial-peer={addr}" for addr in addrs.read_text().split()]
-        spec = str(root / "spec.json")
-        peers = [
-            start(f"peer{i}", ["peer", spec, str(root / f"peer{i}.json"), f"--index={i}", *common])
-            for i in range(WORKERS)
-        ]
-        codes = []
-        for proc in peers:  # a peer past its deadline only evaluates and says goodbye
-            try:
-                codes.append(
-                    proc.wait(max(1.0, began + settings.deadline + 180 - time.monotonic()))
-                )
-            except subprocess.TimeoutExpired:
-                codes.append(_reap(proc))
-        wall = time.monotonic() - began
-        sent = _loopback_bytes() - before
-    finally:
-        boot.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            boot.wait(timeout=15)
-        for proc in [boot, *peers]:
-            _reap(proc)
+    with LoopbackTrace() as trace:
+        boot, peers = start("bootstrap", ["bootstrap", str(addrs)]), []
+        try:
+            codes = _peers_run(addrs, settings, root, start, peers)
+        finally:
+            boot.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                boot.wait(timeout=15)
+            for proc in [boot, *peers]:
+                _reap(proc)
+        exited = time.time() - trace.began_at
     found = [root / f"peer{i}.json" for i in range(WORKERS)]
+    reports = [json.loads(p.read_text()) if p.exists() else None for p in found]
+    # its end: the last peer's validation loss known (the peers then say goodbye)
+    ended_at = max((p["done_at"] for p in reports if p is not None), default=time.time())
     report = {
-        "bytes": sent,
-        "wall_s": wall,
+        "bytes": trace.sent_by(ended_at),
+        "wall_s": ended_at - trace.began_at,
+        "exited_s": exited,
         "exit_codes": codes,
-        "peers": [json.loads(p.read_text()) if p.exists() else None for p in found],
+        "peers": reports,
     }
     out.write_text(json.dumps(report))
+
+
+def _peers_run(
+    addrs: Path,
+    settings: Settings,
+    root: Path,
+    start: Callable[[str, list[str]], subprocess.Popen[bytes]],
+    peers: list[subprocess.Popen[bytes]],
+) -> list[int]:
+    """The peers, started once the bootstrap wrote its addresses (into `peers`); their
+    exit codes."""
+    began = time.monotonic()
+    wait_for(lambda: addrs.exists() and addrs.read_text().split(), 120, "the DHT bootstrap")
+    common = [f"--peers={WORKERS}", f"--inner-steps={INNER}", *settings.flags()]
+    common += [f"--initial-peer={addr}" for addr in addrs.read_text().split()]
+    spec = str(root / "spec.json")
+    for i in range(WORKERS):
+        peers.append(
+            start(f"peer{i}", ["peer", spec, str(root / f"peer{i}.json"), f"--index={i}", *common])
+        )
+    codes = []
+    for proc in peers:  # a peer past its deadline only evaluates and says goodbye
+        try:
+            codes.append(proc.wait(max(1.0, began + settings.deadline + 180 - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(_reap(proc))
+    return codes
 
 
 def _side(folder: Path, raw: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -242,16 +270,22 @@ def _side(folder: Path, raw: dict[str, Any], settings: Settings) -> dict[str, An
     return _in_namespace(flag, folder / "report.json", settings.flags())
 
 
-def loss_at_samples(losses: list[float], samples: float) -> float:
-    """The validation loss after `samples` of training, between the rounds' losses
-    (`losses[i]` after round i, that is after (i + 1) x ROUND_SAMPLES), linearly."""
+def at_samples(values: list[float], samples: float) -> float:
+    """A run's figure after `samples` of training (its validation loss, or when that
+    was known, or the bytes sent by then), between the rounds' figures (`values[i]`
+    after round i, that is after (i + 1) x ROUND_SAMPLES), linearly."""
     at = samples / ROUND_SAMPLES - 1  # in rounds, from the first round's end
     if at <= 0:
-        return losses[0]
-    if at >= len(losses) - 1:
-        return losses[-1]
+        return values[0]
+    if at >= len(values) - 1:
+        return values[-1]
     low = math.floor(at)
-    return losses[low] + (at - low) * (losses[low + 1] - losses[low])
+    return values[low] + (at - low) * (values[low + 1] - values[low])
+
+
+def first_round_at(losses: list[float], target: float) -> int | None:
+    """The first round whose validation loss is `target` or lower (None: none)."""
+    return next((i for i, loss in enumerate(losses) if loss <= target), None)
 
 
 def compare(root: Path, settings: Settings) -> Result:
@@ -267,15 +301,17 @@ def compare(root: Path, settings: Settings) -> Result:
     runs = {}
     for side, knobs in sides.items():
         runs[side] = _side(root / side, raw, knobs)
-    # meshminer again, with rounds enough for the free hivemind's samples
-    free = sum(p["samples"] for p in runs["hivemind"]["peers"] if p is not None)
-    matched = max(ROUNDS, math.ceil(free / ROUND_SAMPLES))
-    longer = {**raw, "elastic": {**raw["elastic"], "rounds": matched}}
-    runs["meshminer-matched"] = _side(root / "meshminer-matched", longer, settings)
+    # meshminer again, longer: where it reaches each hivemind run's loss, and its loss
+    # at the free hivemind's samples (the default outer step does not depend on the
+    # job's rounds, so its first rounds are those of a shorter job, bit for bit)
+    free = sum(p["samples"] for p in _peers(runs["hivemind"]))
+    longer_rounds = max(2 * ROUNDS, math.ceil(1.5 * free / ROUND_SAMPLES))
+    longer = {**raw, "elastic": {**raw["elastic"], "rounds": longer_rounds}}
+    runs["meshminer-longer"] = long = _side(root / "meshminer-longer", longer, settings)
     mesh = runs["meshminer"]
     result = Result(
         "hivemind: elastic rounds against hivemind.Optimizer(use_local_updates=True)",
-        ["system", "wall s", "bytes", "samples", "final val loss", "rounds applied", "replayed"],
+        ["system", "wall s", "bytes", "samples", "val loss", "rounds applied", "replayed"],
     )
     result.add(
         "meshminer",
@@ -293,45 +329,71 @@ def compare(root: Path, settings: Settings) -> Result:
         "batch_size": BATCH,
         "hivemind_settings": dataclasses.asdict(settings),
         "meshminer": mesh,
+        "meshminer_longer": long,
     }
-    matched_run = runs["meshminer-matched"]
-    at_free = loss_at_samples(matched_run["val_losses"], free)
-    result.add(
-        "meshminer, the free hivemind's samples",
-        matched_run["wall_s"],
-        matched_run["bytes"],
-        matched_run["shares"] * INNER * BATCH,
-        f"{at_free:.4f} at {free} ({matched_run['val_loss']:.4f} at the end)",
-        f"{matched_run['rounds']} of {matched}",
-        f"{matched_run['checked']} of {matched_run['shares']} shares",
-    )
-    meta["meshminer_matched"] = matched_run | {"val_loss_at_free_samples": at_free}
-    for side, name in (("hivemind", "free"), ("hivemind-held", "the task's samples")):
-        hive = runs[side]
-        peers = [p for p in hive["peers"] if p is not None]
-        losses = sorted({round(p["val_loss"], 4) for p in peers})
-        worst = max((p["val_loss"] for p in peers), default=float("nan"))
+    for side, name in (("hivemind", "free"), ("hivemind-held", "held")):
+        hive, key = runs[side], side.replace("-", "_")
+        peers = _peers(hive)
         late = sum(1 for p in peers if p["hit_deadline"])
         result.add(
             f"hivemind {HIVEMIND}, {name}",
             hive["wall_s"],
             hive["bytes"],
             sum(p["samples"] for p in peers),
-            " / ".join(f"{loss:.4f}" for loss in losses) or f"none of {WORKERS} peers",
+            " / ".join(f"{loss:.4f}" for loss in sorted({round(p["val_loss"], 4) for p in peers}))
+            or f"none of {WORKERS} peers",
             " / ".join(str(p["averaged"]) for p in peers)
             + f" (epochs {' / '.join(str(p['epoch']) for p in peers)})",
             f"none; {late} of {WORKERS} peers at the deadline",
         )
-        key = side.replace("-", "_")
-        meta |= {
-            key: hive,
-            f"{key}_val_loss_worst": worst,
-            f"{key}_wall_ratio": mesh["wall_s"] / hive["wall_s"],
-            f"{key}_bytes_ratio": mesh["bytes"] / hive["bytes"],
-            f"{key}_val_loss_ratio": mesh["val_loss"] / worst,
-        }
+        meta[key] = hive
+        meta[f"{key}_to_loss"] = _to_loss(result, long, hive, name)
+        if side == "hivemind":
+            series = ("val_losses", "evaluated_s", "bytes_by_round")
+            at = {k: at_samples(long[k], free) for k in series}
+            result.add(
+                "meshminer, at the free hivemind's samples",
+                at["evaluated_s"], at["bytes_by_round"], free, f"{at['val_losses']:.4f}", "", "",
+            )  # fmt: skip
+            meta["at_free_samples"] = at
     result.meta.update(meta)
     return result
+
+
+def _peers(hive: dict[str, Any]) -> list[dict[str, Any]]:
+    """The peers of a hivemind run that wrote their report."""
+    return [p for p in hive["peers"] if p is not None]
+
+
+def _to_loss(result: Result, long: dict[str, Any], hive: dict[str, Any], name: str) -> dict:
+    """The row of the longer meshminer run at the first round whose validation loss is
+    the hivemind run's (its lowest peer's) or lower; its ratios to that run."""
+    target = min((p["val_loss"] for p in _peers(hive)), default=float("nan"))
+    row = f"meshminer, to the {name} hivemind's loss"
+    reached = first_round_at(long["val_losses"], target)
+    if reached is None:
+        last = f"not reached in {len(long['val_losses'])} rounds ({long['val_loss']:.4f})"
+        result.add(row, float("nan"), float("nan"), long["shares"] * INNER * BATCH, last, "", "")
+        return {"target": target, "reached": False}
+    wall, sent = long["evaluated_s"][reached], long["bytes_by_round"][reached]
+    result.add(
+        row,
+        wall,
+        sent,
+        (reached + 1) * ROUND_SAMPLES,
+        f"{long['val_losses'][reached]:.4f} (round {reached})",
+        f"{reached + 1} of {reached + 1}",
+        f"{sum(long['checked_by_round'][: reached + 1])} of {(reached + 1) * WORKERS} shares",
+    )
+    return {
+        "target": target,
+        "reached": True,
+        "rounds": reached + 1,
+        "wall_s": wall,
+        "bytes": sent,
+        "wall_ratio": wall / hive["wall_s"],
+        "bytes_ratio": sent / hive["bytes"],
+    }
 
 
 def main() -> None:

@@ -159,6 +159,7 @@ def peer(args: argparse.Namespace) -> None:
         "samples": (steps - counts.resyncs) * batch,
         "train_loss": sum(losses[-10:]) / max(len(losses[-10:]), 1),
         "train_s": train_s,
+        "done_at": time.time(),  # its loss known: the run's end, as a job's last round's
         **val,
     }
     args.out.write_text(json.dumps(report))

@@ -36,6 +36,7 @@ class Round:
     left: list[str] = field(default_factory=list)  # in the round before, not in this one
     val_loss: float | None = None  # of the weights after this round's outer step
     metrics: dict[str, float] = field(default_factory=dict)
+    evaluated_at: float = 0.0  # when those figures came (off the rounds' path)
     bytes_in: int = 0  # delta bytes received and applied
     bytes_out: int = 0  # global weights and updates the round's workers fetched
     full_bytes: int = 0  # what the same deltas would take as float32 weights
@@ -72,6 +73,7 @@ class RoundStore:
                 "left": str,
                 "val_loss": float,
                 "metrics": str,
+                "evaluated_at": float,
                 "bytes_in": int,
                 "bytes_out": int,
                 "full_bytes": int,
@@ -81,7 +83,8 @@ class RoundStore:
             pk=("job_id", "round"),
             if_not_exists=True,
         )
-        for column, kind, default in (("next_update_sha256", str, ""), ("bytes_out", int, 0)):
+        added = ("next_update_sha256", str, ""), ("bytes_out", int, 0), ("evaluated_at", float, 0)
+        for column, kind, default in added:
             if column not in db["rounds"].columns_dict:  # node.db from before
                 db["rounds"].add_column(column, kind, not_null_default=default)
 

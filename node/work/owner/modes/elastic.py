@@ -221,6 +221,7 @@ class ElasticRounds(ManyUnits):
                     "closed",
                     val_loss=metrics.get("val_loss"),
                     metrics=metrics,
+                    evaluated_at=time.time(),
                 )
                 log.info(
                     "job %s: round %d closed with %d deltas, val_loss %s",

@@ -414,6 +414,8 @@ def test_closed_rounds_are_evaluated_in_order_while_the_rounds_go_on(
         (2.0, {"val_loss": 2.0}),
         (None, {}),
     ]
+    assert 0 < rows[0].evaluated_at <= rows[1].evaluated_at <= time.time()
+    assert rows[2].evaluated_at == 0.0  # when its figures came: never
     history = owner.ctx.jobs.get(job.id).progress["history"]
     assert history == [[10, None, 3.0]]  # a cancelled job's progress stays as it was
 
