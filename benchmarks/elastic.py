@@ -156,10 +156,17 @@ def communication(root: Path, workers: int, rounds: int, inner: int, width: int)
 
 
 def _run_job(
-    net: LocalNetwork, owner: LocalNode, spec: str | Path, corpus: Path, churn: bool
+    net: LocalNetwork,
+    owner: LocalNode,
+    spec: str | Path,
+    corpus: Path,
+    churn: bool,
+    poll_s: float = 0.2,
 ) -> dict[str, Any]:
     """Submit `spec` (TOML text on `corpus`, or a spec file that `meshminer submit`
-    uploads with the files it names) and wait for the job's end."""
+    uploads with the files it names) and wait for the job's end, asking the owner
+    every `poll_s` (each answer is the whole job, its timeline and rounds: JSON the
+    owner's CPU makes while the job trains)."""
     if isinstance(spec, Path):
         out = subprocess.run(
             [sys.executable, "-m", "node", "submit", str(spec), "--api", owner.api],
@@ -191,6 +198,7 @@ def _run_job(
         ),
         3600,
         "the job to end",
+        poll_s,
     )
 
 

@@ -164,7 +164,9 @@ class PeerFinder:
             return False
         return True
 
-    async def still_fits(self, peer_id: str, requirements: dict[str, Any]) -> bool:
+    async def still_fits(
+        self, peer_id: str, requirements: dict[str, Any], count_load: bool = True
+    ) -> bool:
         """Late binding: probe `peer_id` if its ad is not fresh, then ask again whether
         it can take the job (its load or pause may have changed)."""
         entry = self.peers.get(peer_id)
@@ -172,12 +174,15 @@ class PeerFinder:
             return False
         if self.needs_probe(entry) and not await self.probe(peer_id):
             return False
-        return self._fits_now(peer_id, requirements) is not None
+        return self._fits_now(peer_id, requirements, count_load) is not None
 
-    def _fits_now(self, peer_id: str, requirements: dict[str, Any]) -> PeerEntry | None:
+    def _fits_now(
+        self, peer_id: str, requirements: dict[str, Any], count_load: bool = True
+    ) -> PeerEntry | None:
         """The peer's entry if its current ad can take a job with `requirements`."""
         entry = self.peers.get(peer_id)
-        return entry if entry is not None and unfit_reason(entry.ad, requirements) is None else None
+        fits = entry is not None and unfit_reason(entry.ad, requirements, count_load) is None
+        return entry if fits else None
 
     async def _probe_into(
         self,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -217,14 +217,19 @@ class PeerTable:
         ]
 
 
-def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
-    """Why `ad`'s node cannot take a job with `requirements`, or None if it can."""
+def unfit_reason(
+    ad: CapacityAd, requirements: dict[str, Any], count_load: bool = True
+) -> str | None:
+    """Why `ad`'s node cannot take a job with `requirements`, or None if it can.
+    Without `count_load`, its load is not held against it: an owner whose unit the
+    node has just finished knows the load in the ad may be that unit's (load-only
+    ads go out at most every few seconds), and the node declines if it is full."""
     policy = ad.policy
     if not policy.accepting:
         return "not accepting work"
     if ad.paused:
         return f"paused: {ad.paused}"
-    if ad.load_pct >= policy.load_limit_pct:
+    if count_load and ad.load_pct >= policy.load_limit_pct:
         return f"at its load limit ({ad.load_pct}% of {policy.load_limit_pct}%)"
     max_hours = float(requirements.get("max_hours", 1.0))
     if max_hours > policy.max_job_hours:
@@ -237,13 +242,19 @@ def unfit_reason(ad: CapacityAd, requirements: dict[str, Any]) -> str | None:
 
 
 def fitting(
-    entries: Iterable[PeerEntry], requirements: dict[str, Any], excluded: set[str]
+    entries: Iterable[PeerEntry],
+    requirements: dict[str, Any],
+    excluded: set[str],
+    loaded_ok: Collection[str] = (),
 ) -> list[PeerEntry]:
-    """The live entries whose ads can take a job with `requirements`, but `excluded`."""
+    """The live entries whose ads can take a job with `requirements`, but `excluded`;
+    the load of those in `loaded_ok` is not held against them (`unfit_reason`)."""
     return [
         e
         for e in entries
-        if not e.stale and e.ad.peer_id not in excluded and unfit_reason(e.ad, requirements) is None
+        if not e.stale
+        and e.ad.peer_id not in excluded
+        and unfit_reason(e.ad, requirements, e.ad.peer_id not in loaded_ok) is None
     ]
 
 

@@ -149,11 +149,13 @@ async def offer_if_fit(
     key: bytes,
     share: RoundShare | None = None,
     spec: dict[str, Any] | None = None,
+    count_load: bool = True,
 ) -> OfferReply:
     """Late binding: a worker whose ad is not fresh is probed first, and one that is
-    gone, or busy or paused now, gets no offer (a transient decline)."""
+    gone, or busy (unless not `count_load`) or paused now, gets no offer (a transient
+    decline)."""
     if ctx.finder is not None and not await ctx.finder.still_fits(
-        unit.worker, job.spec.get("requirements", {})
+        unit.worker, job.spec.get("requirements", {}), count_load
     ):
         reason = f"{unit.worker} did not answer a probe, or cannot take work now"
         return OfferReply(job.id, unit.unit_id, False, reason, True)

@@ -209,7 +209,8 @@ def test_an_owner_killed_mid_round_makes_no_volunteer_train_twice(
             after = rounds[kept["round"]]
             if kept["val_loss"] is None:  # closed, not evaluated yet: evaluated after
                 assert after["val_loss"] is not None and after["metrics"], after
-                after = {**after, "val_loss": None, "metrics": {}}
+                assert after["evaluated_at"] >= after["closed_at"] > 0, after
+                after = {**after, "val_loss": None, "metrics": {}, "evaluated_at": 0.0}
             assert after == kept
     units = _units(owner, job_id)
     assert sorted((r, slot) for r, slot, state, _ in units if state == "done") == [

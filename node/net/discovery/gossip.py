@@ -5,13 +5,17 @@ signature, signer = sending peer, ad's peer id = signer, freshness, and sequence
 number newer than the last one seen (replay). Rejections are counted per reason.
 
 Ads go out on change and on a slow refresh, because each delivered message costs
-every node ~9 ms of CPU. So that a joining node does not wait a refresh period,
-both ends of every new connection fetch each other's table over `/meshminer/ads/1`.
+every node ~9 ms of CPU. A change of load alone (a unit began or ended) goes out at
+most every `LOAD_AD_S`, with the newest load: a worker of short units (an elastic
+job's shares, a second or less each) otherwise sent two ads a unit, and every node
+paid for each. So that a joining node does not wait a refresh period, both ends of
+every new connection fetch each other's table over `/meshminer/ads/1`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -39,6 +43,7 @@ from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, PROBE_PROTOCOL
 log = logging.getLogger(__name__)
 
 MAX_CLOCK_SKEW_S = 60.0
+LOAD_AD_S = 5.0  # a change of load alone is published at most this often
 PROBE_FRESH_S = 2.0  # a probe gets an ad at most this old (a new one costs a signature)
 MAX_TABLE_ADS = 1024
 _TABLE_LIMITS = Limits(
@@ -128,6 +133,9 @@ class CapacityGossip:
         self.publish_interval_s = publish_interval_s
         self.cost = cost
         self._wake = trio.Event()
+        self._waiting: trio.CancelScope | None = None  # the publish loop's wait
+        self._published_at = -math.inf  # trio time of the last ad published
+        self._load_due = math.inf  # when a change of load is to be published
         self._own_ad = make_ad()
         self._own_ad_at = time.monotonic()
         # False once directories say the network is large (`Registration.gossip_own_ad`)
@@ -140,8 +148,15 @@ class CapacityGossip:
             metrics.ads_rejected.labels(reason)
 
     def changed(self) -> None:
-        """The local ad changed (policy, load, capacity): publish it now."""
+        """The local ad changed (policy, capacity, availability): publish it now."""
         self._wake.set()
+
+    def load_changed(self) -> None:
+        """Only the load changed: publish it at once if no ad went out in the last
+        `LOAD_AD_S`, else at the end of that time (with the load as it is then)."""
+        self._load_due = min(self._load_due, self._published_at + LOAD_AD_S)
+        if self._waiting is not None:
+            self._waiting.deadline = min(self._waiting.deadline, self._load_due)
 
     async def start(self) -> None:
         """Register the ad exchange and the validated subscription (before any dial).
@@ -301,10 +316,13 @@ class CapacityGossip:
     async def _publish_loop(self) -> None:
         while True:
             factor = DIRECTORY_TTL_FACTOR if self.slow_refresh() else 1
-            with trio.move_on_after(self.publish_interval_s * factor):
+            with trio.move_on_after(self.publish_interval_s * factor) as self._waiting:
+                self._waiting.deadline = min(self._waiting.deadline, self._load_due)
                 await self._wake.wait()
+            self._waiting, self._load_due = None, math.inf
             self._wake = trio.Event()
             self._refresh_own_ad()
+            self._published_at = trio.current_time()
             if not self.gossip_own_ad():
                 continue  # a large network: the ad goes to directories only
             try:

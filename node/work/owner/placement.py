@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -229,9 +229,12 @@ class Placement:
             )
         return reply.accepted  # (or its result already arrived and was handled)
 
-    async def candidates(self, job: Job, busy: set[str]) -> list[str]:
+    async def candidates(
+        self, job: Job, busy: set[str], loaded_ok: Collection[str] = ()
+    ) -> list[str]:
         """Peers that fit the job and are not in `busy`, best first (directories are
-        asked for more when few are known)."""
+        asked for more when few are known); the load in the ads of `loaded_ok` is not
+        held against them (`unfit_reason`)."""
         now = time.time()
         excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
         excluded |= self._reputation.excluded(now)
@@ -239,10 +242,16 @@ class Placement:
         requirements = job.spec.get("requirements", {})
         if self.ctx.finder is not None:
             await self.ctx.finder.top_up(requirements, excluded)
-        fits = [e.ad for e in fitting(self.ctx.peers.entries(), requirements, excluded)]
+        entries = self.ctx.peers.entries()
+        fits = [e.ad for e in fitting(entries, requirements, excluded, loaded_ok)]
         # ties in random order: a peer id sorting first can be ground, a draw cannot
         fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), random.random()))
         return [ad.peer_id for ad in fits]
+
+    def has_room(self, peer: str) -> bool:
+        """Whether `peer`'s ad says its load leaves room for a unit."""
+        entry = self.ctx.peers.get(peer)
+        return entry is not None and entry.ad.load_pct < entry.ad.policy.load_limit_pct
 
     async def offer(
         self,
@@ -252,9 +261,11 @@ class Placement:
         *,
         share: RoundShare | None = None,
         spec: dict[str, Any] | None = None,
+        count_load: bool = True,
     ) -> OfferReply:
         """Offer `unit` (with a round's `share`, or a trial's own `spec`) to its worker
-        and act on the answer; the unit's mode hears of any end (`Lifecycle.end`)."""
+        and act on the answer; the unit's mode hears of any end (`Lifecycle.end`).
+        Without `count_load`, the load in the worker's ad does not hold the offer back."""
         ctx = self.ctx
         peer = unit.worker
         key = new_job_key()
@@ -264,7 +275,7 @@ class Placement:
                 if ctx.jobs.forget_unit(unit.unit_id):
                     ctx.forget_unit_key(job.id, unit.unit_id)
                 return OfferReply(job.id, unit.unit_id, False, WAITS_ITS_TURN, True)
-            reply = await offer_if_fit(ctx, job, unit, key, share, spec)
+            reply = await offer_if_fit(ctx, job, unit, key, share, spec, count_load)
         if reply.accepted:
             self.backoff.succeeded(job.id, peer)
             log.info("job %s: unit %s accepted by %s", job.id, unit.unit_id, peer)

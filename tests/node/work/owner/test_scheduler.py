@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from factories import capacity_ad
 
-from node.net.peers import PeerEntry
+from node.net.peers import PeerEntry, fitting, unfit_reason
 from node.work.owner import SELF, choose_worker
 from protocol import GpuInfo, Policy
 
@@ -90,3 +90,20 @@ def test_a_busy_peer_is_passed_over_and_the_reason_says_busy() -> None:
     assert waiting.worker is None
     assert "fast: declined another job's offer for now" in waiting.reason
     assert "slow: declined or lost this job before" in waiting.reason
+
+
+def test_a_peer_whose_load_may_be_ours_is_held_back_only_by_the_rest_of_its_ad() -> None:
+    """An elastic slot's holder has just delivered its share: the load in its ad may be
+    that share's, so an owner may leave it out of the count (`loaded_ok`); a pause or
+    a policy still rules the peer out."""
+    full = _peer("full", load_pct=100)
+    paused = _peer("pausedfull", load_pct=100, policy=Policy(accepting=False))
+    entries = [full, paused, _peer("free")]
+    assert unfit_reason(full.ad, {}) == "at its load limit (100% of 100%)"
+    assert unfit_reason(full.ad, {}, count_load=False) is None
+    assert unfit_reason(paused.ad, {}, count_load=False) == "not accepting work"
+    names = [e.ad.peer_id[-4:] for e in fitting(entries, {}, set())]
+    assert names == ["free"]
+    loaded_ok = {full.ad.peer_id, paused.ad.peer_id}
+    names = [e.ad.peer_id[-4:] for e in fitting(entries, {}, set(), loaded_ok)]
+    assert names == ["full", "free"]
