@@ -239,11 +239,16 @@ class Node:
 
     def set_load(self, load_pct: int) -> None:
         self.load_pct = load_pct
-        self._ad_changed(load_only=True)
-
-    def _ad_changed(self, load_only: bool = False) -> None:
         if self.gossip is not None:
-            self.gossip.load_changed() if load_only else self.gossip.changed()
+            self.gossip.load_changed(load_pct)
+        self._status_changed()
+
+    def _ad_changed(self) -> None:
+        if self.gossip is not None:
+            self.gossip.changed()
+        self._status_changed()
+
+    def _status_changed(self) -> None:
         if self.events is not None:
             self.events.status(self.load_pct, to_plain(self.policy), self.capacity.tflops)
 

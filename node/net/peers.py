@@ -222,8 +222,9 @@ def unfit_reason(
 ) -> str | None:
     """Why `ad`'s node cannot take a job with `requirements`, or None if it can.
     Without `count_load`, its load is not held against it: an owner whose unit the
-    node has just finished knows the load in the ad may be that unit's (load-only
-    ads go out at most every few seconds), and the node declines if it is full."""
+    node has just finished knows the load in the ad may be that unit's (a node whose
+    units follow each other advertises itself busy throughout), and the node
+    declines if it is full."""
     policy = ad.policy
     if not policy.accepting:
         return "not accepting work"

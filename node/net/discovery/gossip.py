@@ -5,11 +5,13 @@ signature, signer = sending peer, ad's peer id = signer, freshness, and sequence
 number newer than the last one seen (replay). Rejections are counted per reason.
 
 Ads go out on change and on a slow refresh, because each delivered message costs
-every node ~9 ms of CPU. A change of load alone (a unit began or ended) goes out at
-most every `LOAD_AD_S`, with the newest load: a worker of short units (an elastic
-job's shares, a second or less each) otherwise sent two ads a unit, and every node
-paid for each. So that a joining node does not wait a refresh period, both ends of
-every new connection fetch each other's table over `/meshminer/ads/1`.
+every node ~9 ms of CPU. A change of load alone (a unit began or ended) goes out
+`LOAD_SETTLE_S` later, and at most every `LOAD_AD_S`, only if the load then differs
+from the one last published: a worker of short units back to back (an elastic job's
+shares, a second or less each) otherwise sent two ads a unit, and every node paid
+for each; it now says "busy" once, and "free" once it is. So that a joining node
+does not wait a refresh period, both ends of every new connection fetch each other's
+table over `/meshminer/ads/1`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from protocol.names import ADS_PROTOCOL, CAPACITY_TOPIC, PROBE_PROTOCOL
 log = logging.getLogger(__name__)
 
 MAX_CLOCK_SKEW_S = 60.0
-LOAD_AD_S = 5.0  # a change of load alone is published at most this often
+LOAD_SETTLE_S = 1.0  # a change of load alone is published this much later...
+LOAD_AD_S = 5.0  # ... and at most this often, if the load then is not the one published
 PROBE_FRESH_S = 2.0  # a probe gets an ad at most this old (a new one costs a signature)
 MAX_TABLE_ADS = 1024
 _TABLE_LIMITS = Limits(
@@ -136,6 +139,7 @@ class CapacityGossip:
         self._waiting: trio.CancelScope | None = None  # the publish loop's wait
         self._published_at = -math.inf  # trio time of the last ad published
         self._load_due = math.inf  # when a change of load is to be published
+        self._load = self._published_load = 0  # the node's load now; in the last ad
         self._own_ad = make_ad()
         self._own_ad_at = time.monotonic()
         # False once directories say the network is large (`Registration.gossip_own_ad`)
@@ -151,10 +155,13 @@ class CapacityGossip:
         """The local ad changed (policy, capacity, availability): publish it now."""
         self._wake.set()
 
-    def load_changed(self) -> None:
-        """Only the load changed: publish it at once if no ad went out in the last
-        `LOAD_AD_S`, else at the end of that time (with the load as it is then)."""
-        self._load_due = min(self._load_due, self._published_at + LOAD_AD_S)
+    def load_changed(self, load_pct: int) -> None:
+        """Only the load changed, to `load_pct`: published `LOAD_SETTLE_S` from now (no
+        sooner than `LOAD_AD_S` after the last ad) unless it is back to the load the
+        last ad says by then."""
+        self._load = load_pct
+        due = max(trio.current_time() + LOAD_SETTLE_S, self._published_at + LOAD_AD_S)
+        self._load_due = min(self._load_due, due)
         if self._waiting is not None:
             self._waiting.deadline = min(self._waiting.deadline, self._load_due)
 
@@ -316,13 +323,16 @@ class CapacityGossip:
     async def _publish_loop(self) -> None:
         while True:
             factor = DIRECTORY_TTL_FACTOR if self.slow_refresh() else 1
-            with trio.move_on_after(self.publish_interval_s * factor) as self._waiting:
-                self._waiting.deadline = min(self._waiting.deadline, self._load_due)
+            refresh_at = trio.current_time() + self.publish_interval_s * factor
+            with trio.CancelScope(deadline=min(refresh_at, self._load_due)) as self._waiting:
                 await self._wake.wait()
             self._waiting, self._load_due = None, math.inf
+            for_load = not self._wake.is_set() and trio.current_time() < refresh_at
+            if for_load and self._load == self._published_load:
+                continue  # back to what the last ad says: nothing to tell
             self._wake = trio.Event()
             self._refresh_own_ad()
-            self._published_at = trio.current_time()
+            self._published_at, self._published_load = trio.current_time(), self._load
             if not self.gossip_own_ad():
                 continue  # a large network: the ad goes to directories only
             try:

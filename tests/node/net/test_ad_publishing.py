@@ -1,8 +1,9 @@
 """When a node's capacity ad goes out (`CapacityGossip._publish_loop`): a change of
-policy or availability at once; a change of load alone at once after a quiet spell,
-else at most every `LOAD_AD_S`, carrying the newest load, also when it changed while
-the ad before was on its way. Time is trio's mock clock; the host only records what
-it is asked to publish, when."""
+policy or availability at once; a change of load alone `LOAD_SETTLE_S` later, and
+at most every `LOAD_AD_S`, only if the load then is not the one last published (a
+worker of short units back to back says "busy" once), also when it changed while the
+ad before was on its way. Time is trio's mock clock; the host only records what it is
+asked to publish, when."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import trio.testing
 
 from node.metrics import NodeMetrics
 from node.net.discovery.cost import DiscoveryCost
-from node.net.discovery.gossip import LOAD_AD_S, CapacityGossip
+from node.net.discovery.gossip import LOAD_AD_S, LOAD_SETTLE_S, CapacityGossip
 
 INTERVAL_S = 1000.0  # the slow refresh, out of the way
 
@@ -40,25 +41,25 @@ def _gossip(host: Host, load: list[int]) -> CapacityGossip:
     )
 
 
-def test_load_changes_are_published_at_most_every_few_seconds_with_the_newest_load() -> None:
+def test_a_load_change_goes_out_once_settled_and_only_if_it_still_differs() -> None:
     host, load = Host(), [0]
     gossip = _gossip(host, load)
 
     async def main() -> None:
+        async def load_becomes(pct: int, at: float) -> None:
+            await trio.sleep_until(at)
+            load[0] = pct
+            gossip.load_changed(pct)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(gossip._publish_loop)
             await trio.sleep(10.0)  # quiet: nothing changed
             assert host.published == []
-
-            async def load_becomes(pct: int, at: float) -> None:
-                await trio.sleep_until(at)
-                load[0] = pct
-                gossip.load_changed()
-
-            await load_becomes(100, 10.0)  # after a quiet spell: at once
-            await load_becomes(0, 11.0)  # a unit of a second: these two wait...
-            await load_becomes(100, 12.0)
-            await load_becomes(0, 16.0)  # ... and so does this one
+            await load_becomes(100, 10.0)  # a unit begins
+            await load_becomes(0, 12.0)  # it ends and the next begins at once...
+            await load_becomes(100, 12.05)  # ... so nobody needs to hear of it
+            await load_becomes(0, 20.0)  # the last one ends
+            await load_becomes(100, 22.0)  # another, within LOAD_AD_S of that ad
             await trio.sleep_until(30.0)
             load[0] = 50
             gossip.changed()  # not the load alone: at once
@@ -67,16 +68,16 @@ def test_load_changes_are_published_at_most_every_few_seconds_with_the_newest_lo
             gossip.changed()
             await trio.sleep_until(31.5)  # while that ad is on its way
             load[0] = 0
-            gossip.load_changed()
+            gossip.load_changed(0)
             await trio.sleep_until(50.0)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     when = [(round(t, 3), data.decode()) for t, data in host.published]
     assert when == [
-        (10.0, "load 100"),
-        (pytest.approx(10.0 + LOAD_AD_S), "load 100"),  # 11 s and 12 s: one ad, the newest
-        (pytest.approx(10.0 + 2 * LOAD_AD_S), "load 0"),
+        (10.0 + LOAD_SETTLE_S, "load 100"),
+        (20.0 + LOAD_SETTLE_S, "load 0"),  # 12 s and 12.05 s: nothing
+        (pytest.approx(20.0 + LOAD_SETTLE_S + LOAD_AD_S), "load 100"),
         (30.0, "load 50"),
         (32.0, "load 50"),  # it took 1 s to go out; its load was read before
         (pytest.approx(31.0 + LOAD_AD_S + 1.0), "load 0"),

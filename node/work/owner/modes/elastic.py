@@ -351,9 +351,9 @@ class ElasticRounds(ManyUnits):
             for u in self._units(job.id, round_ - 1, "done", "expired", "verifying")
         }
         # a slot's holder has just delivered its delta: the load in its ad may be that
-        # share's (such ads go out at most every few seconds), so it is offered the
-        # slot again whatever its ad's load says (it declines if full); another slot
-        # goes to it only when its ad says it has room
+        # share's (a worker of shares back to back advertises itself busy throughout),
+        # so it is offered the slot again whatever its ad says (it declines if full);
+        # another slot goes to it only when its ad says it has room
         holders = set(previous.values())
         candidates = await self._placement.candidates(job, busy, loaded_ok=holders)
         offered = 0
