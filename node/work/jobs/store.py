@@ -18,7 +18,7 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -364,6 +364,17 @@ class JobStore:
             where += f" AND state in ({', '.join('?' for _ in states)})"
             args += list(states)
         return [Unit(**r) for r in self._db["units"].rows_where(where, args, order_by="started_at")]
+
+    def workers_done(self, job_id: str, training: Sequence[str], but: str = "") -> set[str]:
+        """Peers that ended a unit of `job_id` and have none in a `training` state (but
+        unit `but`)."""
+        marks = ", ".join("?" for _ in training)
+        cursor = self._db.execute(
+            f"SELECT worker FROM units WHERE job_id = ? GROUP BY worker HAVING "
+            f"SUM(state NOT IN ({marks})) > 0 AND SUM(state IN ({marks}) AND unit_id != ?) = 0",
+            [job_id, *training, *training, but],
+        )
+        return {row[0] for row in cursor.fetchall()}
 
     def unit_transition(
         self, unit_id: str, from_states: Iterable[str], **changes: Any

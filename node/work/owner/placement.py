@@ -6,8 +6,10 @@ units (a round's shares, a sweep's trials) asks for `candidates` and offers each
 itself. Candidates are fresh, fit the spec's requirements, are not excluded from the
 job or by a failed spot check (`node.work.trust.reputation`), not waiting out a
 backoff, not busy with another unit of it; best first: trusted peers, then by
-`tflops x (1 - load)`. A worker whose ad is not fresh is probed before its offer
-(late binding). The answer decides (`offer`):
+`tflops x (1 - load)`, where the load of a peer that ended a unit of the job and
+trains none of it now is left out (`done_here`: its ad may still count that unit).
+A worker whose ad is not fresh is probed before its offer (late binding). The answer
+decides (`offer`):
 - accepted: the unit runs (`Lifecycle.start`);
 - declined for this job (policy, requirements): the unit fails and the peer is
   excluded from the job;
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,6 +34,7 @@ import trio
 from node.net.peers import fitting, free_tflops
 from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
+from node.work.jobs.states import OFFERED, RUNNING
 from node.work.offers import offer_if_fit
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import Lifecycle, replicas_of
@@ -42,6 +45,8 @@ from protocol.rounds import RoundShare
 from protocol.work import OfferReply
 
 log = logging.getLogger(__name__)
+
+TRAINING_STATES = (OFFERED, RUNNING)  # a unit its worker holds (after: it was let go)
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -229,12 +234,10 @@ class Placement:
             )
         return reply.accepted  # (or its result already arrived and was handled)
 
-    async def candidates(
-        self, job: Job, busy: set[str], loaded_ok: Collection[str] = ()
-    ) -> list[str]:
+    async def candidates(self, job: Job, busy: set[str]) -> list[str]:
         """Peers that fit the job and are not in `busy`, best first (directories are
-        asked for more when few are known); the load in the ads of `loaded_ok` is not
-        held against them (`unfit_reason`)."""
+        asked for more when few are known). The load in the ad of a peer that trained
+        a unit of the job and trains none now is not held against it (`done_here`)."""
         now = time.time()
         excluded = set(job.excluded) | busy | self.backoff.waiting(job.id, now)
         excluded |= self._reputation.excluded(now)
@@ -243,15 +246,18 @@ class Placement:
         if self.ctx.finder is not None:
             await self.ctx.finder.top_up(requirements, excluded)
         entries = self.ctx.peers.entries()
-        fits = [e.ad for e in fitting(entries, requirements, excluded, loaded_ok)]
+        fits = [e.ad for e in fitting(entries, requirements, excluded, self.done_here(job))]
         # ties in random order: a peer id sorting first can be ground, a draw cannot
         fits.sort(key=lambda ad: (ad.peer_id not in trusted, -free_tflops(ad), random.random()))
         return [ad.peer_id for ad in fits]
 
-    def has_room(self, peer: str) -> bool:
-        """Whether `peer`'s ad says its load leaves room for a unit."""
-        entry = self.ctx.peers.get(peer)
-        return entry is not None and entry.ad.load_pct < entry.ad.policy.load_limit_pct
+    def done_here(self, job: Job, offering: str = "") -> set[str]:
+        """Peers that trained a unit of `job` and train none now (but the unit being
+        `offering`): the load in their ads may be that unit's. A node whose units
+        follow each other advertises itself busy throughout (load-only ads wait a
+        second, `node.net.discovery.gossip`), so without this the slot an elastic
+        worker just delivered would not go back to it; it declines if it is full."""
+        return self.ctx.jobs.workers_done(job.id, TRAINING_STATES, but=offering)
 
     async def offer(
         self,
@@ -261,13 +267,12 @@ class Placement:
         *,
         share: RoundShare | None = None,
         spec: dict[str, Any] | None = None,
-        count_load: bool = True,
     ) -> OfferReply:
         """Offer `unit` (with a round's `share`, or a trial's own `spec`) to its worker
-        and act on the answer; the unit's mode hears of any end (`Lifecycle.end`).
-        Without `count_load`, the load in the worker's ad does not hold the offer back."""
+        and act on the answer; the unit's mode hears of any end (`Lifecycle.end`)."""
         ctx = self.ctx
         peer = unit.worker
+        count_load = peer not in self.done_here(job, offering=unit.unit_id)
         key = new_job_key()
         ctx.remember_unit_key(job.id, unit.unit_id, key)
         async with self.backoff.turn(peer):

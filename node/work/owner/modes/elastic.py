@@ -350,20 +350,15 @@ class ElasticRounds(ManyUnits):
             u.slot: u.worker
             for u in self._units(job.id, round_ - 1, "done", "expired", "verifying")
         }
-        # a slot's holder has just delivered its delta: the load in its ad may be that
-        # share's (a worker of shares back to back advertises itself busy throughout),
-        # so it is offered the slot again whatever its ad says (it declines if full);
-        # another slot goes to it only when its ad says it has room
-        holders = set(previous.values())
-        candidates = await self._placement.candidates(job, busy, loaded_ok=holders)
+        candidates = await self._placement.candidates(job, busy)
         offered = 0
         for slot in slots:
-            own = previous.get(slot)
-            free = [p for p in candidates if p not in holders or self._placement.has_room(p)]
-            peer = own if own in candidates else None
-            peer = peer or next((p for p in free if p not in holders), free[0] if free else None)
-            if peer is None:
+            if not candidates:
                 break
+            peer = previous.get(slot) if previous.get(slot) in candidates else None
+            peer = peer or next(
+                (p for p in candidates if p not in previous.values()), candidates[0]
+            )
             candidates.remove(peer)
             busy.add(peer)
             start_delta = delivered.get(slot, "")
@@ -378,8 +373,7 @@ class ElasticRounds(ManyUnits):
             )
             share = self._share(job.id, round_, slot, start_delta)
             note = f"round {share.round} slot {share.slot}" + (" (eager)" if start_delta else "")
-            offer = partial(self._offer_unit, job, unit, note, share=share)
-            nursery.start_soon(partial(offer, count_load=peer != own))
+            nursery.start_soon(partial(self._offer_unit, job, unit, note, share=share))
             offered += 1
         return offered
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import trio
 from factories import capacity_ad
+from nacl.signing import SigningKey
 
+from node.identity import Identity
 from node.net.peers import PeerEntry, fitting, unfit_reason
-from node.work.owner import SELF, choose_worker
+from node.work.owner import SELF, OwnerRole, choose_worker
 from protocol import GpuInfo, Policy
+from tests.contexts import offline_context
 
 GPU = GpuInfo(
     name="NVIDIA H100",
@@ -107,3 +112,29 @@ def test_a_peer_whose_load_may_be_ours_is_held_back_only_by_the_rest_of_its_ad()
     loaded_ok = {full.ad.peer_id, paused.ad.peer_id}
     names = [e.ad.peer_id[-4:] for e in fitting(entries, {}, set(), loaded_ok)]
     assert names == ["full", "free"]
+
+
+def test_a_peer_that_just_ended_a_unit_of_the_job_is_asked_again_whatever_its_load(
+    tmp_path: Path,
+) -> None:
+    """A worker whose units follow each other advertises itself busy throughout
+    (load-only ads wait a second): the owner it just delivered to leaves that load out
+    (`Placement.done_here`), and nobody else's; a peer still training one of the job's
+    units, or new to it, is judged by its ad."""
+    owner = OwnerRole(offline_context(tmp_path), None)  # type: ignore[arg-type]
+    ctx = owner.ctx
+    job = ctx.jobs.create("j", {"requirements": {"max_hours": 1.0}}, "auto", {}, [])
+    names = {name: Identity(SigningKey.generate()).peer_id for name in ("done", "both", "new")}
+    for n, peer in enumerate(names.values()):
+        ctx.peers.accept(capacity_ad(peer, 1, load_pct=100), f"ad {n}".encode())
+    for peer in (names["done"], names["both"]):
+        unit = ctx.jobs.add_unit(job.id, peer, 30)
+        ctx.jobs.unit_transition(unit.unit_id, ("offered",), state="expired")
+    training = ctx.jobs.add_unit(job.id, names["both"], 30)
+    ctx.jobs.add_unit(job.id, names["new"], 30)
+    assert owner.placement.done_here(job) == {names["done"]}
+    assert owner.placement.done_here(job, offering=training.unit_id) == {
+        names["done"],
+        names["both"],
+    }
+    assert trio.run(owner.placement.candidates, job, set()) == [names["done"]]
