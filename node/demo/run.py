@@ -133,11 +133,14 @@ def _train(owner: LocalNode, root: Path, console: Console, timeout: float = 600)
             job = owner.get(f"/api/v1/jobs/{job['id']}")
             p = job["progress"]
             where = f" on {job['worker'][-6:]}" if job["worker"] else ""
+            total = p.get("total_steps") or None
+            # a short job ends between two heartbeats: its last step was never reported
+            done = job["state"] == "completed" and total
             bar.update(
                 task,
                 description=f"{job['state']}{where}",
-                total=p.get("total_steps") or None,
-                completed=p.get("step", 0),
+                total=total,
+                completed=total if done else p.get("step", 0),
                 loss=f"loss {p['loss']:.4f}" if p.get("loss") is not None else "",
             )
             if job["state"] in ("completed", "failed", "cancelled"):
