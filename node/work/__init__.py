@@ -6,15 +6,18 @@ offer against its volunteer's policy, trains in a subprocess and returns a signe
 result. All of it runs in the trio thread, except the blob server's threads. The
 parts depend one way: `jobs`, `blobs` and `run` import nothing else of `node/work`;
 `context` joins them with the node's identity and network; `trust`, `owner`,
-`offers` and `worker` build on the context; `service` wires everything.
+`offers`, `heartbeats` and `worker` build on the context; `service` wires everything.
 docs/architecture.md follows one job through these parts.
 
 Files:
 - `context`: what both roles share: identity, host, stores, policy, job keys (`WorkContext`).
 - `offers`: offering one unit to one peer: the sealed work package and the answer.
 - `receipts`: the receipt exchange, both ends: the owner issues, the worker countersigns.
-- `worker`: the worker's side (`WorkerRole`): offer checks, fetch, train, heartbeats,
-  the states it holds for the owner's checks.
+- `worker`: the worker's side (`WorkerRole`): offer checks, fetch, train, and the
+  result's states kept for the owner's checks.
+- `heartbeats`: a running unit (`RunningUnit`) and its heartbeats, the worker's end of
+  the progress exchange: the lease, the states it holds for the owner's checks
+  (`HeldEvidence`), the round's weights an eager share takes.
 - `delivery`: the worker's result sent with retries, and the receipt countersigned.
 - `held_weights`: each elastic job's newest global weights on a worker, which the
   owner's next round update applies to.

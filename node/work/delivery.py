@@ -34,7 +34,7 @@ RETRY_MAX_S = 15.0
 
 
 class Trained(Protocol):
-    """What delivery reads of a unit this node trained (`worker.RunningUnit`)."""
+    """What delivery reads of a unit this node trained (`heartbeats.RunningUnit`)."""
 
     owner: str
     package: WorkPackage

@@ -26,9 +26,10 @@ from node.preferences import Preferences
 from node.store import open_node_db
 from node.work.blobs import BlobStore
 from node.work.context import WorkContext, WorkLimits
+from node.work.heartbeats import RunningUnit
 from node.work.jobs import JobStore
 from node.work.service import validate_wire_spec
-from node.work.worker import RunningUnit, WorkerRole
+from node.work.worker import WorkerRole
 from protocol import GpuInfo, Policy, encode, open_envelope, seal
 from protocol.blobs import BlobGrant
 from protocol.crypto import new_job_key, seal_to
