@@ -51,6 +51,6 @@ class LoopbackTrace:
     def sent_by(self, at: float) -> int:
         """Bytes sent from the start to `at`, as of the first sample at or after it
         (so never fewer than were sent by then)."""
-        times = [t for t, _ in self.samples]
-        index = min(bisect.bisect_left(times, at), len(self.samples) - 1)
+        index = bisect.bisect_left(self.samples, at, key=lambda sample: sample[0])
+        index = min(index, len(self.samples) - 1)
         return self.samples[index][1] - self.samples[0][1]

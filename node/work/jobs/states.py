@@ -84,6 +84,8 @@ JOB_STATES: tuple[str, ...] = tuple(JOB_TRANSITIONS)
 UNIT_STATES: tuple[str, ...] = tuple(UNIT_TRANSITIONS)
 FINAL_STATES: tuple[str, ...] = tuple(s for s in JOB_STATES if not JOB_TRANSITIONS[s])
 LIVE_UNIT_STATES: tuple[str, ...] = tuple(s for s in UNIT_STATES if UNIT_TRANSITIONS[s])
+# a unit its worker holds (from VERIFYING on, the worker has let it go)
+HELD_UNIT_STATES: tuple[str, ...] = (OFFERED, RUNNING)
 
 
 class IllegalTransition(ValueError):

@@ -18,14 +18,18 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
-from node.work.jobs.states import check_job, check_unit  # the tables of allowed changes
+from node.work.jobs.states import (  # the tables of allowed changes
+    HELD_UNIT_STATES,
+    check_job,
+    check_unit,
+)
 
 if TYPE_CHECKING:
     from training.data.info import DataFiles
@@ -365,14 +369,14 @@ class JobStore:
             args += list(states)
         return [Unit(**r) for r in self._db["units"].rows_where(where, args, order_by="started_at")]
 
-    def workers_done(self, job_id: str, training: Sequence[str], but: str = "") -> set[str]:
-        """Peers that ended a unit of `job_id` and have none in a `training` state (but
-        unit `but`)."""
-        marks = ", ".join("?" for _ in training)
+    def workers_done(self, job_id: str, but: str = "") -> set[str]:
+        """Peers that let go of a unit of `job_id` and hold none of it now (but unit
+        `but`; `HELD_UNIT_STATES`)."""
+        marks = ", ".join("?" for _ in HELD_UNIT_STATES)
         cursor = self._db.execute(
             f"SELECT worker FROM units WHERE job_id = ? GROUP BY worker HAVING "
             f"SUM(state NOT IN ({marks})) > 0 AND SUM(state IN ({marks}) AND unit_id != ?) = 0",
-            [job_id, *training, *training, but],
+            [job_id, *HELD_UNIT_STATES, *HELD_UNIT_STATES, but],
         )
         return {row[0] for row in cursor.fetchall()}
 

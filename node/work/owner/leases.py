@@ -30,7 +30,7 @@ CHECK_EVERY_S = 0.5
 RECONNECT_S = 30.0  # after an owner restart, extra time for its workers to reconnect
 PAST_MAX_HOURS = "the unit ran past the job's max_hours"
 # how long the answer to a "waiting" heartbeat may wait for the round's weights; well
-# within the worker's request timeout (node.work.worker: at least 5 s)
+# within the worker's request timeout (node.work.heartbeats: at least 5 s)
 TAKE_HOLD_S = 2.0
 
 

@@ -34,7 +34,6 @@ import trio
 from node.net.peers import fitting, free_tflops
 from node.work.context import WorkContext
 from node.work.jobs import LIVE_UNIT_STATES, Job, Unit
-from node.work.jobs.states import OFFERED, RUNNING
 from node.work.offers import offer_if_fit
 from node.work.owner.leases import unit_deadline
 from node.work.owner.lifecycle import Lifecycle, replicas_of
@@ -45,8 +44,6 @@ from protocol.rounds import RoundShare
 from protocol.work import OfferReply
 
 log = logging.getLogger(__name__)
-
-TRAINING_STATES = (OFFERED, RUNNING)  # a unit its worker holds (after: it was let go)
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -257,7 +254,7 @@ class Placement:
         follow each other advertises itself busy throughout (load-only ads wait a
         second, `node.net.discovery.gossip`), so without this the slot an elastic
         worker just delivered would not go back to it; it declines if it is full."""
-        return self.ctx.jobs.workers_done(job.id, TRAINING_STATES, but=offering)
+        return self.ctx.jobs.workers_done(job.id, but=offering)
 
     async def offer(
         self,
